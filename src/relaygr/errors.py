@@ -1,0 +1,39 @@
+"""Typed errors a caller can act on (bad input, bad config, capacity).
+
+Internal invariants use assertions; everything a user or a client can cause raises one of these,
+so servers can map them to 4xx answers and tests can assert the exact failure.
+"""
+
+from __future__ import annotations
+
+
+class RelayGRError(Exception):
+    """Base class of every error relaygr raises on purpose."""
+
+
+class InvalidInputError(RelayGRError, ValueError):
+    """A request or tensor argument is malformed; nothing was changed."""
+
+
+class EmptyInputError(InvalidInputError):
+    """A sequence that must hold at least one element is empty (no candidates, no history)."""
+
+
+class ItemOutOfRangeError(InvalidInputError):
+    """An item id is outside the model's catalogue (valid ids are 1..num_items)."""
+
+
+class SequenceTooLongError(InvalidInputError):
+    """The history (prefix + suffix) is longer than the model's ``max_seq_len``."""
+
+
+class TimestampError(InvalidInputError):
+    """Timestamps are missing where required, or their length does not match the items."""
+
+
+class IncompatiblePrefixError(InvalidInputError):
+    """A cached prefix does not belong to this model (shape, dtype or device differ)."""
+
+
+class ConfigError(RelayGRError, ValueError):
+    """A configuration value is invalid or unknown."""

@@ -1,0 +1,13 @@
+"""The HSTU ranking model and the value types of its serving API.
+
+Public names (stable): ``HSTU``, ``HSTUConfig``, ``PrefixKV``, ``RankRequest``,
+``PrefillRequest``, ``config_for_size``, ``MODEL_SIZES``.
+"""
+
+from relaygr.model.config import MODEL_SIZES, HSTUConfig, config_for_size
+from relaygr.model.hstu import HSTU
+from relaygr.model.inputs import PrefillRequest, RankRequest
+from relaygr.model.kv import PrefixKV
+
+__all__ = ["HSTU", "MODEL_SIZES", "HSTUConfig", "PrefillRequest", "PrefixKV", "RankRequest",
+           "config_for_size"]

@@ -1,0 +1,118 @@
+"""SiLU attention of HSTU: ``SiLU(Q Kᵀ + rab) · V / n``, two implementations of one function.
+
+* ``dense_attention``: padded batches with explicit masks, as the paper writes it. Used for
+  training (short sequences) and as the reference the fast path is tested against.
+* ``block_attention`` / ``candidate_attention``: the serving path. Because there is no softmax,
+  attention is a plain sum over keys, so keys may be split into segments (a cached prefix, the
+  tokens computed in this pass) and their contributions added: that is what makes a cached
+  prefix exact rather than approximate. Queries are processed in blocks so the score matrix stays
+  ``heads x block x keys`` however long the prefix is.
+
+The relative position bias is a Toeplitz matrix ``T[i, j] = w[i - j]``. Rather than gathering it,
+``block_attention`` takes it as a strided view of the reversed bias vector: with the query rows in
+reverse order, ``T`` has stride +1 along both axes, so it costs no memory and no gather pass. The
+causal mask rides in the same view: future keys read ``MASKED`` (-1e30) and ``SiLU(-1e30 + x)`` is
+exactly ``-0.0`` in float32 and bfloat16, so masking costs no pass either (float16, whose range
+stops at 65504, is not supported).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Time buckets: floor(log_{1.5}(1 + |dt| seconds)), so gaps from a second to decades each get
+# a bucket of roughly constant relative width.
+_TIME_BUCKET_LOG_BASE = 1.5
+
+
+def time_buckets(query_ts: Tensor, key_ts: Tensor, num_buckets: int) -> Tensor:
+    """Bucket index of every (query, key) gap: ``[*query_ts.shape, *key_ts.shape]`` int64.
+
+    ``query_ts`` and ``key_ts`` are int64 seconds; the broadcast is ``query[..., None] - key``.
+    A token attending to itself (gap 0) always lands in bucket 0.
+    """
+    gap = (query_ts.unsqueeze(-1) - key_ts).abs_().to(torch.float32)
+    bucket = torch.log1p_(gap).div_(torch.log(torch.tensor(_TIME_BUCKET_LOG_BASE)).item())
+    return bucket.floor_().clamp_(max=num_buckets - 1).long()
+
+
+# A bias that SiLU turns into exactly zero: how a future key is masked without a mask pass.
+MASKED = -1e30
+
+
+def reversed_padded(pos_w: Tensor, pad: int) -> Tensor:
+    """``cat(pos_w.flip(0), MASKED * ones(pad))``: the vector ``toeplitz_reversed`` strides over."""
+    return torch.cat([pos_w.flip(0), pos_w.new_full((pad,), MASKED)])
+
+
+def toeplitz_reversed(pos_w_padded_rev: Tensor, query_start: int, num_queries: int,
+                      num_keys: int, max_distance: int) -> Tensor:
+    """View ``B[i', j] = pos_w[(query_start + num_queries - 1 - i') - j]`` (rows reversed).
+
+    ``pos_w_padded_rev`` is ``reversed_padded(pos_w, pad >= num_queries)`` where ``pos_w`` has
+    ``max_distance + 1`` entries; entries with a negative distance (future keys) read the
+    ``MASKED`` padding. Shape ``[num_queries, num_keys]``, no copy.
+    """
+    offset = max_distance - (query_start + num_queries) + 1
+    assert offset >= 0, "query positions exceed max_distance"
+    return pos_w_padded_rev.as_strided((num_queries, num_keys), (1, 1),
+                                       pos_w_padded_rev.storage_offset() + offset)
+
+
+def block_attention(q_rev: Tensor, segments: list[tuple[Tensor, Tensor]], bias_rev: Tensor,
+                    normalizer: float) -> Tensor:
+    """Causal SiLU attention of one query block over keys split into consecutive segments.
+
+    ``q_rev``: ``[H, n, dh]`` queries in *reverse* order (the block's last token first); they sit
+    at the last ``n`` key positions. ``segments``: ``(K, V)`` pairs ``[H, m, dh]`` covering key
+    positions ``0 .. e-1`` in order; the last segment holds the block's own keys at its end.
+    ``bias_rev``: ``[n, e]`` (rows reversed like the queries), ``MASKED`` on future keys.
+    Returns ``[H, n, dh]`` in the original (forward) query order.
+    """
+    out: Tensor | None = None
+    col = 0
+    for k, v in segments:
+        m = k.shape[1]
+        scores = torch.baddbmm(bias_rev[:, col:col + m].unsqueeze(0), q_rev, k.transpose(1, 2))
+        F.silu(scores, inplace=True)
+        out = torch.bmm(scores, v) if out is None else out.baddbmm_(scores, v)
+        col += m
+    assert out is not None and col == bias_rev.shape[1], "segments must cover the bias columns"
+    return out.flip(1).div_(normalizer)
+
+
+def candidate_attention(q: Tensor, k_self: Tensor, v_self: Tensor,
+                        segments: list[tuple[Tensor, Tensor]], bias: Tensor, self_bias: Tensor,
+                        normalizer: float) -> Tensor:
+    """Candidates attend to every history key and to themselves, never to each other.
+
+    ``q``, ``k_self``, ``v_self``: ``[H, C, dh]``; ``segments``: history ``(K, V)`` pairs
+    ``[H, m, dh]`` covering positions ``0 .. e-1``; ``bias``: ``[e]`` (every candidate sits at
+    the same position, so one row serves all); ``self_bias``: scalar tensor. Returns
+    ``[H, C, dh]``. Each candidate's row depends only on itself and the history, which is why
+    scores do not depend on candidate order or micro-batching.
+    """
+    self_scores = (q * k_self).sum(-1, keepdim=True).add_(self_bias)
+    out = F.silu(self_scores) * v_self
+    col = 0
+    for k, v in segments:
+        m = k.shape[1]
+        scores = torch.baddbmm(bias[col:col + m].view(1, 1, m), q, k.transpose(1, 2))
+        F.silu(scores, inplace=True)
+        out.baddbmm_(scores, v)
+        col += m
+    return out.div_(normalizer)
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, visible: Tensor,
+                    normalizer: float) -> Tensor:
+    """Reference SiLU attention with explicit masks (padded batches, training).
+
+    ``q``: ``[B, H, Tq, dh]``; ``k``, ``v``: ``[B, H, Tk, dh]``; ``bias``: broadcastable to
+    ``[B, H, Tq, Tk]``; ``visible``: bool broadcastable to the same, False where a query must
+    not see a key (future, padding, another candidate). Returns ``[B, H, Tq, dh]``.
+    """
+    scores = F.silu(q @ k.transpose(-1, -2) + bias) * visible
+    return (scores @ v) / normalizer

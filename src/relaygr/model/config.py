@@ -1,0 +1,98 @@
+"""HSTU hyper-parameters: a frozen dataclass validated at construction, and named sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from relaygr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HSTUConfig:
+    """Shape of an HSTU ranking model.
+
+    Item ids run from 1 to ``num_items``; id 0 is reserved (padding) and never valid as input.
+    ``max_seq_len`` bounds the history (prefix + suffix) one ranking request may carry.
+    """
+
+    num_items: int
+    dim: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    max_seq_len: int = 8192
+    # Time buckets are log-spaced in seconds (base 1.5: one bucket spans ~1 s at the short end
+    # and covers ~30 years by bucket 63), so 64 buckets span every realistic gap.
+    num_time_buckets: int = 64
+    # The attention normaliser n of SiLU(QKᵀ + rab)·V / n. It is a constant of the model so a
+    # token's output never depends on how much padding or how many other tokens share a batch.
+    # None means max_seq_len (the paper's choice of the padded length, made constant).
+    attention_normalizer: float | None = None
+    dropout: float = 0.0
+    # Most tokens per query block in the history pass (large enough to keep matmuls efficient).
+    query_block: int = 256
+    # Blocks shrink so a block's score matrix (heads x block x keys) stays within this many
+    # elements (4 MB in float32): it then stays in cache at long prefixes.
+    score_block_elems: int = 1 << 20
+    # Candidates per micro-batch in the candidate pass (bounds the score matrix at long prefixes).
+    candidate_block: int = 512
+
+    def __post_init__(self) -> None:
+        positive = ("num_items", "dim", "num_layers", "num_heads", "max_seq_len",
+                    "num_time_buckets", "query_block", "score_block_elems", "candidate_block")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"HSTUConfig.{name} must be a positive int, got {value!r}")
+        if self.dim % self.num_heads:
+            raise ConfigError(
+                f"HSTUConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"HSTUConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.attention_normalizer is not None and not self.attention_normalizer > 0:
+            raise ConfigError("HSTUConfig.attention_normalizer must be > 0 when given")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def normalizer(self) -> float:
+        """The constant n dividing the attention output."""
+        if self.attention_normalizer is not None:
+            return float(self.attention_normalizer)
+        return float(self.max_seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HSTUConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown HSTUConfig keys: {unknown}")
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> HSTUConfig:
+        return replace(self, **changes)
+
+
+# Named sizes. "small" is the size of the reference point in the foundation issue (Meta's STU
+# stack measured on our 2-core machine); "dlrmv3" follows the MLPerf Inference DLRMv3 HSTU.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"dim": 32, "num_layers": 2, "num_heads": 2},
+    "small": {"dim": 128, "num_layers": 4, "num_heads": 4},
+    "medium": {"dim": 256, "num_layers": 4, "num_heads": 4},
+    "dlrmv3": {"dim": 512, "num_layers": 5, "num_heads": 4},
+}
+
+
+def config_for_size(size: str, num_items: int, max_seq_len: int = 8192,
+                    **overrides: Any) -> HSTUConfig:
+    """The config of a named size (see ``MODEL_SIZES``) over a catalogue of ``num_items``."""
+    if size not in MODEL_SIZES:
+        raise ConfigError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
+    shape = MODEL_SIZES[size]
+    return HSTUConfig(num_items=num_items, max_seq_len=max_seq_len, **shape, **overrides)

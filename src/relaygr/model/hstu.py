@@ -1,0 +1,209 @@
+"""The HSTU ranking model: embeddings, a stack of HSTU layers, a ranking and a retrieval head.
+
+Serving API (what the relay uses)::
+
+    kv = model.prefill(items, timestamps=None, past=None)          # PrefixKV of the history
+    scores = model.rank(candidates, prefix=kv, suffix_items=...)   # [C], from the cache
+    scores = model.rank(candidates, prefix_items=items, ...)       # [C], full pass, same scores
+
+Both run through ``passes.Pass`` (chunked, jagged, exact with respect to caching). Training uses
+``encode_padded`` / ``rank_padded``: the same function computed densely over padded batches.
+
+Token layout of a ranking request: history positions 0..N-1 (prefix, then suffix), and every
+candidate at position N. A history token sees the history up to itself; a candidate sees the whole
+history and itself, never another candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from relaygr.errors import InvalidInputError, TimestampError
+from relaygr.model.attention import dense_attention, time_buckets
+from relaygr.model.config import HSTUConfig
+from relaygr.model.inputs import (
+    IntSeq,
+    PrefillRequest,
+    RankRequest,
+    check_item_range,
+    validate_prefill,
+    validate_rank,
+)
+from relaygr.model.kv import PrefixKV
+from relaygr.model.layers import HSTULayer
+from relaygr.model.passes import Pass, Track
+
+
+class HSTU(nn.Module):
+    def __init__(self, cfg: HSTUConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim
+        self.item_emb = nn.Embedding(cfg.num_items + 1, d, padding_idx=0)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len + 1, d)   # absolute positions 0..max_seq_len
+        self.candidate_type = nn.Parameter(torch.zeros(d))     # marks a token as a ranking target
+        self.input_dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(HSTULayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(d)
+        self.rank_head = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        nn.init.normal_(self.item_emb.weight, std=0.02)
+        with torch.no_grad():
+            self.item_emb.weight[0].zero_()
+        nn.init.normal_(self.pos_emb.weight, std=0.02)
+        nn.init.normal_(self.candidate_type, std=0.02)
+        for layer in self.blocks:
+            nn.init.xavier_uniform_(layer.f1.weight)
+            nn.init.xavier_uniform_(layer.f2.weight)
+            nn.init.zeros_(layer.f1.bias)
+            nn.init.zeros_(layer.f2.bias)
+
+    # ---- building blocks -------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> list[HSTULayer]:
+        """The HSTU layers, typed (``self.layers`` is an ``nn.ModuleList``)."""
+        return [cast(HSTULayer, layer) for layer in self.layers]
+
+    @property
+    def device(self) -> torch.device:
+        return self.item_emb.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.item_emb.weight.dtype
+
+    def embed_history(self, items: Tensor, positions: Tensor) -> Tensor:
+        """``[T]`` ids at ``[T]`` positions → ``[T, d]`` input tokens."""
+        return self.item_emb(items) * math.sqrt(self.cfg.dim) + self.pos_emb(positions)
+
+    def embed_candidates(self, items: Tensor, position: int) -> Tensor:
+        """``[C]`` candidate ids, all at ``position`` (the history length) → ``[C, d]``."""
+        pos = self.pos_emb.weight[position]
+        return self.item_emb(items) * math.sqrt(self.cfg.dim) + pos + self.candidate_type
+
+    def item_embeddings(self) -> Tensor:
+        """``[num_items, d]``: embeddings of ids 1..num_items (row i is id i + 1)."""
+        return self.item_emb.weight[1:]
+
+    def retrieval_scores(self, user: Tensor) -> Tensor:
+        """``[..., d]`` user representations → ``[..., num_items + 1]`` logits (column 0 unused)."""
+        return user @ self.item_emb.weight.t()
+
+    # ---- serving: prefill and rank -----------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, items: IntSeq, timestamps: IntSeq | None = None,
+                past: PrefixKV | None = None) -> PrefixKV:
+        """Per-layer K/V of ``items`` (appended to ``past`` when given)."""
+        return self.prefill_batch([PrefillRequest(items, timestamps, past)])[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, requests: Sequence[PrefillRequest]) -> list[PrefixKV]:
+        job = self.prefill_job(requests)
+        job.run()
+        return [t.prefix() for t in job.tracks]
+
+    def prefill_job(self, requests: Sequence[PrefillRequest]) -> Pass:
+        """A resumable prefill: ``step()`` computes one chunk round (the scheduler's unit of
+        pre-infer work); when ``done``, ``[t.prefix() for t in job.tracks]`` are the results.
+        Call ``step`` under ``torch.inference_mode()``."""
+        histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
+        return Pass(self, [Track(h) for h in histories])
+
+    @torch.inference_mode()
+    def rank(self, candidates: IntSeq, prefix: PrefixKV | None = None,
+             prefix_items: IntSeq | None = None, prefix_timestamps: IntSeq | None = None,
+             suffix_items: IntSeq | None = None, suffix_timestamps: IntSeq | None = None,
+             query_timestamp: int | None = None) -> Tensor:
+        """Scores ``[C]`` of ``candidates``; see ``RankRequest`` for the arguments."""
+        request = RankRequest(candidates, prefix, prefix_items, prefix_timestamps,
+                              suffix_items, suffix_timestamps, query_timestamp)
+        return self.rank_batch([request])[0]
+
+    @torch.inference_mode()
+    def rank_batch(self, requests: Sequence[RankRequest]) -> list[Tensor]:
+        """Scores for several users at once (lengths may differ; batching changes no score)."""
+        tracks = []
+        for r in requests:
+            history, candidates, query_ts = validate_rank(self.cfg, r, self.device, self.dtype)
+            tracks.append(Track(history, candidates, query_ts))
+        Pass(self, tracks).run()
+        return [torch.cat(t.scores) for t in tracks]
+
+    # ---- training: dense padded forward ------------------------------------------------------
+
+    def encode_padded(self, items: Tensor, timestamps: Tensor | None = None) -> Tensor:
+        """``[B, T]`` right-padded histories (0 = padding) → ``[B, T, d]`` final outputs."""
+        hidden, _ = self._dense_forward(items, timestamps, None, None)
+        return hidden
+
+    def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
+                    query_timestamps: Tensor | None = None) -> Tensor:
+        """``[B, T]`` histories and ``[B, C]`` candidates → ``[B, C]`` ranking scores."""
+        _, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps)
+        assert cand_hidden is not None
+        return self.rank_head(cand_hidden).squeeze(-1)
+
+    def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
+                       query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        cfg = self.cfg
+        batch, hist = items.shape
+        if hist > cfg.max_seq_len:
+            raise InvalidInputError(f"padded length {hist} exceeds max_seq_len {cfg.max_seq_len}")
+        lengths = (items != 0).sum(1)                                       # [B]
+        arange = torch.arange(hist, device=items.device)
+        if not torch.equal(items != 0, arange < lengths[:, None]):
+            raise InvalidInputError("histories must be right-padded with 0")
+        check_item_range("items", items[items != 0], cfg.num_items)
+        x = self.embed_history(items, arange.expand(batch, hist))           # [B, T, d]
+        n_cand = 0 if candidates is None else candidates.shape[1]
+        q_pos = arange.expand(batch, hist)
+        if candidates is not None:
+            check_item_range("candidates", candidates.reshape(-1), cfg.num_items)
+            cand_x = self.item_emb(candidates) * math.sqrt(cfg.dim)
+            cand_x = cand_x + self.pos_emb(lengths)[:, None] + self.candidate_type
+            x = torch.cat([x, cand_x], dim=1)                               # [B, T + C, d]
+            q_pos = torch.cat([q_pos, lengths[:, None].expand(batch, n_cand)], dim=1)
+        total = hist + n_cand
+        # visibility [B, T+C, T+C]: causal within the valid history; candidates see it and self
+        k_idx = torch.arange(total, device=items.device)
+        is_hist_key = (k_idx < hist)[None, None, :] & (k_idx < lengths[:, None, None])
+        causal = (k_idx[:, None] >= k_idx[None, :])[None] & is_hist_key
+        if n_cand:
+            is_cand_q = (k_idx >= hist)[None, :, None]
+            visible = torch.where(is_cand_q, is_hist_key | torch.eye(total, dtype=torch.bool,
+                                                                      device=items.device), causal)
+        else:
+            visible = causal
+        dist = (q_pos[:, :, None] - q_pos[:, None, :]).clamp(min=0)         # [B, T+C, T+C]
+        buckets = None
+        if timestamps is not None:
+            if timestamps.shape != items.shape:
+                raise TimestampError("timestamps must have the shape of items")
+            ts = timestamps
+            if candidates is not None:
+                if query_ts is None:
+                    last = (lengths - 1).clamp(min=0)
+                    query_ts = timestamps.gather(1, last[:, None]).squeeze(1)
+                ts = torch.cat([ts, query_ts[:, None].expand(batch, n_cand)], dim=1)
+            buckets = time_buckets(ts, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
+        x = self.input_dropout(x)
+        heads, dh = cfg.num_heads, cfg.head_dim
+        for layer in self.blocks:
+            u, v, q, k = layer.project(x)
+            q, k, v = (t.view(batch, total, heads, dh).transpose(1, 2) for t in (q, k, v))
+            bias = layer.pos_w[dist]
+            if buckets is not None:
+                bias = bias + layer.time_w[buckets]
+            out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
+            x = layer.finish(x, out.transpose(1, 2).reshape(batch, total, cfg.dim), u)
+        h = self.final_norm(x)
+        return h[:, :hist], (h[:, hist:] if n_cand else None)

@@ -1,0 +1,92 @@
+"""PrefixKV: the per-layer keys and values of a user's behaviour prefix, as a value.
+
+The model never keeps cache state: ``HSTU.prefill`` returns a ``PrefixKV`` and ``HSTU.rank``
+takes one back. The cache layer (``relaygr.kvcache``) owns where the tensors live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PrefixKV:
+    """Keys and values of every layer for the first ``num_tokens`` positions of a history.
+
+    Shapes: ``k`` and ``v`` are ``[num_layers, num_heads, num_tokens, head_dim]`` (views with any
+    stride are allowed as long as the last dimension is contiguous); ``timestamps`` is
+    ``[num_tokens]`` int64 seconds or None when the history carries no time; ``last_hidden`` is
+    ``[dim]``, the final-layer output of the last prefix token (the user representation that
+    retrieval uses). Positions are implicit: token i sits at position i, and never moves.
+    """
+
+    k: Tensor
+    v: Tensor
+    timestamps: Tensor | None
+    last_hidden: Tensor
+
+    def __post_init__(self) -> None:
+        assert self.k.shape == self.v.shape, f"k {tuple(self.k.shape)} != v {tuple(self.v.shape)}"
+        assert self.k.dim() == 4, f"k must be [layers, heads, tokens, head_dim], got {self.k.shape}"
+        if self.timestamps is not None:
+            assert self.timestamps.shape == (self.k.shape[2],), "one timestamp per prefix token"
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.k.shape[2])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.k.shape[0])
+
+    @property
+    def has_timestamps(self) -> bool:
+        return self.timestamps is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this prefix's tensors (K, V, timestamps, user representation)."""
+        total = self.k.numel() * self.k.element_size() * 2
+        total += self.last_hidden.numel() * self.last_hidden.element_size()
+        if self.timestamps is not None:
+            total += self.timestamps.numel() * self.timestamps.element_size()
+        return total
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, dim: int, dtype: torch.dtype,
+                        with_timestamps: bool) -> int:
+        """K+V bytes one prefix token adds (what a cache budget is measured in)."""
+        item = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * dim * item + (8 if with_timestamps else 0)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PrefixKV:
+        """A copy on ``device`` (the same object when it is already there)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+
+        def move(t: Tensor) -> Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
+        ts = None if self.timestamps is None else move(self.timestamps)
+        return PrefixKV(move(self.k), move(self.v), ts, move(self.last_hidden))
+
+    def pin_memory(self) -> PrefixKV:
+        """A copy in page-locked host memory (for asynchronous host-to-device reloads)."""
+        ts = None if self.timestamps is None else self.timestamps.pin_memory()
+        return PrefixKV(self.k.pin_memory(), self.v.pin_memory(), ts, self.last_hidden.pin_memory())
+
+    def contiguous(self) -> PrefixKV:
+        ts = None if self.timestamps is None else self.timestamps.contiguous()
+        return PrefixKV(self.k.contiguous(), self.v.contiguous(), ts, self.last_hidden.contiguous())

@@ -1,0 +1,46 @@
+"""One HSTU layer (Zhai et al., ICML 2024, eq. 1-3), split so the serving path can drive it.
+
+    U, V, Q, K = Split(φ1(f1(Norm(X))))            pointwise projection, φ1 = SiLU
+    A(X)V(X)   = φ2(Q Kᵀ + rab^{p,t}) V / n         SiLU attention, constant normaliser n
+    Y          = X + f2(Norm(A(X)V(X)) ⊙ U)         gated output, residual
+
+The layer owns its weights and its relative bias tables (position and time bucket, shared across
+heads); it does not own keys or values, which the caller passes in and keeps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relaygr.model.config import HSTUConfig
+
+
+class HSTULayer(nn.Module):
+    def __init__(self, cfg: HSTUConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim
+        self.norm_in = nn.LayerNorm(d)
+        self.f1 = nn.Linear(d, 4 * d)                     # → U, V, Q, K
+        self.norm_attn = nn.LayerNorm(d)
+        self.f2 = nn.Linear(d, d)
+        self.dropout = nn.Dropout(cfg.dropout)
+        # rab^p: one weight per causal distance 0..max_seq_len; rab^t: one per time bucket.
+        self.pos_w = nn.Parameter(torch.zeros(cfg.max_seq_len + 1))
+        self.time_w = nn.Parameter(torch.zeros(cfg.num_time_buckets))
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``x [..., d]`` → U, V, Q, K, each ``[..., d]``."""
+        uvqk = F.silu(self.f1(self.norm_in(x)))
+        u, v, q, k = uvqk.split(self.cfg.dim, dim=-1)
+        return u, v, q, k
+
+    def finish(self, x: Tensor, attn: Tensor, u: Tensor) -> Tensor:
+        """Residual output from the attention result ``attn [..., d]`` gated by ``u``."""
+        return x + self.f2(self.dropout(self.norm_attn(attn) * u))
+
+    def self_bias(self, with_time: bool) -> Tensor:
+        """Bias of a token attending to itself (distance 0, time gap 0)."""
+        return self.pos_w[0] + self.time_w[0] if with_time else self.pos_w[0]

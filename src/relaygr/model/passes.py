@@ -1,0 +1,235 @@
+"""The serving forward pass: several users at once, history in chunks, candidates isolated.
+
+A ``Pass`` advances in *rounds*. In one round every user with work left contributes its next
+history chunk (at most ``query_block`` tokens) and, once its history is complete, a micro-batch of
+at most ``candidate_block`` candidates. All tokens of a round go through each layer's dense parts
+(norms, projections) as one jagged batch; attention runs per user over that user's key segments:
+its cached past (read-only) and the buffer this pass fills. A round is also the unit of work the
+instance scheduler interleaves with ranking, which is how pre-inference is chunked.
+
+Invariants: a history token at position p is embedded and attended identically whichever round,
+batch or pass computes it, so a prefix computed here and reused later gives the same keys and
+values as computing it inside the ranking pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from relaygr.model.attention import (
+    block_attention,
+    candidate_attention,
+    reversed_padded,
+    time_buckets,
+    toeplitz_reversed,
+)
+from relaygr.model.inputs import History
+from relaygr.model.kv import PrefixKV
+
+if TYPE_CHECKING:
+    from relaygr.model.hstu import HSTU
+
+
+# Smallest query block: below it per-block overhead outweighs cache locality.
+_MIN_BLOCK = 32
+
+
+@dataclass
+class Track:
+    """One user's work in a pass: history to compute after a cached past, candidates to score."""
+
+    history: History
+    candidates: Tensor | None = None   # [C] int64, None for a prefill
+    query_ts: int | None = None
+    k: Tensor = field(init=False)       # [L, H, T_new, dh]: keys of the tokens computed here
+    v: Tensor = field(init=False)
+    key_ts: Tensor | None = field(init=False)  # [past + T_new] timestamps of all history keys
+    done_tokens: int = 0                # new history tokens already computed
+    done_candidates: int = 0
+    last_hidden: Tensor | None = None   # final output of the last history token computed
+    scores: list[Tensor] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return int(self.history.items.numel())
+
+    @property
+    def finished(self) -> bool:
+        if self.done_tokens < self.new_tokens:
+            return False
+        return self.candidates is None or self.done_candidates >= int(self.candidates.numel())
+
+    def segments(self, layer: int, new_upto: int) -> list[tuple[Tensor, Tensor]]:
+        """``(K, V)`` key segments of ``layer`` covering the past and ``new_upto`` new tokens."""
+        segs = []
+        past = self.history.past
+        if past is not None and past.num_tokens:
+            segs.append((past.k[layer], past.v[layer]))
+        if new_upto:
+            segs.append((self.k[layer, :, :new_upto], self.v[layer, :, :new_upto]))
+        return segs
+
+    def prefix(self) -> PrefixKV:
+        """The K/V of the whole history (past + computed), as a new ``PrefixKV``."""
+        assert self.done_tokens == self.new_tokens and self.last_hidden is not None
+        past = self.history.past
+        k, v = self.k, self.v
+        if past is not None and past.num_tokens:
+            k, v = torch.cat([past.k, k], dim=2), torch.cat([past.v, v], dim=2)
+        return PrefixKV(k, v, self.key_ts, self.last_hidden)
+
+
+@dataclass
+class _Piece:
+    """What one track contributes to one round: rows of the round's token matrix."""
+
+    track: Track
+    hist_start: int   # first new-history index of this chunk
+    hist_len: int
+    cand_start: int
+    cand_len: int
+    hist_buckets: Tensor | None = None  # [hist_len, keys] time buckets, rows reversed
+    cand_buckets: Tensor | None = None  # [keys]
+
+
+class Pass:
+    """Drives a set of tracks through the model round by round (see the module docstring)."""
+
+    def __init__(self, model: HSTU, tracks: list[Track]) -> None:
+        self.model = model
+        self.tracks = tracks
+        cfg = model.cfg
+        param = next(model.parameters())
+        for t in tracks:
+            shape = (cfg.num_layers, cfg.num_heads, t.new_tokens, cfg.head_dim)
+            t.k = torch.empty(shape, device=param.device, dtype=param.dtype)
+            t.v = torch.empty(shape, device=param.device, dtype=param.dtype)
+            past = t.history.past
+            if t.history.timestamps is None:
+                t.key_ts = None
+            elif past is not None and past.timestamps is not None and past.num_tokens:
+                t.key_ts = torch.cat([past.timestamps, t.history.timestamps])
+            else:
+                t.key_ts = t.history.timestamps
+            if past is not None and t.new_tokens == 0:
+                t.last_hidden = past.last_hidden
+
+    @property
+    def done(self) -> bool:
+        return all(t.finished for t in self.tracks)
+
+    def run(self) -> None:
+        while not self.done:
+            self.step()
+
+    def step(self) -> None:
+        """Compute one round; a no-op when every track is finished."""
+        pieces = [p for t in self.tracks if not t.finished if (p := self._plan(t)) is not None]
+        if pieces:
+            self._forward(pieces)
+
+    def _plan(self, t: Track) -> _Piece | None:
+        cfg = self.model.cfg
+        hist_len = min(self._block_size(t.history.past_tokens + t.done_tokens),
+                       t.new_tokens - t.done_tokens)
+        cand_len = 0
+        if t.candidates is not None and t.done_tokens + hist_len == t.new_tokens:
+            cand_len = min(cfg.candidate_block, int(t.candidates.numel()) - t.done_candidates)
+        piece = _Piece(t, t.done_tokens, hist_len, t.done_candidates, cand_len)
+        if t.key_ts is not None:
+            past = t.history.past_tokens
+            if hist_len:
+                end = past + t.done_tokens + hist_len
+                q_ts = t.key_ts[past + t.done_tokens:end].flip(0)
+                piece.hist_buckets = time_buckets(q_ts, t.key_ts[:end], cfg.num_time_buckets)
+            if cand_len:
+                assert t.query_ts is not None
+                q = torch.tensor(t.query_ts, device=t.key_ts.device)
+                piece.cand_buckets = time_buckets(q, t.key_ts, cfg.num_time_buckets)
+        return piece
+
+    def _block_size(self, start: int) -> int:
+        """Query block for a chunk starting at ``start``: its scores fit ``score_block_elems``."""
+        cfg = self.model.cfg
+        fit = cfg.score_block_elems // (cfg.num_heads * (start + cfg.query_block))
+        return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
+
+    def _embed(self, pieces: list[_Piece]) -> Tensor:
+        model = self.model
+        rows: list[Tensor] = []
+        for p in pieces:
+            t, past = p.track, p.track.history.past_tokens
+            if p.hist_len:
+                ids = t.history.items[p.hist_start:p.hist_start + p.hist_len]
+                first = past + p.hist_start
+                positions = torch.arange(first, first + p.hist_len, device=ids.device)
+                rows.append(model.embed_history(ids, positions))
+            if p.cand_len:
+                assert t.candidates is not None
+                ids = t.candidates[p.cand_start:p.cand_start + p.cand_len]
+                rows.append(model.embed_candidates(ids, t.history.total_tokens))
+        return torch.cat(rows)
+
+    def _forward(self, pieces: list[_Piece]) -> None:
+        model, cfg = self.model, self.model.cfg
+        heads, dh, norm = cfg.num_heads, cfg.head_dim, cfg.normalizer
+        x = model.input_dropout(self._embed(pieces))            # [R, d], R rows in the round
+        for layer_index, layer in enumerate(model.blocks):
+            u, v, q, k = layer.project(x)                        # each [R, d]
+            attn = torch.empty_like(q)
+            w_rev = reversed_padded(layer.pos_w, cfg.query_block)
+            row = 0
+            for p in pieces:
+                t = p.track
+                if p.hist_len:
+                    n, s_new = p.hist_len, p.hist_start
+                    rows = slice(row, row + n)
+                    new = slice(s_new, s_new + n)
+                    # [n, d] → [H, n, dh]
+                    t.k[layer_index, :, new] = k[rows].view(n, heads, dh).transpose(0, 1)
+                    t.v[layer_index, :, new] = v[rows].view(n, heads, dh).transpose(0, 1)
+                    q_rev = q[rows].view(n, heads, dh).transpose(0, 1).flip(1)
+                    start = t.history.past_tokens + s_new
+                    bias = toeplitz_reversed(w_rev, start, n, start + n, cfg.max_seq_len)
+                    if p.hist_buckets is not None:
+                        bias = bias + layer.time_w[p.hist_buckets]
+                    out = block_attention(q_rev, t.segments(layer_index, s_new + n), bias, norm)
+                    attn[rows] = out.transpose(0, 1).reshape(n, cfg.dim)
+                    row += n
+                if p.cand_len:
+                    c = p.cand_len
+                    rows = slice(row, row + c)
+                    total = t.history.total_tokens
+                    # every candidate sits at position `total`: bias row w[total - j], j < total
+                    bias_vec = layer.pos_w[1:total + 1].flip(0)
+                    if p.cand_buckets is not None:
+                        bias_vec = bias_vec + layer.time_w[p.cand_buckets]
+                    heads_view = (c, heads, dh)
+                    out = candidate_attention(
+                        q[rows].view(heads_view).transpose(0, 1),
+                        k[rows].view(heads_view).transpose(0, 1),
+                        v[rows].view(heads_view).transpose(0, 1),
+                        t.segments(layer_index, t.new_tokens), bias_vec,
+                        layer.self_bias(p.cand_buckets is not None), norm)
+                    attn[rows] = out.transpose(0, 1).reshape(c, cfg.dim)
+                    row += c
+            x = layer.finish(x, attn, u)
+        self._collect(pieces, model.final_norm(x))
+
+    def _collect(self, pieces: list[_Piece], h: Tensor) -> None:
+        row = 0
+        for p in pieces:
+            t = p.track
+            if p.hist_len:
+                row += p.hist_len
+                t.done_tokens += p.hist_len
+                if t.done_tokens == t.new_tokens:
+                    t.last_hidden = h[row - 1].clone()
+            if p.cand_len:
+                t.scores.append(self.model.rank_head(h[row:row + p.cand_len]).squeeze(-1))
+                row += p.cand_len
+                t.done_candidates += p.cand_len

@@ -1,0 +1,20 @@
+"""Shared fixtures: deterministic small models and generated histories."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Tests must behave the same on a 2-core CI runner and a workstation.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,96 @@
+"""The relay's correctness contract: ranking from a cached prefix equals the full pass."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.model.helpers import assert_close, make_model, random_history
+
+configs = st.fixed_dictionaries({
+    "dim": st.sampled_from([16, 32]),
+    "num_layers": st.integers(1, 3),
+    "num_heads": st.sampled_from([1, 2, 4]),
+    "query_block": st.sampled_from([32, 64, 256]),
+    "candidate_block": st.sampled_from([7, 64, 512]),
+})
+
+
+@settings(max_examples=30, deadline=None)
+@given(cfg=configs, prefix_len=st.integers(1, 2048), suffix_len=st.integers(0, 40),
+       num_candidates=st.integers(1, 80), timed=st.booleans(), seed=st.integers(0, 2**16))
+def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: int,
+                                      num_candidates: int, timed: bool, seed: int) -> None:
+    model = make_model(seed, **cfg)
+    gen = torch.Generator().manual_seed(seed)
+    items, ts = random_history(gen, prefix_len + suffix_len, 500, timed)
+    cands = torch.randint(1, 501, (num_candidates,), generator=gen)
+    query_ts = int(ts[-1]) + 3600 if ts is not None else None
+    suffix = items[prefix_len:] if suffix_len else None
+    suffix_ts = ts[prefix_len:] if (ts is not None and suffix_len) else None
+    prefix_ts = ts[:prefix_len] if ts is not None else None
+
+    kv = model.prefill(items[:prefix_len], prefix_ts)
+    cached = model.rank(cands, prefix=kv, suffix_items=suffix, suffix_timestamps=suffix_ts,
+                        query_timestamp=query_ts)
+    full = model.rank(cands, prefix_items=items[:prefix_len], prefix_timestamps=prefix_ts,
+                      suffix_items=suffix, suffix_timestamps=suffix_ts, query_timestamp=query_ts)
+    assert cached.shape == (num_candidates,)
+    assert_close(cached, full)
+
+
+@settings(max_examples=15, deadline=None)
+@given(length=st.integers(1, 300), num_candidates=st.integers(1, 30), timed=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_serving_path_equals_dense_reference(length: int, num_candidates: int, timed: bool,
+                                             seed: int) -> None:
+    """The chunked serving pass computes the paper's masked dense attention."""
+    model = make_model(seed, query_block=32)
+    gen = torch.Generator().manual_seed(seed)
+    items, ts = random_history(gen, length, 500, timed)
+    cands = torch.randint(1, 501, (num_candidates,), generator=gen)
+    query_ts = int(ts[-1]) + 60 if ts is not None else None
+    served = model.rank(cands, prefix_items=items, prefix_timestamps=ts, query_timestamp=query_ts)
+    with torch.no_grad():
+        dense = model.rank_padded(items[None], cands[None], None if ts is None else ts[None],
+                                  None if ts is None else torch.tensor([query_ts]))[0]
+        hidden = model.encode_padded(items[None], None if ts is None else ts[None])[0]
+    assert_close(served, dense)
+    assert_close(model.prefill(items, ts).last_hidden, hidden[-1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(first=st.integers(1, 700), second=st.integers(1, 400), timed=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_prefill_extension_equals_prefill_of_concatenation(first: int, second: int, timed: bool,
+                                                           seed: int) -> None:
+    model = make_model(seed)
+    gen = torch.Generator().manual_seed(seed)
+    items, ts = random_history(gen, first + second, 500, timed)
+    head_ts = None if ts is None else ts[:first]
+    tail_ts = None if ts is None else ts[first:]
+    extended = model.prefill(items[first:], tail_ts, past=model.prefill(items[:first], head_ts))
+    whole = model.prefill(items, ts)
+    assert extended.num_tokens == whole.num_tokens == first + second
+    assert_close(extended.k, whole.k)
+    assert_close(extended.v, whole.v)
+    assert_close(extended.last_hidden, whole.last_hidden)
+    if ts is not None:
+        assert extended.timestamps is not None
+        assert torch.equal(extended.timestamps, whole.timestamps)
+
+
+def test_time_bias_changes_scores_but_not_exactness() -> None:
+    """The request time moves candidate scores (it is used) without invalidating the cache."""
+    model = make_model(3)
+    gen = torch.Generator().manual_seed(3)
+    items, ts = random_history(gen, 200, 500, timed=True)
+    assert ts is not None
+    cands = torch.arange(1, 21)
+    kv = model.prefill(items, ts)
+    soon = model.rank(cands, prefix=kv, query_timestamp=int(ts[-1]) + 10)
+    later = model.rank(cands, prefix=kv, query_timestamp=int(ts[-1]) + 10_000_000)
+    assert (soon - later).abs().max() > 1e-3
+    assert_close(later, model.rank(cands, prefix_items=items, prefix_timestamps=ts,
+                                   query_timestamp=int(ts[-1]) + 10_000_000))
