@@ -1,0 +1,1 @@
+"""Measurement: model profiling, the relay benchmark, and the hardware reference points."""

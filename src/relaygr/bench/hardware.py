@@ -1,0 +1,60 @@
+"""Hardware reference points measured in the same run as the figures they qualify.
+
+``matmul_peak_gflops`` is the best dense-matmul rate this device reaches in the benchmark's
+dtype: the denominator of every "achieved fraction of peak". ``time_call`` is the one timing
+primitive the profiler and benchmark use (median of repeats, CUDA-synchronised).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock milliseconds of repeated calls (after warm-up)."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
+              warmup: int = 1) -> Timing:
+    """Median wall time of ``fn`` over ``repeats`` calls, synchronising the device each time."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return Timing(statistics.median(samples), min(samples), max(samples), repeats)
+
+
+def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                       sizes: tuple[int, ...] = (1024, 2048), repeats: int = 5) -> float:
+    """Best GFLOP/s of square matmuls on ``device`` (larger sizes on CUDA, where peak needs it)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        sizes = (4096, 8192)
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        timing = time_call(lambda a=a, b=b: a @ b, device, repeats=repeats, warmup=2)
+        best = max(best, 2 * n**3 / (timing.min_ms * 1e-3) / 1e9)
+    return best
