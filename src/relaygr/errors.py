@@ -37,3 +37,11 @@ class IncompatiblePrefixError(InvalidInputError):
 
 class ConfigError(RelayGRError, ValueError):
     """A configuration value is invalid or unknown."""
+
+
+class UnknownUserError(InvalidInputError):
+    """The user id is not in the history store; nothing was changed."""
+
+
+class NoHealthyInstanceError(RelayGRError):
+    """No healthy ranking instance is available to route a request to."""
