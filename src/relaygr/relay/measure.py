@@ -1,0 +1,88 @@
+"""Fit the latency cost model by timing the running model on this device, at start-up.
+
+A small grid of (prefix, suffix, candidates) shapes is timed with ``bench.hardware.time_call``
+(median of repeats, device-synchronised): one prefill per prefix length, then the full and the
+cached ranking pass per shape. The default grid takes a few seconds on a 2-core CPU for the
+``small`` model; pass a larger grid on an accelerator or for longer sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from relaygr.bench.hardware import time_call
+from relaygr.errors import ConfigError
+from relaygr.model import HSTU
+from relaygr.relay.costmodel import CostModelSource, LatencyCostModel, LatencySample
+
+
+@dataclass(frozen=True)
+class FitGrid:
+    """The shapes timed by ``fit_on_model``; shapes longer than ``max_seq_len`` are skipped."""
+
+    # Four prefix lengths spanning 16x: enough to separate the linear from the quadratic term.
+    prefix_tokens: tuple[int, ...] = (64, 256, 512, 1024)
+    # Two suffix lengths so the cached model's suffix terms are measured, not borrowed.
+    suffix_tokens: tuple[int, ...] = (0, 32)
+    # Two candidate counts separate per-candidate cost from the fixed cost.
+    candidates: tuple[int, ...] = (16, 128)
+    repeats: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prefix_tokens", "suffix_tokens", "candidates"):
+            values = getattr(self, name)
+            low = 0 if name == "suffix_tokens" else 1
+            if not values or any(not isinstance(v, int) or v < low for v in values):
+                raise ConfigError(f"FitGrid.{name} must be non-empty ints >= {low}, got {values}")
+        if self.repeats < 1:
+            raise ConfigError(f"FitGrid.repeats must be >= 1, got {self.repeats}")
+
+
+def measure_samples(model: HSTU, device: torch.device | str,
+                    grid: FitGrid | None = None) -> list[LatencySample]:
+    """Time prefill, full and cached ranking over ``grid`` (untimed histories)."""
+    grid = grid or FitGrid()
+    device = torch.device(device)
+    if model.device != device:
+        raise ConfigError(f"model is on {model.device}, asked to time it on {device}")
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(grid.seed)
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(1, cfg.num_items + 1, (n,), generator=gen).to(device)
+
+    samples = []
+    for n in grid.prefix_tokens:
+        shapes = [(s, c) for s in grid.suffix_tokens for c in grid.candidates
+                  if n + s <= cfg.max_seq_len]
+        if not shapes:
+            continue
+        prefix = ids(n)
+        prefill = time_call(partial(model.prefill, prefix), device, grid.repeats)
+        kv = model.prefill(prefix)
+        for s, c in shapes:
+            suffix = ids(s) if s else None
+            cands = ids(c)
+            full = time_call(partial(model.rank, cands, prefix_items=prefix,
+                                     suffix_items=suffix), device, grid.repeats)
+            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix),
+                               device, grid.repeats)
+            samples.append(LatencySample(n, s, c, prefill.median_ms, full.median_ms,
+                                         cached.median_ms))
+    if len(samples) < 2:
+        raise ConfigError(f"FitGrid yields {len(samples)} shapes within max_seq_len "
+                          f"{cfg.max_seq_len}; need at least 2")
+    return samples
+
+
+def fit_on_model(model: HSTU, device: torch.device | str,
+                 grid: FitGrid | None = None) -> LatencyCostModel:
+    """A cost model fitted on timings of ``model`` (already on ``device``, in eval mode)."""
+    samples = measure_samples(model, device, grid)
+    source = CostModelSource("measured", str(torch.device(device)), str(model.dtype).replace(
+        "torch.", ""), model.cfg)
+    return LatencyCostModel.fit(samples, source)

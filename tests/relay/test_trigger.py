@@ -1,0 +1,126 @@
+"""Trigger: every reason, counters, token-bucket refill on a fake clock, the ablation policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaygr.errors import ConfigError, InvalidInputError
+from relaygr.relay import (
+    TRIGGERS,
+    CostModelSource,
+    LatencyCostModel,
+    PoolUsage,
+    TokenBucket,
+    TriggerConfig,
+    TriggerDecision,
+    TriggerReason,
+    TriggerRequest,
+    make_trigger,
+)
+from relaygr.relay.costmodel import CACHED_FEATURES, FULL_FEATURES, PREFILL_FEATURES
+from relaygr.relay.fitting import LinearFit
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def linear_model() -> LatencyCostModel:
+    """Full pass: 1 ms + 0.01 ms per history token; cached: 1 ms + 0.001 ms per prefix token."""
+    src = CostModelSource("measured", "cpu", "float32", None)
+    return LatencyCostModel(LinearFit(PREFILL_FEATURES, (1.0, 0.01, 0.0), 0, 0, 1),
+                            LinearFit(FULL_FEATURES, (1.0, 0.01, 0.0, 0.0, 0.0), 0, 0, 1),
+                            LinearFit(CACHED_FEATURES, (1.0, 0.001, 0.0, 0.0, 0.0, 0.0), 0, 0, 1),
+                            src)
+
+
+# SLO 20 ms, risk at > 10 ms: a history of more than 900 tokens is at risk.
+CONFIG = TriggerConfig(slo_ms=20.0, risk_fraction=0.5, max_pool_fraction=0.5,
+                       max_preinfer_tokens_per_s=1000.0, burst_tokens=2000.0)
+POOL = PoolUsage(used_bytes=0, budget_bytes=1000)
+
+
+def request(prefix: int, prefix_bytes: int = 100, host: bool = False) -> TriggerRequest:
+    return TriggerRequest(user_id=1, prefix_tokens=prefix, suffix_tokens=0, candidates=8,
+                          prefix_bytes=prefix_bytes, host_has_prefix=host)
+
+
+def test_each_reason_in_order_and_counted() -> None:
+    clock = FakeClock()
+    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, clock)
+    assert trigger.decide(request(900), POOL) == TriggerDecision(
+        False, TriggerReason.NOT_AT_RISK, pytest.approx(10.0), pytest.approx(1.9))
+    assert trigger.decide(request(0), POOL).reason is TriggerReason.NOT_AT_RISK
+    # At risk but the host tier holds it: reload, even when the pool is full.
+    full_pool = PoolUsage(used_bytes=450, budget_bytes=1000)
+    assert trigger.decide(request(901, host=True), full_pool).reason is TriggerReason.HOST_HIT
+    # 450 + 100 > 0.5 * 1000; 400 + 100 fits exactly.
+    assert trigger.decide(request(1000), full_pool).reason is TriggerReason.FOOTPRINT_FULL
+    assert trigger.decide(request(1000), PoolUsage(400, 1000)) == TriggerDecision(
+        True, TriggerReason.ADMITTED, pytest.approx(11.0), pytest.approx(2.0))
+    assert trigger.bucket.level_tokens == 1000.0
+    assert trigger.decide(request(1000), POOL).admit
+    assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND
+    assert trigger.counts == {TriggerReason.ADMITTED: 2, TriggerReason.NOT_AT_RISK: 2,
+                              TriggerReason.HOST_HIT: 1, TriggerReason.FOOTPRINT_FULL: 1,
+                              TriggerReason.LOAD_BOUND: 1}
+    # Refused decisions took no tokens; half a second refills 500.
+    assert trigger.bucket.level_tokens == 0.0
+    clock.now_s += 0.5
+    assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND
+    clock.now_s += 0.5
+    assert trigger.decide(request(1000), POOL).reason is TriggerReason.ADMITTED
+
+
+def test_preinfer_all_admits_every_prefix_that_fits() -> None:
+    trigger = make_trigger("preinfer-all", linear_model(), CONFIG, FakeClock())
+    decisions = [trigger.decide(request(10), POOL) for _ in range(50)]
+    assert all(d.reason is TriggerReason.ADMITTED for d in decisions)
+    assert trigger.decide(request(5000), POOL).admit            # no load bound either
+    assert trigger.decide(request(10, host=True), POOL).reason is TriggerReason.HOST_HIT
+    assert trigger.decide(request(10, 600), POOL).reason is TriggerReason.FOOTPRINT_FULL
+    assert trigger.decide(request(0), POOL).reason is TriggerReason.NOT_AT_RISK
+    assert trigger.counts[TriggerReason.ADMITTED] == 51
+    assert trigger.counts[TriggerReason.LOAD_BOUND] == 0
+
+
+def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate_tokens_per_s=100.0, capacity_tokens=300.0, clock=clock)
+    assert bucket.try_take(250) and bucket.level_tokens == 50.0
+    assert not bucket.try_take(60) and bucket.level_tokens == 50.0
+    clock.now_s += 0.125                                      # dyadic: exact in binary
+    assert bucket.try_take(62.5) and bucket.level_tokens == 0.0
+    clock.now_s += 100.0
+    assert bucket.level_tokens == 300.0                       # capped at capacity
+    # A job larger than the bucket runs only from a full bucket, then is paid back.
+    assert bucket.try_take(500) and bucket.level_tokens == -200.0
+    clock.now_s += 2.0
+    assert not bucket.try_take(1) and bucket.level_tokens == 0.0
+    clock.now_s -= 50.0                                       # a clock stepping back adds nothing
+    assert bucket.level_tokens == 0.0
+    with pytest.raises(InvalidInputError):
+        bucket.try_take(-1)
+    with pytest.raises(ConfigError):
+        TokenBucket(0.0, 10.0, clock)
+
+
+def test_config_and_request_validation() -> None:
+    assert sorted(TRIGGERS) == ["preinfer-all", "sequence-aware"]
+    with pytest.raises(ConfigError, match="unknown trigger"):
+        make_trigger("always", linear_model(), CONFIG)
+    with pytest.raises(ConfigError, match="unknown TriggerConfig keys"):
+        TriggerConfig.from_dict({"slo_ms": 20.0, "risk": 0.3})
+    assert TriggerConfig.from_dict({"slo_ms": 20.0}) == TriggerConfig(slo_ms=20.0)
+    for bad in ({"slo_ms": 0.0}, {"slo_ms": 5.0, "risk_fraction": 1.5},
+                {"slo_ms": 5.0, "burst_tokens": 0.0}):
+        with pytest.raises(ConfigError):
+            TriggerConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="prefix_tokens"):
+        request(-1)
+    with pytest.raises(InvalidInputError, match="impossible"):
+        PoolUsage(used_bytes=11, budget_bytes=10)
