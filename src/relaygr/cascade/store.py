@@ -1,0 +1,317 @@
+"""User behaviour histories: an append-only, time-ordered event log per user, with versions.
+
+``version_at(user, n)`` is a 64-bit hash of the user's first ``n`` events (items and
+timestamps). Appending never changes it for an existing ``n``, and any prefix that grows gets a
+new value, so a cache entry built from ``n`` events is fresh exactly when
+``version_at(user, n) == entry.version``. It costs O(1): the store keeps, per user, the running
+sum (mod 2**64) of position-salted event hashes, computed with numpy when events arrive.
+
+Snapshots (``UserHistory``) are read-only numpy views that later appends never touch (appends
+write past the snapshot's end or into a fresh buffer). Thread-safety: not thread-safe for
+writers; the engine runs on one asyncio thread. Snapshots may be read from any thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from relaygr.errors import (
+    ConfigError,
+    EmptyInputError,
+    InvalidInputError,
+    ItemOutOfRangeError,
+    TimestampError,
+    UnknownUserError,
+)
+from relaygr.routing.hashing import GOLDEN_GAMMA, mix64, mix64_array
+
+_TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
+
+
+@dataclass(frozen=True)
+class UserHistory:
+    """A user's first ``num_events`` events: ``items`` ``[n]`` int64 (ids >= 1), ``timestamps``
+    ``[n]`` int64 seconds, non-decreasing, or None for an untimed user; ``version`` is
+    ``version_at(user_id, n)``. The arrays are read-only and never change."""
+
+    user_id: int
+    items: np.ndarray
+    timestamps: np.ndarray | None
+    version: int
+
+    @property
+    def num_events(self) -> int:
+        return int(self.items.shape[0])
+
+
+class HistoryStore(ABC):
+    """Per-user event logs. Every method raises ``UnknownUserError`` for a user it does not
+    hold (``append`` creates users instead) and ``InvalidInputError`` subclasses for malformed
+    ids or events, changing nothing."""
+
+    @abstractmethod
+    def get(self, user_id: int) -> UserHistory:
+        """The user's whole history now."""
+
+    @abstractmethod
+    def prefix(self, user_id: int, num_events: int) -> UserHistory:
+        """The user's first ``num_events`` events (0 <= num_events <= length)."""
+
+    @abstractmethod
+    def append(self, user_id: int, items: np.ndarray,
+               timestamps: np.ndarray | None = None) -> UserHistory:
+        """Add events after the user's last one (creating the user); returns the new history."""
+
+    @abstractmethod
+    def version_at(self, user_id: int, num_events: int) -> int:
+        """Hash of the user's first ``num_events`` events, in O(1)."""
+
+    @abstractmethod
+    def __contains__(self, user_id: object) -> bool: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[int]:
+        """User ids, in the order they were added."""
+
+
+def event_hash_sums(items: np.ndarray, timestamps: np.ndarray | None, start: int,
+                    base: int) -> np.ndarray:
+    """Running sums ``[k]`` after events at positions ``start..start+k-1``, from ``base``."""
+    positions = np.arange(start, start + items.shape[0], dtype=np.uint64)
+    h = mix64_array(items.astype(np.uint64))
+    if timestamps is not None:
+        h = mix64_array(h ^ timestamps.view(np.uint64))
+    with np.errstate(over="ignore"):
+        h = mix64_array(h + positions * np.uint64(GOLDEN_GAMMA))
+        return np.cumsum(h, dtype=np.uint64) + np.uint64(base)
+
+
+def version_of(hash_sum: int, num_events: int, timed: bool) -> int:
+    tag = _TIMED_TAG if timed else _UNTIMED_TAG
+    return mix64(hash_sum ^ mix64(num_events * GOLDEN_GAMMA + tag))
+
+
+class _UserLog:
+    """One user's growable arrays; ``sums[i]`` is the hash sum of the first ``i`` events."""
+
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        self.length = 0
+        self.items = np.empty(16, dtype=np.int64)
+        self.timestamps = np.empty(16, dtype=np.int64) if timed else None
+        self.sums = np.zeros(17, dtype=np.uint64)
+
+    def extend(self, items: np.ndarray, timestamps: np.ndarray | None) -> None:
+        n, k = self.length, items.shape[0]
+        if n + k > self.items.shape[0]:
+            capacity = max(2 * self.items.shape[0], n + k)
+            self.items = np.concatenate([self.items[:n], np.empty(capacity - n, np.int64)])
+            if self.timestamps is not None:
+                self.timestamps = np.concatenate(
+                    [self.timestamps[:n], np.empty(capacity - n, np.int64)])
+            self.sums = np.concatenate([self.sums[:n + 1], np.zeros(capacity - n, np.uint64)])
+        self.items[n:n + k] = items
+        if self.timestamps is not None:
+            assert timestamps is not None
+            self.timestamps[n:n + k] = timestamps
+        self.sums[n + 1:n + k + 1] = event_hash_sums(items, timestamps, n, int(self.sums[n]))
+        self.length = n + k
+
+    def snapshot(self, user_id: int, n: int) -> UserHistory:
+        items = self.items[:n].view()
+        items.flags.writeable = False
+        ts = None
+        if self.timestamps is not None:
+            ts = self.timestamps[:n].view()
+            ts.flags.writeable = False
+        return UserHistory(user_id, items, ts, version_of(int(self.sums[n]), n, self.timed))
+
+
+def _as_int_array(name: str, values: object) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise InvalidInputError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64)
+
+
+class InMemoryHistoryStore(HistoryStore):
+    """A ``HistoryStore`` in process memory. ``num_items`` (when given) bounds item ids to the
+    model's catalogue 1..num_items; ids must be >= 1 in any case (0 is padding)."""
+
+    def __init__(self, num_items: int | None = None) -> None:
+        if num_items is not None and (not isinstance(num_items, int) or num_items < 1):
+            raise InvalidInputError(f"num_items must be an int >= 1, got {num_items!r}")
+        self.num_items = num_items
+        self._logs: dict[int, _UserLog] = {}
+
+    @classmethod
+    def from_sequences(cls, sequences: Mapping[int, tuple[object, object | None]],
+                       num_items: int | None = None) -> InMemoryHistoryStore:
+        """A store holding ``{user_id: (items, timestamps or None)}`` (time-ordered events)."""
+        store = cls(num_items)
+        for user_id, (items, timestamps) in sequences.items():
+            store.append(user_id, items, timestamps)  # type: ignore[arg-type]
+        return store
+
+    @classmethod
+    def synthetic(cls, config: SyntheticHistories) -> InMemoryHistoryStore:
+        """A store of generated users (see ``SyntheticHistories``), with ``num_items`` set."""
+        store = cls(config.num_items)
+        for user_id, (items, timestamps) in generate_histories(config).items():
+            store.append(user_id, items, timestamps)
+        return store
+
+    def get(self, user_id: int) -> UserHistory:
+        log = self._log(user_id)
+        return log.snapshot(user_id, log.length)
+
+    def prefix(self, user_id: int, num_events: int) -> UserHistory:
+        log = self._log(user_id)
+        return log.snapshot(user_id, self._check_count(log, num_events))
+
+    def version_at(self, user_id: int, num_events: int) -> int:
+        log = self._log(user_id)
+        n = self._check_count(log, num_events)
+        return version_of(int(log.sums[n]), n, log.timed)
+
+    def num_events(self, user_id: int) -> int:
+        return self._log(user_id).length
+
+    def append(self, user_id: int, items: np.ndarray,
+               timestamps: np.ndarray | None = None) -> UserHistory:
+        _check_user(user_id)
+        ids = _as_int_array("items", items)
+        if ids.size == 0:
+            raise EmptyInputError("append needs at least one event")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 1 or (self.num_items is not None and high > self.num_items):
+            upper = "" if self.num_items is None else f"..{self.num_items}"
+            raise ItemOutOfRangeError(f"item id {low if low < 1 else high} is out of range; "
+                                      f"valid ids are 1{upper}")
+        log = self._logs.get(user_id)
+        ts = self._check_timestamps(log, ids, timestamps)
+        if log is None:
+            log = _UserLog(timed=ts is not None)
+            self._logs[user_id] = log
+        log.extend(ids, ts)
+        return log.snapshot(user_id, log.length)
+
+    def __contains__(self, user_id: object) -> bool:
+        return user_id in self._logs
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._logs))
+
+    def _log(self, user_id: int) -> _UserLog:
+        _check_user(user_id)
+        log = self._logs.get(user_id)
+        if log is None:
+            raise UnknownUserError(f"user {user_id} has no history in this store")
+        return log
+
+    @staticmethod
+    def _check_count(log: _UserLog, num_events: int) -> int:
+        if not isinstance(num_events, (int, np.integer)) or isinstance(num_events, bool) \
+                or not 0 <= num_events <= log.length:
+            raise InvalidInputError(f"num_events must be an int in [0, {log.length}], "
+                                    f"got {num_events!r}")
+        return int(num_events)
+
+    @staticmethod
+    def _check_timestamps(log: _UserLog | None, ids: np.ndarray,
+                          timestamps: object | None) -> np.ndarray | None:
+        timed = (timestamps is not None) if log is None else log.timed
+        if timed != (timestamps is not None):
+            raise TimestampError(f"this user's history is {'timed' if timed else 'untimed'}; "
+                                 f"timestamps must be {'given' if timed else 'omitted'}")
+        if timestamps is None:
+            return None
+        ts = _as_int_array("timestamps", timestamps)
+        if ts.shape != ids.shape:
+            raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
+        last = None
+        if log is not None and log.length:
+            assert log.timestamps is not None
+            last = int(log.timestamps[log.length - 1])
+        if np.any(np.diff(ts) < 0) or (last is not None and int(ts[0]) < last):
+            raise TimestampError("events must be appended in time order (timestamps "
+                                 "non-decreasing, from the user's last event on)")
+        return ts
+
+
+def _check_user(user_id: int) -> None:
+    if not isinstance(user_id, (int, np.integer)) or isinstance(user_id, bool) or user_id < 0:
+        raise InvalidInputError(f"user_id must be an int >= 0, got {user_id!r}")
+
+
+@dataclass(frozen=True)
+class SyntheticHistories:
+    """Seeded generated histories: users ``first_user_id..``, lengths log-uniform in
+    ``[min_events, max_events]``, items drawn by Zipf popularity (rank r has weight
+    ``r ** -zipf_exponent``; which id holds which rank is a seeded permutation), and, when
+    ``timed``, timestamps from ``start_ts`` with exponential gaps of mean ``mean_gap_s``."""
+
+    num_users: int
+    num_items: int
+    min_events: int = 16
+    max_events: int = 1024
+    # 1.0 is close to the head of real interaction logs (MovieLens, Amazon) by item popularity.
+    zipf_exponent: float = 1.0
+    timed: bool = True
+    start_ts: int = 1_600_000_000
+    # One event an hour on average: a day of behaviour is a couple of dozen events.
+    mean_gap_s: float = 3600.0
+    first_user_id: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.num_users >= 1 and self.num_items >= 1
+                and 1 <= self.min_events <= self.max_events):
+            raise ConfigError("SyntheticHistories needs num_users >= 1, num_items >= 1 and "
+                              "1 <= min_events <= max_events")
+        if self.zipf_exponent < 0 or self.mean_gap_s < 0 or self.first_user_id < 0:
+            raise ConfigError("zipf_exponent, mean_gap_s and first_user_id must be >= 0")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SyntheticHistories:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown SyntheticHistories keys: {unknown}")
+        return cls(**data)
+
+
+def generate_histories(config: SyntheticHistories
+                       ) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+    """``{user_id: (items, timestamps or None)}`` for ``config``; the same for the same seed."""
+    rng = np.random.default_rng(config.seed)
+    log_lengths = rng.uniform(np.log(config.min_events), np.log(config.max_events + 1),
+                              size=config.num_users)
+    lengths = np.minimum(np.exp(log_lengths).astype(np.int64), config.max_events)
+    weights = np.arange(1, config.num_items + 1, dtype=np.float64) ** -config.zipf_exponent
+    id_of_rank = rng.permutation(config.num_items) + 1
+    ranks = rng.choice(config.num_items, size=int(lengths.sum()), p=weights / weights.sum())
+    items = id_of_rank[ranks]
+    out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for u in range(config.num_users):
+        user_items = items[offsets[u]:offsets[u + 1]]
+        ts = None
+        if config.timed:
+            gaps = np.asarray(rng.exponential(config.mean_gap_s, size=user_items.shape[0]))
+            gaps = gaps.astype(np.int64)
+            ts = config.start_ts + np.cumsum(gaps)
+        out[config.first_user_id + u] = (user_items, ts)
+    return out
