@@ -41,7 +41,7 @@ def test_excluded_history_items_never_come_back() -> None:
     table = torch.randn(300, 8, generator=gen)
     users = torch.randn(3, 8, generator=gen)
     plain = Retriever(table).search(users, 20)
-    exclude = [plain.item_ids[0, :5].tolist(), [], plain.item_ids[2].tolist() + [1, 1]]
+    exclude = [plain.item_ids[0, :5].tolist(), [], [*plain.item_ids[2].tolist(), 1, 1]]
     result = Retriever(table).search(users, 20, exclude=exclude)
     assert [set(r.tolist()) for r in result.item_ids] == brute_force(users, table, 20, exclude)
     assert result.item_ids[1].tolist() == plain.item_ids[1].tolist()
