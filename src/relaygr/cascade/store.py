@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from relaygr.errors import (
     ConfigError,
@@ -63,13 +64,17 @@ class HistoryStore(ABC):
         """The user's first ``num_events`` events (0 <= num_events <= length)."""
 
     @abstractmethod
-    def append(self, user_id: int, items: np.ndarray,
-               timestamps: np.ndarray | None = None) -> UserHistory:
+    def append(self, user_id: int, items: npt.ArrayLike,
+               timestamps: npt.ArrayLike | None = None) -> UserHistory:
         """Add events after the user's last one (creating the user); returns the new history."""
 
     @abstractmethod
     def version_at(self, user_id: int, num_events: int) -> int:
         """Hash of the user's first ``num_events`` events, in O(1)."""
+
+    @abstractmethod
+    def num_events(self, user_id: int) -> int:
+        """How many events the user has now."""
 
     @abstractmethod
     def __contains__(self, user_id: object) -> bool: ...
@@ -135,7 +140,7 @@ class _UserLog:
         return UserHistory(user_id, items, ts, version_of(int(self.sums[n]), n, self.timed))
 
 
-def _as_int_array(name: str, values: object) -> np.ndarray:
+def _as_int_array(name: str, values: npt.ArrayLike) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
         raise InvalidInputError(f"{name} must be 1-D, got shape {array.shape}")
@@ -155,12 +160,12 @@ class InMemoryHistoryStore(HistoryStore):
         self._logs: dict[int, _UserLog] = {}
 
     @classmethod
-    def from_sequences(cls, sequences: Mapping[int, tuple[object, object | None]],
+    def from_sequences(cls, sequences: Mapping[int, tuple[npt.ArrayLike, npt.ArrayLike | None]],
                        num_items: int | None = None) -> InMemoryHistoryStore:
         """A store holding ``{user_id: (items, timestamps or None)}`` (time-ordered events)."""
         store = cls(num_items)
         for user_id, (items, timestamps) in sequences.items():
-            store.append(user_id, items, timestamps)  # type: ignore[arg-type]
+            store.append(user_id, items, timestamps)
         return store
 
     @classmethod
@@ -187,8 +192,8 @@ class InMemoryHistoryStore(HistoryStore):
     def num_events(self, user_id: int) -> int:
         return self._log(user_id).length
 
-    def append(self, user_id: int, items: np.ndarray,
-               timestamps: np.ndarray | None = None) -> UserHistory:
+    def append(self, user_id: int, items: npt.ArrayLike,
+               timestamps: npt.ArrayLike | None = None) -> UserHistory:
         _check_user(user_id)
         ids = _as_int_array("items", items)
         if ids.size == 0:
@@ -232,7 +237,7 @@ class InMemoryHistoryStore(HistoryStore):
 
     @staticmethod
     def _check_timestamps(log: _UserLog | None, ids: np.ndarray,
-                          timestamps: object | None) -> np.ndarray | None:
+                          timestamps: npt.ArrayLike | None) -> np.ndarray | None:
         timed = (timestamps is not None) if log is None else log.timed
         if timed != (timestamps is not None):
             raise TimestampError(f"this user's history is {'timed' if timed else 'untimed'}; "
