@@ -180,3 +180,20 @@ def test_fit_on_a_tiny_model_measures_every_shape() -> None:
     with pytest.raises(ConfigError, match="at least 2"):
         fit_on_model(hstu, "cpu", FitGrid(prefix_tokens=(70, 100), suffix_tokens=(16,),
                                           candidates=(4,), repeats=1))
+
+
+def test_the_json_of_relaygr_profile_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relaygr.bench import profile
+
+    # The matmul peak only annotates the table; skip measuring it to keep the test fast.
+    monkeypatch.setattr(profile, "matmul_peak_gflops", lambda device, dtype: 1.0)
+    cfg = profile.ProfileConfig(size="tiny", prefix_lengths=(32, 64, 128),
+                                candidate_counts=(4, 16), repeats=1)
+    result = profile.run_profile(cfg)
+    path = tmp_path / "profile.json"
+    result.write_json(path)
+    model = LatencyCostModel.from_profile_json(path)
+    assert model.source.origin == "profile" and model.source.device == "cpu"
+    assert model.source.model == HSTUConfig.from_dict(result.model)
+    assert model.full.num_points == 6
+    assert model.full_rank_ms(128, 0, 16) > 0 and all(c >= 0 for c in model.cached.coef_ms)
