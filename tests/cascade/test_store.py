@@ -146,3 +146,24 @@ def test_synthetic_histories_are_seeded_bounded_and_popularity_skewed() -> None:
         SyntheticHistories.from_dict({"num_users": 1, "num_items": 1, "users": 2})
     with pytest.raises(ConfigError):
         SyntheticHistories(num_users=1, num_items=1, min_events=5, max_events=4)
+
+
+def test_version_after_predicts_the_version_of_an_append() -> None:
+    store = InMemoryHistoryStore.from_sequences(
+        {7: ([3, 1, 4], [10, 20, 30]), 8: ([5, 9], None)}, num_items=20)
+    predicted = store.version_after(7, 3, [1, 5], [40, 50])
+    untimed = store.version_after(8, 2, [2])
+    assert store.version_after(7, 3, []) == store.version_at(7, 3)
+    before = store.get(7)
+    assert store.get(7).version == before.version          # nothing changed
+    store.append(7, [1, 5], [40, 50])
+    store.append(8, [2])
+    assert store.version_at(7, 5) == predicted
+    assert store.version_at(8, 3) == untimed
+    # from an earlier cut: the version of events 0..1 followed by (9, 35)
+    other = InMemoryHistoryStore.from_sequences({7: ([3, 1, 9], [10, 20, 35])}, num_items=20)
+    assert store.version_after(7, 2, [9], [35]) == other.version_at(7, 3)
+    with pytest.raises(TimestampError):
+        store.version_after(7, 2, [9])
+    with pytest.raises(TimestampError):
+        store.version_after(8, 2, [9], [1])

@@ -69,6 +69,12 @@ class HistoryStore(ABC):
         """Add events after the user's last one (creating the user); returns the new history."""
 
     @abstractmethod
+    def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
+                      timestamps: npt.ArrayLike | None = None) -> int:
+        """The version the user's first ``num_events`` events followed by ``items`` would have
+        (what ``version_at`` returns once they are appended there); changes nothing."""
+
+    @abstractmethod
     def version_at(self, user_id: int, num_events: int) -> int:
         """Hash of the user's first ``num_events`` events, in O(1)."""
 
@@ -191,6 +197,22 @@ class InMemoryHistoryStore(HistoryStore):
 
     def num_events(self, user_id: int) -> int:
         return self._log(user_id).length
+
+    def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
+                      timestamps: npt.ArrayLike | None = None) -> int:
+        log = self._log(user_id)
+        n = self._check_count(log, num_events)
+        ids = _as_int_array("items", items)
+        if ids.size == 0:
+            return version_of(int(log.sums[n]), n, log.timed)
+        if log.timed != (timestamps is not None):
+            raise TimestampError(f"this user's history is {'timed' if log.timed else 'untimed'}"
+                                 f"; timestamps must be {'given' if log.timed else 'omitted'}")
+        ts = None if timestamps is None else _as_int_array("timestamps", timestamps)
+        if ts is not None and ts.shape != ids.shape:
+            raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
+        sums = event_hash_sums(ids, ts, n, int(log.sums[n]))
+        return version_of(int(sums[-1]), n + ids.size, log.timed)
 
     def append(self, user_id: int, items: npt.ArrayLike,
                timestamps: npt.ArrayLike | None = None) -> UserHistory:
