@@ -37,3 +37,7 @@ class IncompatiblePrefixError(InvalidInputError):
 
 class ConfigError(RelayGRError, ValueError):
     """A configuration value is invalid or unknown."""
+
+
+class BenchProtocolError(RelayGRError):
+    """A measured system broke the benchmark protocol (a malformed or inconsistent record)."""
