@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ def assert_consistent(workload: Workload) -> None:
     """The invariants every workload promises (see ``Workload`` and ``BenchRequest``)."""
     requests = workload.requests
     assert [r.request_id for r in requests] == list(range(len(requests)))
-    assert all(a.send_s <= b.send_s for a, b in zip(requests, requests[1:], strict=False))
+    assert all(a.send_s <= b.send_s for a, b in itertools.pairwise(requests))
     last_ts: dict[int, int | None] = {u: h.last_ts for u, h in workload.histories.items()}
     for history in workload.histories.values():
         assert history.items.min() >= 1 and history.items.max() <= workload.num_items
@@ -44,7 +45,7 @@ def assert_consistent(workload: Workload) -> None:
             assert np.all(np.diff(history.timestamps) >= 0)
     for r in requests:
         assert r.user_id in workload.histories and r.recent_items
-        assert 1 <= min(r.recent_items) and max(r.recent_items) <= workload.num_items
+        assert min(r.recent_items) >= 1 and max(r.recent_items) <= workload.num_items
         if r.request_ts is None:
             assert r.recent_timestamps is None
             continue
@@ -94,6 +95,7 @@ def test_fixed_length_mode() -> None:
     for r, tokens in zip(workload.requests, prefix.tolist(), strict=True):
         assert tokens == 512 + grown.get(r.user_id, 0)
         grown[r.user_id] = grown.get(r.user_id, 0) + len(r.recent_items)
+    assert SMALL.max_visits_per_user is not None
     assert summarize(workload).visits_per_user.max <= SMALL.max_visits_per_user
 
 
@@ -169,7 +171,7 @@ def test_dlrmv3_matches_the_published_profile() -> None:
     assert s.candidates.min == s.candidates.max == 2048
     assert s.history_at_query.mean == pytest.approx(6716, rel=0.01)
     assert s.history_at_query.std == pytest.approx(531, rel=0.08)
-    assert 4450 <= s.history_at_query.min and s.history_at_query.max <= 9080
+    assert s.history_at_query.min >= 4450 and s.history_at_query.max <= 9080
     assert builder.config.model_shape() == {"num_layers": 5, "dim": 512, "num_heads": 4}
     assert_consistent(workload)
 
@@ -182,7 +184,7 @@ def test_dlrmv3_cpu_scale() -> None:
     s = summarize(DLRMv3Workload(cfg, seed=1).build(100.0, 3500))
     assert s.history_at_query.mean == pytest.approx(840, rel=0.01)
     assert s.history_at_query.std == pytest.approx(66, rel=0.1)
-    assert 556 <= s.history_at_query.min and s.history_at_query.max <= 1135
+    assert s.history_at_query.min >= 556 and s.history_at_query.max <= 1135
     with pytest.raises(ConfigError):
         DLRMv3Config(scale=0.0)
 

@@ -53,7 +53,7 @@ def plot_p99_vs_prefix_len(report: BenchReport, path: Path) -> Path:
     _finish(ax, report.slo_ms, ceiling, "prefix length (tokens)")
     ax.set_title("Ranking P99 vs prefix length")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -70,7 +70,7 @@ def plot_p99_vs_qps(report: BenchReport, path: Path) -> Path:
         _finish(ax, report.slo_ms, ceiling, "offered load (QPS, Poisson)")
         ax.set_title(f"Ranking P99 vs QPS: {title}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -89,7 +89,7 @@ def plot_hit_rates(report: BenchReport, path: Path) -> Path:
     ax.set_title("Prefix K/V hit rates at each mode's reference point")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     return path
 
 
