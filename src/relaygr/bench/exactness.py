@@ -2,7 +2,9 @@
 
 Both modes get a fresh system over the same workload and keep their scores; every request both
 answered with scores is compared candidate by candidate. Relay-race inference is exact by
-construction (DESIGN.md section 3), so the maximum difference is float rounding.
+construction (DESIGN.md section 3), so the maximum difference is float rounding. The comparison
+assumes both systems score the same candidates, in the same order, for a request (retrieval and
+pre-processing deterministic given the store and the model).
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ from relaygr.bench.exactness import ExactnessReport
 from relaygr.bench.search import LengthSweepResult, QpsSearchResult
 from relaygr.bench.stats import PointStats
 
+# A point whose dispatch lag P99 exceeds this share of the SLO is flagged on the console.
+LATE_DISPATCH_SHARE = 0.1
+
 
 @dataclass(frozen=True)
 class LimitReport:
@@ -179,10 +182,11 @@ def _fmt(value: float | int | None, spec: str = ".1f") -> str:
 def print_report(report: BenchReport, console: Console | None = None) -> None:
     """The headline table per mode, then ratios, the physical limit and exactness."""
     console = console or Console()
-    table = Table(title=f"relaygr bench: ranking P99 SLO {report.slo_ms:g} ms on {report.device}")
-    for column in ("mode", "max len", "QPS@len", "QPS mixed", "rank P50 ms", "rank P99 ms",
-                   "e2e P99 ms", "device hit", "host hit"):
-        table.add_column(column, justify="left" if column == "mode" else "right")
+    table = Table(title=f"ranking P99 SLO {report.slo_ms:g} ms on {report.device}")
+    table.add_column("mode", no_wrap=True)
+    for column in ("max len", "QPS@len", "QPS mix", "P50 ms", "P99 ms", "e2e P99", "dev hit",
+                   "host hit"):
+        table.add_column(column, justify="right")
     for mode, r in report.modes.items():
         ref = r.reference
         table.add_row(
@@ -207,6 +211,13 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
         ex = report.exactness
         console.print(f"exactness: {ex.requests_compared} requests, max |score diff| "
                       f"{ex.max_abs_score_diff:.2e} ({ex.candidate_mode} vs {ex.reference_mode})")
+    late = [p for p in report.points
+            if p.dispatch_lag_p99_ms > LATE_DISPATCH_SHARE * report.slo_ms]
+    if late:
+        worst = max(p.dispatch_lag_max_ms for p in late)
+        console.print(f"[yellow]warning: the dispatcher sent late in {len(late)} points (worst "
+                      f"{worst:.1f} ms): something blocked the event loop; those requests were "
+                      f"charged from their scheduled time[/yellow]")
     failed = [k for k, v in report.checks.items() if v is False]
     console.print("checks: " + ("all measured targets met" if not failed
                                 else "missed " + ", ".join(failed)))
