@@ -51,6 +51,24 @@ def test_overload_keeps_the_schedule_and_latency_grows_from_scheduled_time() -> 
     assert result.completed == 25 and result.dropped == 0
 
 
+def test_a_stalled_server_charges_the_stall_to_every_queued_request() -> None:
+    # The first request stalls the server 200 ms; the rest (1 ms each) queue behind it.
+    workload = tiny_workload([0.01 * i for i in range(15)])
+    costs = iter([0.2] + [0.001] * 14)
+    servers: list[SimulatedServer] = []
+
+    def factory(ctx: SystemContext) -> SimulatedServer:
+        servers.append(SimulatedServer(ctx, lambda _tokens: next(costs)))
+        return servers[-1]
+
+    result = run(run_point(factory, workload, RunOptions()))
+    for request in workload.requests:
+        assert servers[0].arrivals_s[request.request_id] - request.send_s < LATE_S
+    latencies = [r.ranking_latency_s for r in result.records]
+    expected = [0.2 + 0.001 * i - 0.01 * i for i in range(15)]  # done_i = 0.2 + 1 ms x i
+    assert latencies == pytest.approx(expected, abs=1e-9)
+
+
 def test_latency_counts_from_the_scheduled_send_when_the_loop_is_blocked() -> None:
     block_s = 0.15
     workload = tiny_workload([0.01 * i for i in range(12)])

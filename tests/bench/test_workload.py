@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relaygr.bench.workload import (
     DLRMv3Config,
@@ -67,6 +69,23 @@ def test_synthetic_is_seeded_and_reproducible() -> None:
         assert np.array_equal(history.items, b.histories[user].items)
     assert_consistent(a)
     assert_consistent(c)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.booleans(), st.floats(1.0, 6.0),
+       st.sampled_from([None, 2, 5]), st.floats(1.0, 200.0))
+def test_synthetic_invariants_hold_for_any_config(seed: int, short_share: float, timed: bool,
+                                                  recent_mean: float, cap: int | None,
+                                                  qps: float) -> None:
+    cfg = SyntheticConfig(num_users=60, num_items=300, short_gap_share=short_share,
+                          timed=timed, recent_events_mean=recent_mean, max_visits_per_user=cap,
+                          prefix_len=LogNormalLength(median=20, sigma=1.0, max_tokens=64))
+    workload = SyntheticWorkload(cfg, seed=seed).build(qps, 100)
+    assert_consistent(workload)
+    assert len(workload.requests) == 100
+    assert all((r.request_ts is not None) == timed for r in workload.requests)
+    if cap is not None:
+        assert summarize(workload).visits_per_user.max <= cap
 
 
 def test_arrivals_are_poisson_and_scale_with_qps() -> None:
