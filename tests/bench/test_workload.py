@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +183,7 @@ def test_visit_cap_is_enforced_and_validated() -> None:
 
 
 def test_dlrmv3_matches_the_published_profile() -> None:
-    builder = DLRMv3Workload(DLRMv3Config(num_items=20_000), seed=0)
+    builder = DLRMv3Workload(DLRMv3Config(num_items=2000), seed=0)
     workload = builder.build(100.0, 3500)
     s = summarize(workload)
     assert s.users == 500 and s.visits_per_user.min == s.visits_per_user.max == 7
@@ -200,7 +201,7 @@ def test_dlrmv3_cpu_scale() -> None:
     assert cfg.num_candidates == 256 and cfg.events_per_visit == 12
     assert cfg.history_at_query() == {"mean": 840, "std": 66, "min": 556, "max": 1135}
     assert cfg.model_shape() == {"num_layers": 5, "dim": 128, "num_heads": 4}
-    s = summarize(DLRMv3Workload(cfg, seed=1).build(100.0, 3500))
+    s = summarize(DLRMv3Workload(replace(cfg, num_items=2000), seed=1).build(100.0, 3500))
     assert s.history_at_query.mean == pytest.approx(840, rel=0.01)
     assert s.history_at_query.std == pytest.approx(66, rel=0.1)
     assert s.history_at_query.min >= 556 and s.history_at_query.max <= 1135

@@ -45,22 +45,22 @@ def read_ml1m(path: Path) -> tuple[dict[int, UserHistory], int]:
     if not path.is_file():
         raise ConfigError(f"MovieLens-1M ratings not found at {path}")
     frame = pd.read_csv(path, usecols=["user_id", "movie_id", "timestamp", "seq_pos"],
-                        dtype={"user_id": "int64", "movie_id": "int64", "timestamp": "Int64",
-                               "seq_pos": "int64"})
+                        dtype={"user_id": "int64", "movie_id": "int64", "timestamp": "float64",
+                               "seq_pos": "int64"})  # float: missing timestamps read as NaN
     frame = frame.sort_values(["user_id", "seq_pos"], kind="stable")
     movies = np.sort(frame["movie_id"].unique())
     items = np.searchsorted(movies, frame["movie_id"].to_numpy()).astype(np.int64) + 1
-    stamps = frame["timestamp"]
+    stamps = frame["timestamp"].to_numpy()
     users = frame["user_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
     ends = np.r_[starts[1:], len(users)]
     histories = {}
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        part = stamps.iloc[start:end]
-        timed = not part.isna().any()
+        part = stamps[start:end]
+        timed = not np.isnan(part).any()
         histories[int(users[start])] = UserHistory(
             readonly(items[start:end].copy()),
-            readonly(part.to_numpy(dtype=np.int64)) if timed else None)
+            readonly(part.astype(np.int64)) if timed else None)
     return histories, len(movies)
 
 
