@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from relaygr.bench.protocol import RequestRecord, RunClock, SystemContext
+from relaygr.bench.protocol import BenchRequest, RequestRecord, RunClock, SystemContext
 from relaygr.bench.runner import RunOptions, allowed_misses, check_record, run_open_loop, run_point
 from relaygr.bench.stats import point_stats
 from relaygr.errors import BenchProtocolError, ConfigError
@@ -22,8 +22,15 @@ from tests.bench.fakes import (
     tiny_workload,
 )
 
-# Real-time checks on a shared 2-core machine: lateness tolerated before calling a send late.
-LATE_S = 0.04
+# Real-time checks on a shared, busy 2-core machine: the process may be descheduled for tens of
+# ms. A closed-loop runner would be late by far more (hundreds of ms) in the tests below.
+LATE_S = 0.12
+
+
+def assert_on_schedule(arrivals_s: dict[int, float], requests: tuple[BenchRequest, ...]) -> None:
+    lateness = [arrivals_s[r.request_id] - r.send_s for r in requests]
+    assert max(lateness) < LATE_S
+    assert sorted(lateness)[len(lateness) // 2] < 0.03  # typical send: on time
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -32,8 +39,8 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 def test_overload_keeps_the_schedule_and_latency_grows_from_scheduled_time() -> None:
     # Service 20 ms, a request every 10 ms: the queue grows by 10 ms per request.
-    gap_s, service_s = 0.010, 0.020
-    workload = tiny_workload([gap_s * (i + 1) for i in range(25)])
+    gap_s, service_s, n = 0.010, 0.020, 40  # closed loop would end 390 ms late
+    workload = tiny_workload([gap_s * (i + 1) for i in range(n)])
     servers: list[SimulatedServer] = []
 
     def factory(ctx: SystemContext) -> SimulatedServer:
@@ -43,18 +50,17 @@ def test_overload_keeps_the_schedule_and_latency_grows_from_scheduled_time() -> 
     result = run(run_point(factory, workload, RunOptions()))
     server = servers[0]
     assert server.started and server.stopped
-    for request in workload.requests:  # every request arrived on time despite the backlog
-        assert server.arrivals_s[request.request_id] - request.send_s < LATE_S
+    assert_on_schedule(server.arrivals_s, workload.requests)  # despite the backlog
     latencies = [r.ranking_latency_s for r in result.records]
-    expected = [service_s + i * (service_s - gap_s) for i in range(25)]
+    expected = [service_s + i * (service_s - gap_s) for i in range(n)]
     assert latencies == pytest.approx(expected, abs=1e-9)
-    assert result.completed == 25 and result.dropped == 0
+    assert result.completed == n and result.dropped == 0
 
 
 def test_a_stalled_server_charges_the_stall_to_every_queued_request() -> None:
-    # The first request stalls the server 200 ms; the rest (1 ms each) queue behind it.
-    workload = tiny_workload([0.01 * i for i in range(15)])
-    costs = iter([0.2] + [0.001] * 14)
+    # The first request stalls the server 300 ms; the rest (1 ms each) queue behind it.
+    workload = tiny_workload([0.01 * i for i in range(20)])
+    costs = iter([0.3] + [0.001] * 19)
     servers: list[SimulatedServer] = []
 
     def factory(ctx: SystemContext) -> SimulatedServer:
@@ -62,10 +68,9 @@ def test_a_stalled_server_charges_the_stall_to_every_queued_request() -> None:
         return servers[-1]
 
     result = run(run_point(factory, workload, RunOptions()))
-    for request in workload.requests:
-        assert servers[0].arrivals_s[request.request_id] - request.send_s < LATE_S
+    assert_on_schedule(servers[0].arrivals_s, workload.requests)
     latencies = [r.ranking_latency_s for r in result.records]
-    expected = [0.2 + 0.001 * i - 0.01 * i for i in range(15)]  # done_i = 0.2 + 1 ms x i
+    expected = [0.3 + 0.001 * i - 0.01 * i for i in range(20)]  # done_i = 0.3 + 1 ms x i
     assert latencies == pytest.approx(expected, abs=1e-9)
 
 
@@ -108,7 +113,7 @@ def test_in_flight_cap_drops_instead_of_blocking_the_schedule() -> None:
     result = run(run_point(factory, workload, RunOptions(max_in_flight=3)))
     assert servers[0].calls == [0, 1, 2]
     assert (result.completed, result.dropped) == (3, 7)
-    assert max(result.dispatch_lag_s) < LATE_S  # drops happened on schedule
+    assert max(result.dispatch_lag_s) < LATE_S  # drops happened on schedule, not after 0.3 s
     stats = point_stats(result, "hold", "test", qps=100.0)
     assert stats.ranking.unserved == 7 and math.isinf(stats.ranking.p99_ms)
 
@@ -178,7 +183,7 @@ def test_snapshots_are_sampled() -> None:
         lambda ctx: SimulatedServer(ctx, service_time(0.001, 0.0), bytes_per_token=4),
         workload, RunOptions(snapshot_interval_s=0.02)))
     stats = point_stats(result, "sim", "test", 100.0)
-    assert len(result.snapshots) >= 3
+    assert len(result.snapshots) >= 2  # sampled at the start and taken at the end, at least
     # 10 users x 10 tokens, each grown by one appended event, 4 bytes per token
     assert stats.device_bytes_end == 10 * 11 * 4 == stats.device_bytes_peak
     assert stats.counters_end == {"served": 10.0}
