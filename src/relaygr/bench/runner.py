@@ -106,6 +106,8 @@ class _Run:
         self.protocol_errors: list[str] = []
         self.lags: list[float] = []
         self.in_flight: set[asyncio.Task[None]] = set()
+        self.sent: list[BenchRequest] = []
+        self.accounted: set[int] = set()   # request ids with an outcome
         self.misses = 0
         self.stop = asyncio.Event()
 
@@ -113,6 +115,7 @@ class _Run:
         return request.request_id >= self.measured_from
 
     def _count(self, request: BenchRequest, outcome: str) -> None:
+        self.accounted.add(request.request_id)
         if self._is_measured(request):
             self.counts[outcome] += 1
             self._miss()
@@ -134,6 +137,7 @@ class _Run:
                 self._count(request, "dropped")
                 self.progress.advance()
                 continue
+            self.sent.append(request)
             task = asyncio.create_task(self._serve(request))
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
@@ -153,6 +157,7 @@ class _Run:
             self.progress.advance()
 
     def _accept(self, request: BenchRequest, record: RequestRecord) -> None:
+        self.accounted.add(request.request_id)
         problem = check_record(request, record)
         if problem:
             self.protocol_errors.append(problem)
@@ -172,6 +177,9 @@ class _Run:
             task.cancel()
         if self.in_flight:
             await asyncio.gather(*self.in_flight, return_exceptions=True)
+        for request in self.sent:  # cancelled before its coroutine ever ran
+            if request.request_id not in self.accounted:
+                self._count(request, "timed_out")
 
 
 def check_record(request: BenchRequest, record: RequestRecord) -> str | None:
@@ -223,6 +231,8 @@ async def run_open_loop(system: RankingSystem, requests: tuple[BenchRequest, ...
         raise BenchProtocolError(f"{len(run.protocol_errors)} inconsistent records; first: "
                                  f"{run.protocol_errors[0]}")
     records = tuple(run.records[k] for k in sorted(run.records))
+    assert run.measured == len(records) + sum(run.counts.values()), \
+        f"unaccounted requests: {run.measured} measured, {len(records)} completed, {run.counts}"
     return RunResult(
         records=records, measured=run.measured, completed=len(records),
         dropped=run.counts["dropped"], failed=run.counts["failed"],
