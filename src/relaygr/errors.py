@@ -45,3 +45,7 @@ class UnknownUserError(InvalidInputError):
 
 class NoHealthyInstanceError(RelayGRError):
     """No healthy ranking instance is available to route a request to."""
+
+
+class BenchProtocolError(RelayGRError):
+    """A measured system broke the benchmark protocol (a malformed or inconsistent record)."""

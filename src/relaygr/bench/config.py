@@ -1,0 +1,190 @@
+"""Configuration of a benchmark run: frozen dataclasses, validated, unknown keys rejected.
+
+Requests per point (``PointBudget``): a point sends ``warmup_requests`` + n measured requests with
+n = clamp(QPS x ``max_point_s``, ``min_measured_requests``, ``measured_requests``). Full runs
+aim at 2,000 measured requests (the 95% order-statistic interval of P99 then spans the 98.55th to
+99.45th sample percentiles) and accept no fewer than 1,000 at low QPS; ``quick`` runs send at
+most 300 and, at low QPS, as few as 60 (a smoke figure: P99 is then within the top 3 samples and
+its upper confidence bound is unbounded).
+Failing points stop early (see ``runner``), which keeps searches short.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from relaygr.bench.workload import SyntheticConfig
+from relaygr.errors import ConfigError
+from relaygr.model import HSTUConfig
+
+
+def _check_keys(cls: type, data: Mapping[str, Any]) -> None:
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys: {unknown}")
+
+
+@dataclass(frozen=True)
+class PointBudget:
+    """How many requests one point sends, and how it is driven (module docstring)."""
+
+    measured_requests: int = 2000
+    min_measured_requests: int = 1000
+    warmup_requests: int = 200
+    max_point_s: float = 60.0
+    max_in_flight: int = 256
+    drain_timeout_s: float = 10.0
+    stop_when_failed: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_measured_requests <= self.measured_requests:
+            raise ConfigError("need 1 <= min_measured_requests <= measured_requests")
+        if self.warmup_requests < 0 or self.max_point_s <= 0 or self.max_in_flight < 1:
+            raise ConfigError("warmup_requests >= 0, max_point_s > 0, max_in_flight >= 1")
+
+    def measured_at(self, qps: float) -> int:
+        by_time = math.floor(qps * self.max_point_s)
+        return max(self.min_measured_requests, min(self.measured_requests, by_time))
+
+
+@dataclass(frozen=True)
+class QpsSearchConfig:
+    """The exponential-ramp-then-bisection search (``relaygr.bench.search.QpsSearch``)."""
+
+    start_qps: float = 2.0
+    growth: float = 2.0
+    rel_tol: float = 0.1     # stop when the bracket is within 10%
+    max_trials: int = 8
+    min_qps: float = 0.25
+    max_qps: float = 2000.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Max sequence length under SLO: the length grid and the fixed offered load."""
+
+    lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    qps: float = 2.0
+    monotone_tolerance: float = 0.05
+
+
+@dataclass(frozen=True)
+class ThroughputConfig:
+    """SLO-compliant throughput at a fixed prefix length.
+
+    ``prefix_len`` None means: the longest sweep length at which ``baseline`` met the SLO (the
+    longest length the baseline still serves at the sweep's load), else the first grid length.
+    """
+
+    prefix_len: int | None = None
+    search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
+
+
+@dataclass(frozen=True)
+class MixedConfig:
+    """SLO-compliant throughput on a mixed-length workload (source by name, its params)."""
+
+    source: str = "synthetic"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
+
+
+@dataclass(frozen=True)
+class LimitConfig:
+    """The low-load point of ``mode`` whose P50 ranking latency is set against the isolated
+    cached ranking latency (at the throughput prefix length)."""
+
+    mode: str = "relay"
+    qps: float = 1.0
+    requests: int = 100
+    warmup_requests: int = 10
+
+
+@dataclass(frozen=True)
+class ExactnessConfig:
+    """Replay the first ``requests`` of the mixed workload at ``qps`` through two modes."""
+
+    reference: str = "baseline"
+    candidate: str = "relay"
+    requests: int = 32
+    qps: float = 1.0
+
+
+_NESTED: dict[str, type] = {"budget": PointBudget, "sweep": SweepConfig,
+                            "throughput": ThroughputConfig, "mixed": MixedConfig,
+                            "limit": LimitConfig, "exactness": ExactnessConfig}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A whole benchmark run. A phase set to None is skipped.
+
+    ``population`` is the synthetic population of the sweep and the fixed-length throughput
+    search (its length distribution is replaced by the fixed length of each point).
+    ``model`` is reported and used for FLOP counts.
+    """
+
+    slo_ms: float = 50.0
+    seed: int = 0
+    device: str = "cpu"
+    population: SyntheticConfig = field(default_factory=SyntheticConfig)
+    budget: PointBudget = field(default_factory=PointBudget)
+    sweep: SweepConfig | None = field(default_factory=SweepConfig)
+    throughput: ThroughputConfig | None = field(default_factory=ThroughputConfig)
+    mixed: MixedConfig | None = field(default_factory=MixedConfig)
+    limit: LimitConfig | None = field(default_factory=LimitConfig)
+    exactness: ExactnessConfig | None = field(default_factory=ExactnessConfig)
+    model: HSTUConfig | None = None
+    measure_matmul_peak: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.slo_ms > 0:
+            raise ConfigError(f"slo_ms must be > 0, got {self.slo_ms}")
+
+    @classmethod
+    def full(cls, **changes: Any) -> BenchConfig:
+        """The full run (defaults): 2,000 measured requests per point, 6 lengths, 8 trials."""
+        return replace(cls(), **changes)
+
+    @classmethod
+    def quick(cls, **changes: Any) -> BenchConfig:
+        """A smoke run: 60-300 requests per point (about 10 s each), 5 lengths, 5-trial
+        searches, small replays."""
+        search = QpsSearchConfig(rel_tol=0.2, max_trials=5)
+        base = cls(budget=PointBudget(measured_requests=300, min_measured_requests=60,
+                                      warmup_requests=20, max_point_s=10.0),
+                   sweep=SweepConfig(lengths=(512, 1024, 2048, 4096, 8192)),
+                   throughput=ThroughputConfig(search=search),
+                   mixed=MixedConfig(search=search),
+                   limit=LimitConfig(requests=50, warmup_requests=5),
+                   exactness=ExactnessConfig(requests=16))
+        return replace(base, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchConfig:
+        _check_keys(cls, data)
+        params = dict(data)
+        for name, kind in _NESTED.items():
+            if isinstance(params.get(name), Mapping):
+                params[name] = _nested(kind, params[name])
+        if isinstance(params.get("population"), Mapping):
+            params["population"] = SyntheticConfig.from_dict(params["population"])
+        if isinstance(params.get("model"), Mapping):
+            params["model"] = HSTUConfig.from_dict(params["model"])
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            raise ConfigError(f"bad BenchConfig: {exc}") from exc
+
+
+def _nested(kind: type, data: Mapping[str, Any]) -> Any:
+    _check_keys(kind, data)
+    params = dict(data)
+    if isinstance(params.get("search"), Mapping):
+        params["search"] = _nested(QpsSearchConfig, params["search"])
+    if "lengths" in params:
+        params["lengths"] = tuple(params["lengths"])
+    return kind(**params)

@@ -1,0 +1,70 @@
+"""Exactness: the same requests through two modes must give the same scores.
+
+Both modes get a fresh system over the same workload and keep their scores; every request both
+answered with scores is compared candidate by candidate. Relay-race inference is exact by
+construction (DESIGN.md section 3), so the maximum difference is float rounding. The comparison
+assumes both systems score the same candidates, in the same order, for a request (retrieval and
+pre-processing deterministic given the store and the model).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from relaygr.bench.protocol import RequestRecord, SystemFactory
+from relaygr.bench.runner import RunOptions, run_point
+from relaygr.bench.workload import Workload
+from relaygr.errors import BenchProtocolError
+
+
+@dataclass(frozen=True)
+class ExactnessReport:
+    """Score agreement of ``candidate_mode`` with ``reference_mode`` on the same requests.
+
+    ``candidate_paths`` shows which paths the compared requests took in the candidate mode
+    (a comparison is only meaningful when cache paths were exercised).
+    """
+
+    reference_mode: str
+    candidate_mode: str
+    requests_compared: int
+    scores_compared: int
+    max_abs_score_diff: float
+    candidate_paths: dict[str, int]
+
+
+def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[RequestRecord, ...],
+                    reference_mode: str, candidate_mode: str) -> ExactnessReport:
+    """Compare scores of requests present with scores in both; lengths must agree."""
+    by_id = {r.request_id: r for r in reference if r.scores is not None}
+    worst, requests, scores = 0.0, 0, 0
+    paths: Counter[str] = Counter()
+    for record in candidate:
+        ref = by_id.get(record.request_id)
+        if ref is None or record.scores is None or ref.scores is None:
+            continue
+        if len(ref.scores) != len(record.scores):
+            raise BenchProtocolError(
+                f"request {record.request_id}: {reference_mode} scored {len(ref.scores)} "
+                f"candidates, {candidate_mode} {len(record.scores)}")
+        diff = np.abs(np.asarray(ref.scores, dtype=np.float64)
+                      - np.asarray(record.scores, dtype=np.float64))
+        worst = max(worst, float(diff.max()) if len(diff) else 0.0)
+        requests += 1
+        scores += len(diff)
+        paths[record.path] += 1
+    return ExactnessReport(reference_mode, candidate_mode, requests, scores, worst,
+                           dict(sorted(paths.items())))
+
+
+async def replay_exactness(reference: SystemFactory, candidate: SystemFactory,
+                           workload: Workload, reference_mode: str = "baseline",
+                           candidate_mode: str = "relay") -> ExactnessReport:
+    """Run ``workload`` through both systems (no SLO, no warm-up) and compare their scores."""
+    options = RunOptions(max_in_flight=max(len(workload.requests), 1))
+    ref = await run_point(reference, workload, options, keep_scores=True)
+    cand = await run_point(candidate, workload, options, keep_scores=True)
+    return compare_records(ref.records, cand.records, reference_mode, candidate_mode)

@@ -1,0 +1,70 @@
+"""The physical limit: what ranking a cached request costs with nothing else in the way.
+
+A ``LimitProbe`` (supplied by whoever owns the model, e.g. the profiler) times the model's cached
+ranking pass in isolation: no queueing, no cache bookkeeping, no event loop. The benchmark sets
+the relay's low-load P50 ranking latency against it (``relay_overhead_ratio``), and turns it into
+achieved FLOP/s with ``relaygr.model.flops.rank_flops`` against the measured matmul peak.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Protocol
+
+import torch
+
+from relaygr.bench.hardware import time_call
+from relaygr.bench.report import LimitReport, ratio
+from relaygr.bench.stats import PointStats
+from relaygr.model import HSTU, HSTUConfig
+from relaygr.model.flops import rank_flops
+
+
+class LimitProbe(Protocol):
+    """Times the model alone."""
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        """Median ms of one cached ranking pass (prefix K/V given; suffix + candidates computed)."""
+        ...
+
+
+class ModelLimitProbe:
+    """Times ``model.rank`` from a cached prefix of random items (untimed histories).
+
+    The prefix K/V is computed once per call, outside the timed region; the timed call computes
+    the suffix and the candidates against it, exactly the relay's ranking leg.
+    """
+
+    def __init__(self, model: HSTU, repeats: int = 5, seed: int = 0) -> None:
+        self.model, self.repeats = model, repeats
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def _items(self, count: int) -> torch.Tensor:
+        return torch.randint(1, self.model.cfg.num_items + 1, (count,), generator=self._gen)
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        device = self.model.device
+        kv = self.model.prefill(self._items(prefix_tokens))
+        suffix = self._items(suffix_tokens) if suffix_tokens else None
+        call = partial(self.model.rank, self._items(candidates), prefix=kv, suffix_items=suffix)
+        return time_call(call, device, repeats=self.repeats).median_ms
+
+
+def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,
+                 peak_gflops: float | None, prefix_len: int, suffix_tokens: int,
+                 candidates: int) -> LimitReport:
+    """Combine the low-load point, the isolated timing and the FLOP count."""
+    isolated_ms = (None if probe is None
+                   else probe.cached_rank_ms(prefix_len, suffix_tokens, candidates))
+    achieved = None
+    if model is not None and isolated_ms is not None and isolated_ms > 0:
+        flops = rank_flops(model, candidates, prefix_len, suffix_tokens, cached=True)
+        achieved = flops / (isolated_ms * 1e-3) / 1e9
+    return LimitReport(
+        mode=low_load.mode, qps=low_load.qps, prefix_len=prefix_len,
+        suffix_tokens=suffix_tokens, candidates=candidates,
+        cached_rank_ms_isolated=isolated_ms, low_load_p50_ms=low_load.ranking.p50_ms,
+        low_load_p99_ms=low_load.ranking.p99_ms,
+        relay_overhead_ratio=ratio(low_load.ranking.p50_ms, isolated_ms),
+        matmul_peak_gflops=peak_gflops, achieved_gflops=achieved,
+        achieved_fraction_of_peak=ratio(achieved, peak_gflops))

@@ -1,0 +1,188 @@
+"""The contract between the benchmark and a system it measures.
+
+The benchmark drives a ``RankingSystem`` (one mode of the relay: ``baseline``, ``reactive``,
+``relay`` or an ablation) with ``BenchRequest`` visits and reads back one ``RequestRecord`` per
+visit. It knows nothing else about the system; a factory (``SystemFactory``) builds a fresh system
+for every measured point from a ``SystemContext``.
+
+Clock: every time in a request or record is seconds on the run's clock, ``RunClock.now_s()``
+(``time.perf_counter()`` minus the run start). The runner starts the clock just before the first
+request is due; the system reads the same clock object through its context.
+
+Invariants of a record (checked by the runner; a violation raises ``BenchProtocolError``):
+``send_s <= ranking_due_s <= ranking_done_s <= e2e_done_s`` and ``request_id`` matches the request.
+Systems must not block the event loop (run model work in a worker thread): a blocked loop sends
+later requests late, which the runner still charges to them (latency counts from the scheduled
+send time) and reports as dispatch lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from relaygr.bench.workload import Workload
+
+
+class RankingPath:
+    """Names of the paths a ranking request can take (``RequestRecord.path``).
+
+    Systems may report other names; these are the ones statistics single out.
+    """
+
+    DEVICE_HIT = "device_hit"      # prefix K/V found READY on the ranking device
+    HOST_HIT = "host_hit"          # prefix K/V reloaded from the host tier (expander)
+    PENDING_WAIT = "pending_wait"  # ranking waited for a pre-infer still running
+    FULL = "full"                  # full recompute at ranking (the baseline path)
+    TRUNCATED = "truncated"        # prefix truncated to fit the budget
+    FAILED = "failed"              # the system answered without scores
+
+    # Served from device K/V computed ahead of ranking (ready, or awaited while running).
+    DEVICE_SERVED = (DEVICE_HIT, PENDING_WAIT)
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One user visit, sent open-loop at ``send_s``.
+
+    ``recent_items`` are the behaviours since the user's previous visit: the ranking suffix of
+    this visit. The cascade appends them to the user's history after ranking, so the user's next
+    visit sees a prefix longer by ``len(recent_items)`` (and a new prefix version).
+    ``request_ts`` (unix seconds) is present iff the visit is timed, and then
+    ``recent_timestamps`` is too, non-decreasing and not after ``request_ts``.
+    """
+
+    request_id: int
+    user_id: int
+    send_s: float
+    recent_items: tuple[int, ...]
+    recent_timestamps: tuple[int, ...] | None
+    request_ts: int | None
+    num_candidates: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the system reports for one request; all times on the run's clock.
+
+    Ranking latency is ``ranking_done_s - ranking_due_s``; end-to-end latency is
+    ``e2e_done_s - send_s`` of the request (its scheduled send time). ``scores`` are kept only
+    when the context asks for them (exactness replay).
+    """
+
+    request_id: int
+    user_id: int
+    ranking_due_s: float
+    ranking_done_s: float
+    e2e_done_s: float
+    path: str
+    prefix_tokens: int
+    suffix_tokens: int
+    candidates: int
+    preinfer_tokens: int
+    trigger_reason: str | None
+    scores: tuple[float, ...] | None = None
+
+    @property
+    def ranking_latency_s(self) -> float:
+        return self.ranking_done_s - self.ranking_due_s
+
+
+@dataclass(frozen=True)
+class SystemSnapshot:
+    """System state at one instant: bytes in use per tier and named counters.
+
+    ``counters`` holds anything else the system exposes (hits, trigger decisions by reason...);
+    the benchmark reports them as they are.
+    """
+
+    device_bytes_in_use: int = 0
+    host_bytes_in_use: int = 0
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, float]) -> SystemSnapshot:
+        """Read ``device_bytes_in_use``/``host_bytes_in_use``; every other key is a counter."""
+        device = int(values.get("device_bytes_in_use", 0))
+        host = int(values.get("host_bytes_in_use", 0))
+        counters = {k: float(v) for k, v in values.items()
+                    if k not in ("device_bytes_in_use", "host_bytes_in_use")}
+        return cls(device, host, counters)
+
+
+@runtime_checkable
+class RankingSystem(Protocol):
+    """One mode of the relay, as the benchmark sees it."""
+
+    async def handle(self, request: BenchRequest) -> RequestRecord: ...
+
+
+@runtime_checkable
+class SupportsSnapshot(Protocol):
+    """Optional: a system that can report its state (sampled during a run)."""
+
+    def snapshot(self) -> SystemSnapshot | Mapping[str, float]: ...
+
+
+@runtime_checkable
+class SupportsLifecycle(Protocol):
+    """Optional: a system with background work to start before and stop after a run."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def take_snapshot(system: object) -> SystemSnapshot | None:
+    """The system's snapshot as a ``SystemSnapshot``, or None when it offers none."""
+    if not isinstance(system, SupportsSnapshot):
+        return None
+    raw = system.snapshot()
+    return raw if isinstance(raw, SystemSnapshot) else SystemSnapshot.from_mapping(raw)
+
+
+class RunClock:
+    """Seconds since the run started, on ``time.perf_counter()``.
+
+    Not started: ``now_s`` raises (an assertion: reading it early is a bug in the caller).
+    """
+
+    def __init__(self) -> None:
+        self._origin: float | None = None
+
+    def start(self) -> None:
+        self._origin = time.perf_counter()
+
+    @property
+    def started(self) -> bool:
+        return self._origin is not None
+
+    def now_s(self) -> float:
+        assert self._origin is not None, "RunClock read before the run started"
+        return time.perf_counter() - self._origin
+
+    async def sleep_until(self, t_s: float) -> None:
+        # An overdue send still yields once, so started requests make progress between sends.
+        await asyncio.sleep(max(0.0, t_s - self.now_s()))
+
+
+@dataclass(frozen=True, eq=False)
+class SystemContext:
+    """What a factory gets to build a fresh system for one measured point.
+
+    ``workload.histories`` is the initial history store content; ``workload.stage_delays`` are the
+    retrieval and pre-processing delays the cascade should apply. ``keep_scores`` asks the system
+    to fill ``RequestRecord.scores`` (exactness replay only: it costs memory).
+    """
+
+    workload: Workload
+    clock: RunClock
+    keep_scores: bool = False
+    seed: int = 0
+
+
+SystemFactory = Callable[[SystemContext], RankingSystem]

@@ -1,0 +1,148 @@
+"""The two searches of the benchmark, as step-by-step state machines.
+
+A search proposes the next point (``next_point``), is told whether it met the SLO (``record``),
+and says when it is done. Measuring is someone else's job, which is what lets several modes'
+searches advance in lock-step (``relaygr.bench.alternate``).
+
+- ``LengthSweep``: over an ascending length grid at fixed QPS, the longest length whose ranking
+  P99 <= SLO. It stops after the first failing length only while the P99 curve measured so far is
+  monotone non-decreasing (each P99 >= the previous one x (1 - ``monotone_tolerance``)): then
+  every longer length would fail too. A curve that dips keeps the sweep going over the whole grid,
+  and the answer is the longest passing length, flagged ``monotone=False``.
+- ``QpsSearch``: the highest Poisson QPS whose ranking P99 <= SLO, as MLPerf's server-scenario
+  search does: an exponential ramp from ``start_qps`` (x ``growth`` while passing, / ``growth``
+  while failing) until the answer is bracketed, then bisection until the bracket is within
+  ``rel_tol`` or ``max_trials`` trials are spent. The answer is the highest passing QPS measured
+  (0 when none passed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from relaygr.errors import ConfigError
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class Trial(Generic[P]):
+    """One measured point of a search."""
+
+    point: P
+    p99_ms: float
+    passed: bool
+
+
+class Search(Protocol[P]):
+    """A search driven from outside: ask for a point, measure it, record the verdict."""
+
+    def next_point(self) -> P | None: ...
+
+    def record(self, point: P, p99_ms: float, passed: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class LengthSweepResult:
+    max_seq_len: int            # 0 when no length passed
+    first_failing_len: int | None
+    monotone: bool
+    trials: tuple[Trial[int], ...]
+
+
+class LengthSweep:
+    """Longest passing length of an ascending grid (see the module docstring)."""
+
+    def __init__(self, lengths: tuple[int, ...], monotone_tolerance: float = 0.05) -> None:
+        if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1:
+            raise ConfigError(f"length grid must be ascending, distinct and >= 1: {lengths}")
+        self._lengths, self._tolerance = lengths, monotone_tolerance
+        self._trials: list[Trial[int]] = []
+        self._done = False
+
+    def next_point(self) -> int | None:
+        if self._done or len(self._trials) == len(self._lengths):
+            return None
+        return self._lengths[len(self._trials)]
+
+    def record(self, point: int, p99_ms: float, passed: bool) -> None:
+        assert point == self.next_point(), "LengthSweep records points in grid order"
+        self._trials.append(Trial(point, p99_ms, passed))
+        if not passed and self.monotone:
+            self._done = True
+
+    @property
+    def monotone(self) -> bool:
+        p99 = [t.p99_ms for t in self._trials]
+        return all(b >= a * (1 - self._tolerance) for a, b in itertools.pairwise(p99))
+
+    def result(self) -> LengthSweepResult:
+        passing = [t.point for t in self._trials if t.passed]
+        failing = [t.point for t in self._trials if not t.passed]
+        return LengthSweepResult(max(passing, default=0), min(failing, default=None),
+                                 self.monotone, tuple(self._trials))
+
+
+@dataclass(frozen=True)
+class QpsSearchResult:
+    best_qps: float             # 0 when no QPS passed
+    lowest_failing_qps: float | None
+    converged: bool             # bracket within rel_tol (or a bound reached)
+    trials: tuple[Trial[float], ...]
+
+
+class QpsSearch:
+    """Highest passing QPS by exponential ramp then bisection (see the module docstring)."""
+
+    def __init__(self, start_qps: float, growth: float = 2.0, rel_tol: float = 0.05,
+                 max_trials: int = 10, min_qps: float = 0.1, max_qps: float = 1e6) -> None:
+        if not (0 < min_qps <= start_qps <= max_qps and growth > 1 and rel_tol > 0):
+            raise ConfigError("QpsSearch needs 0 < min_qps <= start_qps <= max_qps, "
+                              "growth > 1 and rel_tol > 0")
+        if max_trials < 1:
+            raise ConfigError("QpsSearch needs max_trials >= 1")
+        self._start, self._growth, self._tol = start_qps, growth, rel_tol
+        self._max_trials, self._min, self._max = max_trials, min_qps, max_qps
+        self._trials: list[Trial[float]] = []
+        self._pass: float | None = None   # highest passing QPS
+        self._fail: float | None = None   # lowest failing QPS
+
+    def next_point(self) -> float | None:
+        if len(self._trials) >= self._max_trials or self._converged():
+            return None
+        if not self._trials:
+            return self._start
+        if self._fail is None:
+            assert self._pass is not None
+            return min(self._pass * self._growth, self._max)
+        if self._pass is None:
+            return max(self._fail / self._growth, self._min)
+        return (self._pass + self._fail) / 2
+
+    def _converged(self) -> bool:
+        if self._pass is not None and self._fail is not None:
+            return self._fail <= self._pass * (1 + self._tol)
+        if self._pass is not None and self._pass >= self._max:
+            return True
+        return self._fail is not None and self._fail <= self._min
+
+    def record(self, point: float, p99_ms: float, passed: bool) -> None:
+        self._trials.append(Trial(point, p99_ms, passed))
+        if passed:
+            self._pass = point if self._pass is None else max(self._pass, point)
+        else:
+            self._fail = point if self._fail is None else min(self._fail, point)
+
+    def result(self) -> QpsSearchResult:
+        return QpsSearchResult(self._pass or 0.0, self._fail, self._converged(),
+                               tuple(self._trials))
+
+
+def bracket_width(result: QpsSearchResult) -> float:
+    """Relative width of the final bracket (inf when unbracketed)."""
+    if not result.best_qps or result.lowest_failing_qps is None:
+        return math.inf
+    return result.lowest_failing_qps / result.best_qps - 1

@@ -1,0 +1,207 @@
+"""``run_benchmark``: every phase of the benchmark over every mode, alternating point by point.
+
+Phases, in order (each skipped when its config is None):
+1. length sweep at fixed QPS -> ``max_seq_len_under_slo`` per mode;
+2. QPS search at a fixed prefix length -> ``slo_throughput_qps``;
+3. QPS search on the mixed workload -> ``slo_throughput_qps_mixed``;
+4. the physical limit (low-load point of one mode + the isolated probe + matmul peak);
+5. exactness (the same requests through two modes).
+Every measured point builds a fresh system from the mode's factory; every mode at one point sees
+the identical workload (same seed, QPS and size).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from relaygr.bench.alternate import run_lockstep
+from relaygr.bench.config import BenchConfig, QpsSearchConfig
+from relaygr.bench.exactness import ExactnessReport, replay_exactness
+from relaygr.bench.hardware import describe_device
+from relaygr.bench.limit import LimitProbe, limit_report
+from relaygr.bench.progress import NullProgress, Progress
+from relaygr.bench.protocol import SystemFactory
+from relaygr.bench.report import BenchReport, LimitReport, ModeReport
+from relaygr.bench.runner import RunOptions, run_point
+from relaygr.bench.search import (
+    LengthSweep,
+    LengthSweepResult,
+    QpsSearch,
+    QpsSearchResult,
+)
+from relaygr.bench.stats import PointStats, point_stats
+from relaygr.bench.verdict import compute_checks, compute_ratios, reference_point
+from relaygr.bench.workload import (
+    SyntheticWorkload,
+    Workload,
+    WorkloadBuilder,
+    summarize,
+    workload_builder,
+)
+from relaygr.errors import ConfigError
+
+
+class BenchSuite:
+    """Runs the phases of one benchmark; ``points`` accumulates every measured point."""
+
+    def __init__(self, systems: Mapping[str, SystemFactory], config: BenchConfig,
+                 probe: LimitProbe | None = None, progress: Progress | None = None,
+                 peak_gflops: float | None = None) -> None:
+        if not systems:
+            raise ConfigError("run_benchmark needs at least one mode")
+        self.systems, self.config, self.probe = dict(systems), config, probe
+        self.progress = progress or NullProgress()
+        self.peak_gflops = peak_gflops
+        self.points: list[PointStats] = []
+        self.summaries: dict[str, dict[str, object]] = {}
+        self._workloads: OrderedDict[tuple[str, int | None, float], Workload] = OrderedDict()
+
+    def _fixed(self, prefix_len: int) -> SyntheticWorkload:
+        return SyntheticWorkload(self.config.population.with_fixed_length(prefix_len),
+                                 self.config.seed)
+
+    def _workload(self, phase: str, builder: WorkloadBuilder, qps: float,
+                  prefix_len: int | None) -> Workload:
+        key = (phase, prefix_len, qps)
+        if key not in self._workloads:
+            budget = self.config.budget
+            total = budget.warmup_requests + budget.measured_at(qps)
+            self._workloads[key] = builder.build(qps, total)
+            self.summaries.setdefault(phase, summarize(self._workloads[key]).to_dict())
+            while len(self._workloads) > 2:  # the lock-step round reuses only the latest
+                self._workloads.popitem(last=False)
+        return self._workloads[key]
+
+    async def measure(self, mode: str, phase: str, builder: WorkloadBuilder, qps: float,
+                      prefix_len: int | None = None,
+                      options: RunOptions | None = None) -> PointStats:
+        """Run one point of ``mode`` and record its statistics."""
+        workload = self._workload(phase, builder, qps, prefix_len)
+        budget = self.config.budget
+        options = options or RunOptions(
+            warmup_requests=budget.warmup_requests, max_in_flight=budget.max_in_flight,
+            drain_timeout_s=budget.drain_timeout_s, slo_ms=self.config.slo_ms,
+            stop_when_failed=budget.stop_when_failed)
+        length = "" if prefix_len is None else f" len {prefix_len}"
+        self.progress.start_point(f"{phase} {mode}{length} @ {qps:.3g} QPS",
+                                  len(workload.requests))
+        result = await run_point(self.systems[mode], workload, options, self.progress)
+        self.progress.end_point()
+        stats = point_stats(result, mode, phase, qps, prefix_len)
+        self.points.append(stats)
+        return stats
+
+    async def sweep(self) -> dict[str, LengthSweepResult]:
+        cfg = self.config.sweep
+        assert cfg is not None
+        searches = {m: LengthSweep(cfg.lengths, cfg.monotone_tolerance) for m in self.systems}
+        builders: dict[int, SyntheticWorkload] = {}
+
+        async def measure(mode: str, length: int) -> tuple[float, bool]:
+            builder = builders.setdefault(length, self._fixed(length))
+            stats = await self.measure(mode, "sweep", builder, cfg.qps, length)
+            return stats.ranking.p99_ms, stats.meets_slo(self.config.slo_ms)
+
+        await run_lockstep(searches, measure)
+        return {m: s.result() for m, s in searches.items()}
+
+    async def qps_search(self, phase: str, builder: WorkloadBuilder, cfg: QpsSearchConfig,
+                         prefix_len: int | None) -> dict[str, QpsSearchResult]:
+        searches = {
+            m: QpsSearch(cfg.start_qps, cfg.growth, cfg.rel_tol, cfg.max_trials, cfg.min_qps,
+                         cfg.max_qps) for m in self.systems}
+
+        async def measure(mode: str, qps: float) -> tuple[float, bool]:
+            stats = await self.measure(mode, phase, builder, qps, prefix_len)
+            return stats.ranking.p99_ms, stats.meets_slo(self.config.slo_ms)
+
+        await run_lockstep(searches, measure)
+        return {m: s.result() for m, s in searches.items()}
+
+    def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None) -> tuple[int, str]:
+        """The fixed length of phase 2 and why it was chosen."""
+        cfg = self.config.throughput
+        if cfg is not None and cfg.prefix_len is not None:
+            return cfg.prefix_len, "configured"
+        if sweep and "baseline" in sweep and sweep["baseline"].max_seq_len:
+            return sweep["baseline"].max_seq_len, "longest sweep length baseline serves in SLO"
+        grid = self.config.sweep.lengths if self.config.sweep else (1024,)
+        return grid[0], "first sweep length (baseline passed none)"
+
+    async def limit(self, prefix_len: int) -> LimitReport | None:
+        cfg = self.config.limit
+        if cfg is None or cfg.mode not in self.systems:
+            return None
+        options = RunOptions(warmup_requests=cfg.warmup_requests,
+                             max_in_flight=self.config.budget.max_in_flight)
+        builder = self._fixed(prefix_len)
+        workload = builder.build(cfg.qps, cfg.warmup_requests + cfg.requests)
+        self.progress.start_point(f"limit {cfg.mode} @ {cfg.qps:g} QPS", len(workload.requests))
+        result = await run_point(self.systems[cfg.mode], workload, options, self.progress)
+        self.progress.end_point()
+        stats = point_stats(result, cfg.mode, "limit", cfg.qps, prefix_len)
+        self.points.append(stats)
+        return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
+                            round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
+                            round(stats.candidates_mean))
+
+    async def exactness(self, builder: WorkloadBuilder) -> ExactnessReport | None:
+        cfg = self.config.exactness
+        if cfg is None or not {cfg.reference, cfg.candidate} <= set(self.systems):
+            return None
+        workload = builder.build(cfg.qps, cfg.requests)
+        return await replay_exactness(self.systems[cfg.reference], self.systems[cfg.candidate],
+                                      workload, cfg.reference, cfg.candidate)
+
+    async def run(self) -> BenchReport:
+        started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
+        cfg = self.config
+        sweep = await self.sweep() if cfg.sweep else None
+        throughput = None
+        prefix_len, chosen_by = self.throughput_prefix_len(sweep)
+        if cfg.throughput:
+            throughput = await self.qps_search("throughput", self._fixed(prefix_len),
+                                               cfg.throughput.search, prefix_len)
+        mixed_builder = (workload_builder(cfg.mixed.source, cfg.mixed.params, cfg.seed)
+                         if cfg.mixed else SyntheticWorkload(cfg.population, cfg.seed))
+        mixed = (await self.qps_search("mixed", mixed_builder, cfg.mixed.search, None)
+                 if cfg.mixed else None)
+        limit = await self.limit(prefix_len)
+        exactness = await self.exactness(mixed_builder)
+        modes = {m: self._mode_report(m, sweep, throughput, mixed) for m in self.systems}
+        ratios = compute_ratios(modes)
+        workload: dict[str, Any] = {
+            "population": cfg.population.describe(),
+            "sweep": None if cfg.sweep is None else {"qps": cfg.sweep.qps,
+                                                     "lengths": cfg.sweep.lengths},
+            "throughput": {"prefix_len": prefix_len, "chosen_by": chosen_by},
+            "mixed": mixed_builder.describe() if cfg.mixed else None,
+            "summaries": self.summaries}
+        return BenchReport(
+            slo_ms=cfg.slo_ms, device=describe_device(cfg.device),
+            model={} if cfg.model is None else cfg.model.to_dict(), workload=workload,
+            modes=modes, ratios=ratios, limit=limit, exactness=exactness,
+            checks=compute_checks(modes, ratios, limit, exactness), points=tuple(self.points),
+            meta={"seed": cfg.seed, "started_at": started.isoformat(),
+                  "duration_s": time.perf_counter() - t0, "modes": list(self.systems),
+                  "budget": cfg.budget, "cpu_count": os.cpu_count(),
+                  "platform": platform.platform(), "python": platform.python_version()})
+
+    def _mode_report(self, mode: str, sweep: dict[str, LengthSweepResult] | None,
+                     throughput: dict[str, QpsSearchResult] | None,
+                     mixed: dict[str, QpsSearchResult] | None) -> ModeReport:
+        s = sweep[mode] if sweep else None
+        t = throughput[mode] if throughput else None
+        x = mixed[mode] if mixed else None
+        return ModeReport(
+            mode=mode, max_seq_len_under_slo=None if s is None else s.max_seq_len,
+            slo_throughput_qps=None if t is None else t.best_qps,
+            slo_throughput_qps_mixed=None if x is None else x.best_qps,
+            reference=reference_point(mode, self.points, self.config.slo_ms),
+            sweep=s, throughput=t, mixed=x)

@@ -1,0 +1,104 @@
+"""Smaller parts: exactness comparison, the limit probe and report, config parsing, JSON values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
+from relaygr.bench.exactness import compare_records
+from relaygr.bench.limit import ModelLimitProbe, limit_report
+from relaygr.bench.protocol import RequestRecord, SystemSnapshot
+from relaygr.bench.report import jsonable
+from relaygr.bench.runner import RunResult
+from relaygr.bench.stats import point_stats
+from relaygr.errors import BenchProtocolError, ConfigError
+from relaygr.model import HSTU, HSTUConfig
+from relaygr.model.flops import rank_flops
+
+
+def rec(i: int, scores: tuple[float, ...] | None, path: str = "full") -> RequestRecord:
+    return RequestRecord(i, i, 0.0, 0.001, 0.002, path, 10, 2, len(scores or ()), 0, None,
+                         scores)
+
+
+def test_compare_records() -> None:
+    ref = (rec(0, (1.0, 2.0)), rec(1, (0.5,)), rec(2, None), rec(3, (0.0,)))
+    cand = (rec(0, (1.0, 2.25), "device_hit"), rec(1, (0.4,), "host_hit"), rec(2, (1.0,)))
+    report = compare_records(ref, cand, "baseline", "relay")
+    assert (report.requests_compared, report.scores_compared) == (2, 3)
+    assert report.max_abs_score_diff == pytest.approx(0.25)
+    assert report.candidate_paths == {"device_hit": 1, "host_hit": 1}
+    with pytest.raises(BenchProtocolError):
+        compare_records((rec(0, (1.0,)),), (rec(0, (1.0, 2.0)),), "baseline", "relay")
+
+
+def test_model_probe_times_cached_ranking() -> None:
+    cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
+    torch.manual_seed(0)
+    probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2)
+    ms = probe.cached_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8)
+    assert 0 < ms < 1000
+
+
+def _low_load_point() -> RunResult:
+    records = tuple(RequestRecord(i, i, 0.0, 0.002 + 0.001 * i, 0.01, "device_hit", 100, 4, 8,
+                                  100, "admitted") for i in range(5))
+    return RunResult(records, 5, 5, 0, 0, 0, 0, {}, (0.0,), (SystemSnapshot(),), 1.0, False,
+                     {i: 0.0 for i in range(5)})
+
+
+class Probe:
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        return 2.0
+
+
+def test_limit_report_math() -> None:
+    stats = point_stats(_low_load_point(), "relay", "limit", 1.0, 100)
+    cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2)
+    report = limit_report(stats, Probe(), cfg, peak_gflops=50.0, prefix_len=100,
+                          suffix_tokens=4, candidates=8)
+    assert report.low_load_p50_ms == pytest.approx(4.0)  # median of 2..6 ms
+    assert report.relay_overhead_ratio == pytest.approx(2.0)
+    flops = rank_flops(cfg, 8, 100, 4, cached=True)
+    assert report.achieved_gflops == pytest.approx(flops / 2e-3 / 1e9)
+    assert report.achieved_gflops is not None
+    assert report.achieved_fraction_of_peak == pytest.approx(report.achieved_gflops / 50.0)
+    bare = limit_report(stats, None, None, None, 100, 4, 8)
+    assert bare.cached_rank_ms_isolated is None and bare.relay_overhead_ratio is None
+
+
+def test_bench_config_parsing() -> None:
+    cfg = BenchConfig.from_dict({
+        "slo_ms": 80.0, "budget": {"measured_requests": 500, "min_measured_requests": 100},
+        "sweep": {"lengths": [256, 512], "qps": 3.0},
+        "throughput": {"prefix_len": 1024, "search": {"start_qps": 4.0}},
+        "mixed": {"source": "dlrmv3", "params": {"scale": 0.125}},
+        "population": {"num_users": 100}, "exactness": None,
+        "model": {"num_items": 10, "dim": 8, "num_layers": 1, "num_heads": 2}})
+    assert cfg.sweep is not None and cfg.sweep.lengths == (256, 512)
+    assert cfg.throughput is not None and cfg.throughput.search == QpsSearchConfig(start_qps=4.0)
+    assert cfg.exactness is None and cfg.population.num_users == 100
+    assert cfg.model is not None and cfg.model.dim == 8
+    for bad in ({"slo": 1.0}, {"sweep": {"length": [1]}}, {"slo_ms": -1.0},
+                {"throughput": {"search": {"start": 1.0}}}):
+        with pytest.raises(ConfigError):
+            BenchConfig.from_dict(bad)
+    with pytest.raises(ConfigError):
+        PointBudget(measured_requests=10, min_measured_requests=20)
+
+
+def test_point_budget_scales_with_qps() -> None:
+    budget = PointBudget()  # 1,000..2,000 measured, 60 s per point
+    assert [budget.measured_at(q) for q in (1.0, 20.0, 100.0)] == [1000, 1200, 2000]
+    quick = BenchConfig.quick().budget
+    assert [quick.measured_at(q) for q in (1.0, 10.0, 100.0)] == [60, 100, 300]
+
+
+def test_jsonable() -> None:
+    value = {"a": (1, math.inf, float("nan")), 2: SystemSnapshot(1, 2, {"x": 1.0})}
+    assert jsonable(value) == {"a": [1, None, None],
+                               "2": {"device_bytes_in_use": 1, "host_bytes_in_use": 2,
+                                     "counters": {"x": 1.0}}}

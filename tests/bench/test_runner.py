@@ -1,0 +1,189 @@
+"""The open-loop runner: schedule held under overload, latency from the scheduled send time,
+warm-up exclusion, drops at the in-flight cap, failures, early stop, protocol checks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import replace
+
+import pytest
+
+from relaygr.bench.protocol import BenchRequest, RequestRecord, RunClock, SystemContext
+from relaygr.bench.runner import RunOptions, allowed_misses, check_record, run_open_loop, run_point
+from relaygr.bench.stats import point_stats
+from relaygr.errors import BenchProtocolError, ConfigError
+from tests.bench.fakes import (
+    HoldingServer,
+    LoopBlockingServer,
+    SimulatedServer,
+    requests_at,
+    service_time,
+    tiny_workload,
+)
+
+# Real-time checks on a shared, busy 2-core machine: the process may be descheduled for tens of
+# ms. A closed-loop runner would be late by far more (hundreds of ms) in the tests below.
+LATE_S = 0.12
+
+
+def assert_on_schedule(arrivals_s: dict[int, float], requests: tuple[BenchRequest, ...]) -> None:
+    lateness = [arrivals_s[r.request_id] - r.send_s for r in requests]
+    assert max(lateness) < LATE_S
+    assert sorted(lateness)[len(lateness) // 2] < 0.03  # typical send: on time
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_overload_keeps_the_schedule_and_latency_grows_from_scheduled_time() -> None:
+    # Service 20 ms, a request every 10 ms: the queue grows by 10 ms per request.
+    gap_s, service_s, n = 0.010, 0.020, 40  # closed loop would end 390 ms late
+    workload = tiny_workload([gap_s * (i + 1) for i in range(n)])
+    servers: list[SimulatedServer] = []
+
+    def factory(ctx: SystemContext) -> SimulatedServer:
+        servers.append(SimulatedServer(ctx, service_time(service_s, 0.0)))
+        return servers[-1]
+
+    result = run(run_point(factory, workload, RunOptions()))
+    server = servers[0]
+    assert server.started and server.stopped
+    assert_on_schedule(server.arrivals_s, workload.requests)  # despite the backlog
+    latencies = [r.ranking_latency_s for r in result.records]
+    expected = [service_s + i * (service_s - gap_s) for i in range(n)]
+    assert latencies == pytest.approx(expected, abs=1e-9)
+    assert result.completed == n and result.dropped == 0
+
+
+def test_a_stalled_server_charges_the_stall_to_every_queued_request() -> None:
+    # The first request stalls the server 300 ms; the rest (1 ms each) queue behind it.
+    workload = tiny_workload([0.01 * i for i in range(20)])
+    costs = iter([0.3] + [0.001] * 19)
+    servers: list[SimulatedServer] = []
+
+    def factory(ctx: SystemContext) -> SimulatedServer:
+        servers.append(SimulatedServer(ctx, lambda _tokens: next(costs)))
+        return servers[-1]
+
+    result = run(run_point(factory, workload, RunOptions()))
+    assert_on_schedule(servers[0].arrivals_s, workload.requests)
+    latencies = [r.ranking_latency_s for r in result.records]
+    expected = [0.3 + 0.001 * i - 0.01 * i for i in range(20)]  # done_i = 0.3 + 1 ms x i
+    assert latencies == pytest.approx(expected, abs=1e-9)
+
+
+def test_latency_counts_from_the_scheduled_send_when_the_loop_is_blocked() -> None:
+    block_s = 0.15
+    workload = tiny_workload([0.01 * i for i in range(12)])
+    result = run(run_point(lambda ctx: LoopBlockingServer(ctx, block_s), workload,
+                           RunOptions()))
+    stats = point_stats(result, "blocking", "test", qps=100.0)
+    for record in result.records[1:]:
+        send_s = workload.requests[record.request_id].send_s
+        # sent late (after the block), charged from the schedule
+        assert record.e2e_done_s - send_s >= block_s - send_s - 0.005
+    assert stats.dispatch_lag_max_ms >= (block_s - 0.11) * 1e3
+    assert stats.e2e.max_ms >= (block_s - 0.01) * 1e3 - 5
+
+
+def test_warmup_requests_are_sent_but_excluded() -> None:
+    workload = tiny_workload([0.002 * i for i in range(20)])
+    servers: list[SimulatedServer] = []
+
+    def factory(ctx: SystemContext) -> SimulatedServer:
+        servers.append(SimulatedServer(ctx, service_time(0.001, 0.0)))
+        return servers[-1]
+
+    result = run(run_point(factory, workload, RunOptions(warmup_requests=5)))
+    assert sorted(servers[0].arrivals_s) == list(range(20))
+    assert [r.request_id for r in result.records] == list(range(5, 20))
+    assert result.measured == 15 and set(result.send_s) == set(range(5, 20))
+
+
+def test_in_flight_cap_drops_instead_of_blocking_the_schedule() -> None:
+    workload = tiny_workload([0.01 * i for i in range(10)])
+    servers: list[HoldingServer] = []
+
+    def factory(ctx: SystemContext) -> HoldingServer:
+        servers.append(HoldingServer(ctx, hold_s=0.3))
+        return servers[-1]
+
+    result = run(run_point(factory, workload, RunOptions(max_in_flight=3)))
+    assert servers[0].calls == [0, 1, 2]
+    assert (result.completed, result.dropped) == (3, 7)
+    assert max(result.dispatch_lag_s) < LATE_S  # drops happened on schedule, not after 0.3 s
+    stats = point_stats(result, "hold", "test", qps=100.0)
+    assert stats.ranking.unserved == 7 and math.isinf(stats.ranking.p99_ms)
+
+
+def test_failures_are_counted_and_cost_infinite_latency() -> None:
+    workload = tiny_workload([0.002 * i for i in range(10)])
+    result = run(run_point(lambda ctx: HoldingServer(ctx, 0.001, fail=lambda i: i % 2 == 0),
+                           workload, RunOptions()))
+    assert (result.completed, result.failed) == (5, 5)
+    assert result.errors == {"RuntimeError": 5}
+    stats = point_stats(result, "flaky", "test", qps=500.0)
+    assert stats.ranking.count == 10 and stats.ranking.unserved == 5
+    assert math.isinf(stats.ranking.p50_ms) is False and math.isinf(stats.ranking.p90_ms)
+
+
+def test_drain_timeout_cancels_and_counts_stragglers() -> None:
+    workload = tiny_workload([0.0, 0.001])
+    result = run(run_point(lambda ctx: HoldingServer(ctx, 5.0), workload,
+                           RunOptions(drain_timeout_s=0.05)))
+    assert (result.completed, result.timed_out) == (0, 2)
+    assert result.duration_s < 1.0
+
+
+def test_early_stop_once_the_slo_is_certainly_missed() -> None:
+    # 200 measured requests allow 2 misses; every request takes 5 ms against a 1 ms SLO.
+    workload = tiny_workload([0.001 * i for i in range(200)])
+    options = RunOptions(slo_ms=1.0, stop_when_failed=True)
+    result = run(run_point(lambda ctx: SimulatedServer(ctx, service_time(0.005, 0.0)),
+                           workload, options))
+    assert result.stopped_early and result.not_sent > 100
+    assert result.completed + result.timed_out + result.not_sent == 200
+    assert not point_stats(result, "slow", "test", 1000.0).meets_slo(1.0)
+    assert allowed_misses(200) == 2 and allowed_misses(2000) == 20 and allowed_misses(50) == 0
+
+
+def test_inconsistent_records_raise() -> None:
+    request = requests_at([0.5])[0]
+    good = RequestRecord(0, 1, 0.6, 0.7, 0.8, "full", 1, 1, 4, 0, None)
+    assert check_record(request, good) is None
+    assert check_record(request, replace(good, ranking_due_s=0.4)) is not None
+    assert check_record(request, replace(good, e2e_done_s=0.65)) is not None
+    assert check_record(request, replace(good, request_id=3)) is not None
+
+    class Liar:
+        def __init__(self, clock: RunClock) -> None:
+            self.clock = clock
+
+        async def handle(self, request):  # type: ignore[no-untyped-def]
+            return RequestRecord(request.request_id, request.user_id, request.send_s,
+                                 request.send_s - 1.0, request.send_s, "full", 0, 0, 0, 0, None)
+
+    clock = RunClock()
+    with pytest.raises(BenchProtocolError):
+        run(run_open_loop(Liar(clock), requests_at([0.0, 0.001]), clock, RunOptions()))
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ConfigError):
+        RunOptions(max_in_flight=0)
+    with pytest.raises(ConfigError):
+        RunOptions(stop_when_failed=True)
+
+
+def test_snapshots_are_sampled() -> None:
+    workload = tiny_workload([0.01 * i for i in range(10)])
+    result = run(run_point(
+        lambda ctx: SimulatedServer(ctx, service_time(0.001, 0.0), bytes_per_token=4),
+        workload, RunOptions(snapshot_interval_s=0.02)))
+    stats = point_stats(result, "sim", "test", 100.0)
+    assert len(result.snapshots) >= 2  # sampled at the start and taken at the end, at least
+    # 10 users x 10 tokens, each grown by one appended event, 4 bytes per token
+    assert stats.device_bytes_end == 10 * 11 * 4 == stats.device_bytes_peak
+    assert stats.counters_end == {"served": 10.0}

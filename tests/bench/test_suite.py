@@ -1,0 +1,220 @@
+"""``run_benchmark`` end to end over simulated servers whose answers are known offline.
+
+Each mode is a single FIFO server (``SimulatedServer``) with service time a + b x prefix tokens,
+so every point's ranking P99 is Lindley's recursion over the workload's schedule. The searches
+run through the real runner must reach exactly the answers the same searches reach offline, and
+stay below each server's M/D/1 capacity 1 / service time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from relaygr.bench.benchmark import run_benchmark
+from relaygr.bench.config import (
+    BenchConfig,
+    ExactnessConfig,
+    LimitConfig,
+    MixedConfig,
+    PointBudget,
+    QpsSearchConfig,
+    SweepConfig,
+    ThroughputConfig,
+)
+from relaygr.bench.protocol import SystemContext
+from relaygr.bench.report import BenchReport
+from relaygr.bench.search import LengthSweep, QpsSearch, Trial
+from relaygr.bench.workload import StageDelays, SyntheticConfig, SyntheticWorkload, workload_builder
+from relaygr.model import HSTUConfig
+from tests.bench.fakes import SimulatedServer, lindley_p99_ms, service_time
+
+SLO_MS = 1.0
+SERVICE = {"baseline": service_time(20e-6, 0.4e-6),    # full recompute: cost grows with length
+           "reactive": service_time(20e-6, 0.1e-6),
+           "relay": service_time(20e-6, 0.02e-6)}      # cached: little per prefix token
+PATHS = {"baseline": "full", "reactive": "host_hit", "relay": "device_hit"}
+POPULATION = SyntheticConfig(num_users=3000, num_items=500, num_candidates=4,
+                             recent_events_mean=2.0, stage_delays=StageDelays(0.0, 0.0))
+MIXED = {"num_users": 3000, "num_items": 500, "num_candidates": 4, "recent_events_mean": 2.0,
+         "prefix_len": {"kind": "lognormal", "median": 300.0, "sigma": 0.8,
+                        "max_tokens": 2048},
+         "stage_delays": {"retrieval_ms": 0.0, "preprocessing_ms": 0.0}}
+SEARCH = QpsSearchConfig(start_qps=1000.0, rel_tol=0.1, max_trials=6, min_qps=50.0,
+                         max_qps=50_000.0)
+CONFIG = BenchConfig(
+    slo_ms=SLO_MS, seed=7, population=POPULATION,
+    budget=PointBudget(measured_requests=100, min_measured_requests=100, warmup_requests=10,
+                       max_point_s=1.0, max_in_flight=100_000, drain_timeout_s=5.0),
+    sweep=SweepConfig(lengths=(128, 256, 512, 1024, 2048), qps=2000.0),
+    throughput=ThroughputConfig(search=SEARCH),
+    mixed=MixedConfig(source="synthetic", params=MIXED, search=SEARCH),
+    limit=LimitConfig(mode="relay", qps=200.0, requests=30, warmup_requests=3),
+    exactness=ExactnessConfig(requests=12, qps=500.0),
+    model=HSTUConfig(num_items=500, dim=32, num_layers=2, num_heads=2),
+    measure_matmul_peak=False)
+
+
+def factory(mode: str) -> Callable[[SystemContext], SimulatedServer]:
+    noise = 1e-7 if mode == "relay" else 0.0
+    return lambda ctx: SimulatedServer(ctx, SERVICE[mode], PATHS[mode], score_noise=noise,
+                                       bytes_per_token=8 if mode != "baseline" else 0)
+
+
+class FixedProbe:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        self.calls.append((prefix_tokens, suffix_tokens, candidates))
+        return 0.05
+
+
+Bench = tuple[BenchReport, Path, FixedProbe, str]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+    out = tmp_path_factory.mktemp("bench")
+    probe = FixedProbe()
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=140)
+    report = run_benchmark({m: factory(m) for m in SERVICE}, CONFIG, out, probe,
+                           console=console)
+    return report, out, probe, buffer.getvalue()
+
+
+def oracle(mode: str, builder: SyntheticWorkload, qps: float) -> tuple[float, bool]:
+    budget = CONFIG.budget
+    workload = builder.build(qps, budget.warmup_requests + budget.measured_at(qps))
+    p99 = lindley_p99_ms(workload, budget.warmup_requests, SERVICE[mode])
+    return p99, p99 <= SLO_MS
+
+
+def offline_sweep(mode: str) -> LengthSweep:
+    assert CONFIG.sweep is not None
+    sweep = LengthSweep(CONFIG.sweep.lengths)
+    while (length := sweep.next_point()) is not None:
+        builder = SyntheticWorkload(POPULATION.with_fixed_length(length), CONFIG.seed)
+        sweep.record(length, *oracle(mode, builder, CONFIG.sweep.qps))
+    return sweep
+
+
+def offline_qps(mode: str, builder: SyntheticWorkload) -> QpsSearch:
+    search = QpsSearch(SEARCH.start_qps, SEARCH.growth, SEARCH.rel_tol, SEARCH.max_trials,
+                       SEARCH.min_qps, SEARCH.max_qps)
+    while (qps := search.next_point()) is not None:
+        search.record(qps, *oracle(mode, builder, qps))
+    return search
+
+
+def verdicts(trials: Sequence[Trial[float]] | Sequence[Trial[int]]) -> list[tuple[float, bool]]:
+    return [(t.point, t.passed) for t in trials]
+
+
+def test_sweep_finds_the_known_max_length(bench: Bench) -> None:
+    report = bench[0]
+    for mode in SERVICE:
+        expected = offline_sweep(mode).result()
+        got = report.modes[mode].sweep
+        assert got is not None
+        assert verdicts(got.trials) == verdicts(expected.trials)
+        assert report.modes[mode].max_seq_len_under_slo == expected.max_seq_len
+    lens = [report.modes[m].max_seq_len_under_slo or 0 for m in ("baseline", "reactive", "relay")]
+    assert 0 < lens[0] < lens[1] <= lens[2] == 2048
+
+
+def test_throughput_search_finds_the_known_capacity(bench: Bench) -> None:
+    report = bench[0]
+    prefix_len = report.workload["throughput"]["prefix_len"]
+    assert prefix_len == report.modes["baseline"].max_seq_len_under_slo
+    builder = SyntheticWorkload(POPULATION.with_fixed_length(prefix_len), CONFIG.seed)
+    for mode in SERVICE:
+        expected = offline_qps(mode, builder).result()
+        got = report.modes[mode].throughput
+        assert got is not None and verdicts(got.trials) == verdicts(expected.trials)
+        assert report.modes[mode].slo_throughput_qps == expected.best_qps
+        capacity = 1 / SERVICE[mode](prefix_len)  # M/D/1: utilisation must stay below 1
+        assert 0.2 * capacity < expected.best_qps < capacity
+    mixed = workload_builder("synthetic", MIXED, CONFIG.seed)
+    assert isinstance(mixed, SyntheticWorkload)
+    for mode in SERVICE:
+        expected = offline_qps(mode, mixed).result()
+        assert report.modes[mode].slo_throughput_qps_mixed == expected.best_qps
+    relay, baseline = (report.modes[m].slo_throughput_qps for m in ("relay", "baseline"))
+    assert relay is not None and baseline is not None
+    assert report.ratios["relay_vs_baseline_throughput"] == pytest.approx(relay / baseline)
+
+
+def test_reference_point_limit_and_exactness(bench: Bench) -> None:
+    report, _, probe, _ = bench
+    relay = report.modes["relay"]
+    assert relay.reference is not None and relay.reference.phase == "throughput"
+    assert relay.reference.qps == relay.slo_throughput_qps
+    assert relay.reference.hit_rate_device == 1.0 and relay.reference.hit_rate_host == 0.0
+    reactive = report.modes["reactive"].reference
+    assert reactive is not None and reactive.hit_rate_host == 1.0
+    assert relay.reference.device_bytes_peak > 0
+    limit = report.limit
+    assert limit is not None and len(probe.calls) == 1
+    assert probe.calls[0] == (limit.prefix_len, limit.suffix_tokens, limit.candidates)
+    assert limit.relay_overhead_ratio == pytest.approx(limit.low_load_p50_ms / 0.05)
+    assert limit.low_load_p50_ms == pytest.approx(SERVICE["relay"](limit.prefix_len) * 1e3,
+                                                  rel=0.1)
+    assert limit.achieved_gflops is not None and limit.achieved_gflops > 0
+    ex = report.exactness
+    assert ex is not None and ex.requests_compared == 12 and ex.scores_compared == 48
+    assert ex.max_abs_score_diff == pytest.approx(1e-7, rel=1e-3)
+    assert ex.candidate_paths == {"device_hit": 12}
+    assert report.checks["exactness_within_1e-4"] is True
+    assert report.checks["relay_ahead_of_reactive"] is True
+
+
+REQUIRED = {
+    "slo_ms", "device", "model", "workload", "modes", "ratios", "limit", "exactness",
+    "slo_throughput_qps_mixed"}
+MODE_KEYS = {"max_seq_len_under_slo", "slo_throughput_qps", "slo_throughput_qps_mixed",
+             "p99_ms", "hit_rate_device", "hit_rate_host", "latency_ms", "path_counts",
+             "trigger_reasons", "preinfer_tokens_per_request", "device_bytes_in_use_peak",
+             "host_bytes_in_use_peak", "reference_point", "sweep", "throughput_search",
+             "mixed_search"}
+
+
+def test_json_has_every_required_key(bench: Bench) -> None:
+    report, out, _, _ = bench
+    data = json.loads((out / "bench.json").read_text())
+    assert set(data) >= REQUIRED
+    assert data["slo_ms"] == SLO_MS and isinstance(data["device"], str)
+    assert data["model"]["dim"] == 32
+    assert set(data["modes"]) == set(SERVICE)
+    for mode, entry in data["modes"].items():
+        assert set(entry) >= MODE_KEYS
+        assert isinstance(entry["max_seq_len_under_slo"], int)
+        assert isinstance(entry["slo_throughput_qps"], float)
+        assert set(entry["p99_ms"]) == {"ranking", "e2e"}
+        assert entry["p99_ms"]["ranking"] <= SLO_MS
+        assert data["slo_throughput_qps_mixed"][mode] == entry["slo_throughput_qps_mixed"]
+    assert {"relay_vs_baseline_seq_len", "relay_vs_baseline_throughput",
+            "relay_vs_reactive_throughput"} <= set(data["ratios"])
+    assert {"cached_rank_ms_isolated", "relay_overhead_ratio",
+            "matmul_peak_gflops"} <= set(data["limit"])
+    assert {"requests_compared", "max_abs_score_diff"} <= set(data["exactness"])
+    assert data["limit"]["cached_rank_ms_isolated"] == 0.05
+    assert data["limit"]["matmul_peak_gflops"] is None  # not measured in this test
+    assert len(data["points"]) == len(report.points) > 20
+    assert data["workload"]["summaries"]["sweep"]["requests"] == 110
+
+
+def test_plots_and_console(bench: Bench) -> None:
+    _, out, _, printed = bench
+    for name in ("p99_vs_prefix_len.png", "p99_vs_qps.png", "hit_rates.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    for mode in SERVICE:
+        assert mode in printed
+    assert "ratios:" in printed and "exactness: 12 requests" in printed
