@@ -37,3 +37,9 @@ class IncompatiblePrefixError(InvalidInputError):
 
 class ConfigError(RelayGRError, ValueError):
     """A configuration value is invalid or unknown."""
+
+
+class CacheStateError(RelayGRError):
+    """A KV-cache operation does not fit the entry's state: an unknown or already settled
+    pending handle, a release without an acquire, a prefix that is already cached. Nothing was
+    changed."""
