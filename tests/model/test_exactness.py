@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relaygr.model import RankRequest, concat_prefix
 from tests.model.helpers import assert_close, make_model, random_history
 
 configs = st.fixed_dictionaries({
@@ -94,3 +95,27 @@ def test_time_bias_changes_scores_but_not_exactness() -> None:
     assert (soon - later).abs().max() > 1e-3
     assert_close(later, model.rank(cands, prefix_items=items, prefix_timestamps=ts,
                                    query_timestamp=int(ts[-1]) + 10_000_000))
+
+
+@settings(max_examples=10, deadline=None)
+@given(prefix_len=st.integers(1, 500), suffix_len=st.integers(1, 50), timed=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_ranking_returns_the_suffix_kv_of_the_next_prefix(prefix_len: int, suffix_len: int,
+                                                          timed: bool, seed: int) -> None:
+    """prefix K/V + the suffix K/V a ranking pass computed == prefill of prefix + suffix."""
+    model = make_model(seed)
+    gen = torch.Generator().manual_seed(seed)
+    items, ts = random_history(gen, prefix_len + suffix_len, 500, timed)
+    kv = model.prefill(items[:prefix_len], None if ts is None else ts[:prefix_len])
+    out = model.rank_batch_outputs([RankRequest(
+        torch.arange(1, 11), prefix=kv, suffix_items=items[prefix_len:],
+        suffix_timestamps=None if ts is None else ts[prefix_len:])])[0]
+    assert out.computed is not None and out.computed.num_tokens == suffix_len
+    grown = concat_prefix(kv, out.computed)
+    whole = model.prefill(items, ts)
+    assert_close(grown.k, whole.k)
+    assert_close(grown.v, whole.v)
+    assert_close(grown.last_hidden, whole.last_hidden)
+    assert (grown.timestamps is None) == (ts is None)
+    cached_only = model.rank_batch_outputs([RankRequest(torch.arange(1, 5), prefix=kv)])[0]
+    assert cached_only.computed is None

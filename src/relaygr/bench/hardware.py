@@ -7,12 +7,30 @@ primitive the profiler and benchmark use (median of repeats, CUDA-synchronised).
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+
+def describe_device(device: torch.device | str = "cpu") -> str:
+    """A human-readable name of the device figures were measured on (for reports)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
 def synchronize(device: torch.device) -> None:

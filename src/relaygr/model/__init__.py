@@ -1,13 +1,14 @@
 """The HSTU ranking model and the value types of its serving API.
 
 Public names (stable): ``HSTU``, ``HSTUConfig``, ``PrefixKV``, ``RankRequest``,
-``PrefillRequest``, ``config_for_size``, ``MODEL_SIZES``.
+``PrefillRequest``, ``RankOutput``, ``concat_prefix``, ``config_for_size``, ``MODEL_SIZES``.
 """
 
 from relaygr.model.config import MODEL_SIZES, HSTUConfig, config_for_size
-from relaygr.model.hstu import HSTU
+from relaygr.model.hstu import HSTU, RankOutput
 from relaygr.model.inputs import PrefillRequest, RankRequest
 from relaygr.model.kv import PrefixKV
+from relaygr.model.passes import concat_prefix
 
-__all__ = ["HSTU", "MODEL_SIZES", "HSTUConfig", "PrefillRequest", "PrefixKV", "RankRequest",
-           "config_for_size"]
+__all__ = ["HSTU", "MODEL_SIZES", "HSTUConfig", "PrefillRequest", "PrefixKV", "RankOutput",
+           "RankRequest", "concat_prefix", "config_for_size"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -37,6 +38,16 @@ from relaygr.model.inputs import (
 from relaygr.model.kv import PrefixKV
 from relaygr.model.layers import HSTULayer
 from relaygr.model.passes import Pass, Track
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """Scores ``[C]`` and the K/V of the history tokens this ranking pass computed (None when
+    the whole history came from the cache). ``concat_prefix(prefix, computed)`` is the prefix of
+    the next visit once these events are appended to the user's history."""
+
+    scores: Tensor
+    computed: PrefixKV | None
 
 
 class HSTU(nn.Module):
@@ -131,12 +142,19 @@ class HSTU(nn.Module):
     @torch.inference_mode()
     def rank_batch(self, requests: Sequence[RankRequest]) -> list[Tensor]:
         """Scores for several users at once (lengths may differ; batching changes no score)."""
+        return [out.scores for out in self.rank_batch_outputs(requests)]
+
+    @torch.inference_mode()
+    def rank_batch_outputs(self, requests: Sequence[RankRequest]) -> list[RankOutput]:
+        """Like ``rank_batch``, also returning the K/V of the history tokens the pass computed
+        (the suffix, or the whole history on a full pass), so the caller can keep them."""
         tracks = []
         for r in requests:
             history, candidates, query_ts = validate_rank(self.cfg, r, self.device, self.dtype)
             tracks.append(Track(history, candidates, query_ts))
         Pass(self, tracks).run()
-        return [torch.cat(t.scores) for t in tracks]
+        return [RankOutput(torch.cat(t.scores), t.tail() if t.new_tokens else None)
+                for t in tracks]
 
     # ---- training: dense padded forward ------------------------------------------------------
 

@@ -75,12 +75,34 @@ class Track:
 
     def prefix(self) -> PrefixKV:
         """The K/V of the whole history (past + computed), as a new ``PrefixKV``."""
-        assert self.done_tokens == self.new_tokens and self.last_hidden is not None
+        tail = self.tail()
         past = self.history.past
-        k, v = self.k, self.v
-        if past is not None and past.num_tokens:
-            k, v = torch.cat([past.k, k], dim=2), torch.cat([past.v, v], dim=2)
-        return PrefixKV(k, v, self.key_ts, self.last_hidden)
+        return tail if past is None or not past.num_tokens else concat_prefix(past, tail)
+
+    def tail(self) -> PrefixKV:
+        """The K/V of the tokens computed in this pass only (positions after the past)."""
+        assert self.done_tokens == self.new_tokens and self.last_hidden is not None
+        return PrefixKV(self.k, self.v, self.history.timestamps, self.last_hidden)
+
+
+def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | None = None,
+                  pin_memory: bool = False) -> PrefixKV:
+    """``past`` followed by ``tail`` (the next positions) as one ``PrefixKV``, in one copy each.
+
+    ``out_device`` (default: the past's) and ``pin_memory`` let a caller demote a prefix to host
+    memory without an intermediate device copy.
+    """
+    device = out_device or past.device
+    n_past, n_tail = past.num_tokens, tail.num_tokens
+    shape = (*past.k.shape[:2], n_past + n_tail, past.k.shape[3])
+    k = torch.empty(shape, dtype=past.dtype, device=device, pin_memory=pin_memory)
+    v = torch.empty(shape, dtype=past.dtype, device=device, pin_memory=pin_memory)
+    k[:, :, :n_past], k[:, :, n_past:] = past.k, tail.k
+    v[:, :, :n_past], v[:, :, n_past:] = past.v, tail.v
+    ts = None
+    if past.timestamps is not None and tail.timestamps is not None:
+        ts = torch.cat([past.timestamps, tail.timestamps]).to(device)
+    return PrefixKV(k, v, ts, tail.last_hidden.to(device))
 
 
 @dataclass

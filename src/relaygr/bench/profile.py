@@ -1,0 +1,119 @@
+"""Model-only latency profile: prefill, full-pass ranking and cached ranking against length.
+
+For a named model size, every (prefix length, candidate count) point is timed in isolation (one
+user, no queueing): the prefill of the prefix, a ranking pass that recomputes the prefix (today's
+production path) and a ranking pass from the cached prefix (the relay path). The same run measures
+the device's matmul peak, so each path's achieved FLOP/s is reported as a fraction of it. The
+JSON it writes is what the trigger's latency cost model is fitted on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from relaygr.bench.hardware import describe_device, matmul_peak_gflops, time_call
+from relaygr.model import HSTU, config_for_size
+from relaygr.model.flops import prefill_flops, rank_flops
+
+# The catalogue size does not change latency (one embedding row per token); this is large enough
+# that id validation and lookups behave as in production.
+PROFILE_NUM_ITEMS = 100_000
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    size: str = "small"
+    prefix_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    candidate_counts: tuple[int, ...] = (64, 256, 1024)
+    suffix_tokens: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    repeats: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    prefix_tokens: int
+    suffix_tokens: int
+    candidates: int
+    prefill_ms: float
+    full_rank_ms: float
+    cached_rank_ms: float
+    speedup: float               # full_rank_ms / cached_rank_ms
+    prefill_gflops: float        # achieved GFLOP/s of each path
+    full_rank_gflops: float
+    cached_rank_gflops: float
+
+
+@dataclass
+class ProfileResult:
+    config: ProfileConfig
+    device: str
+    dtype: str
+    threads: int
+    model: dict[str, object]
+    matmul_peak_gflops: float
+    host: str = ""
+    points: list[ProfilePoint] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"device": self.device, "dtype": self.dtype, "threads": self.threads,
+                "host": self.host, "model": self.model,
+                "matmul_peak_gflops": self.matmul_peak_gflops,
+                "config": asdict(self.config), "points": [asdict(p) for p in self.points]}
+
+    def write_json(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2))
+
+
+def _gflops(flops: int, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e9
+
+
+def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileResult:
+    """Time every point of ``cfg``; ``progress`` is an optional ``rich.progress.Progress``."""
+    device = torch.device(cfg.device)
+    dtype = getattr(torch, cfg.dtype)
+    max_len = max(cfg.prefix_lengths) + cfg.suffix_tokens
+    model_cfg = config_for_size(cfg.size, PROFILE_NUM_ITEMS, max_seq_len=max_len)
+    torch.manual_seed(cfg.seed)
+    model = HSTU(model_cfg).to(device=device, dtype=dtype).eval()
+    result = ProfileResult(cfg, str(device), cfg.dtype, torch.get_num_threads(),
+                           model_cfg.to_dict(), matmul_peak_gflops(device, dtype),
+                           describe_device(device))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    task = None
+    if progress is not None:
+        total = len(cfg.prefix_lengths) * len(cfg.candidate_counts)
+        task = progress.add_task("profiling", total=total)  # type: ignore[attr-defined]
+    for n in cfg.prefix_lengths:
+        items = torch.randint(1, PROFILE_NUM_ITEMS + 1, (n + cfg.suffix_tokens,), generator=gen)
+        prefix, suffix = items[:n], (items[n:] if cfg.suffix_tokens else None)
+        prefill = time_call(partial(model.prefill, prefix), device, cfg.repeats)
+        kv = model.prefill(prefix)
+        for c in cfg.candidate_counts:
+            cands = torch.randint(1, PROFILE_NUM_ITEMS + 1, (c,), generator=gen)
+            full = time_call(partial(model.rank, cands, prefix_items=prefix, suffix_items=suffix),
+                             device, cfg.repeats)
+            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix),
+                               device, cfg.repeats)
+            s = cfg.suffix_tokens
+            result.points.append(ProfilePoint(
+                prefix_tokens=n, suffix_tokens=s, candidates=c,
+                prefill_ms=prefill.median_ms, full_rank_ms=full.median_ms,
+                cached_rank_ms=cached.median_ms, speedup=full.median_ms / cached.median_ms,
+                prefill_gflops=_gflops(prefill_flops(model_cfg, n), prefill.median_ms),
+                full_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=False),
+                                         full.median_ms),
+                cached_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=True),
+                                           cached.median_ms)))
+            if progress is not None:
+                progress.advance(task)  # type: ignore[attr-defined]
+    return result

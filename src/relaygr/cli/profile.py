@@ -1,0 +1,74 @@
+"""``relaygr profile``: latency of prefill, full and cached ranking against prefix length."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
+from relaygr.model import MODEL_SIZES
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError as exc:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from exc
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="model-only latency table (feeds the trigger's cost model)",
+                       description=__doc__)
+    p.add_argument("--size", choices=sorted(MODEL_SIZES), default="small")
+    p.add_argument("--lengths", type=_ints, default=ProfileConfig.prefix_lengths,
+                   help="prefix lengths, comma-separated (default 256..8192)")
+    p.add_argument("--candidates", type=_ints, default=ProfileConfig.candidate_counts)
+    p.add_argument("--suffix", type=int, default=0, help="suffix tokens per ranking request")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--json", type=Path, default=Path("out/profile.json"))
+    p.set_defaults(func=run)
+
+
+def render(result: ProfileResult) -> Table:
+    peak = result.matmul_peak_gflops
+    table = Table(title=(f"relaygr profile: {result.model['num_layers']} layers, dim "
+                         f"{result.model['dim']}, {result.model['num_heads']} heads on "
+                         f"{result.device} ({result.dtype}, {result.threads} threads); "
+                         f"matmul peak {peak:.0f} GFLOP/s"))
+    for name in ("prefix", "cands", "prefill ms", "full ms", "cached ms", "speedup",
+                 "prefill %peak", "full %peak", "cached %peak"):
+        table.add_column(name, justify="right")
+    for p in result.points:
+        table.add_row(str(p.prefix_tokens), str(p.candidates), f"{p.prefill_ms:.1f}",
+                      f"{p.full_rank_ms:.1f}", f"{p.cached_rank_ms:.2f}", f"{p.speedup:.1f}x",
+                      f"{100 * p.prefill_gflops / peak:.0f}%",
+                      f"{100 * p.full_rank_gflops / peak:.0f}%",
+                      f"{100 * p.cached_rank_gflops / peak:.0f}%")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,
+                        candidate_counts=args.candidates, suffix_tokens=args.suffix,
+                        device=args.device, dtype=args.dtype, repeats=args.repeats)
+    console = Console(width=max(Console().width, 110))
+    with Progress(console=console, transient=True) as progress:
+        result = run_profile(cfg, progress)
+    console.print(render(result))
+    result.write_json(args.json)
+    console.print(f"wrote {args.json}")
+    return 0

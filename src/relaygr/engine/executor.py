@@ -1,0 +1,55 @@
+"""Where an instance's model compute runs: one worker thread per instance.
+
+The asyncio loop owns all bookkeeping (cache states, queues, routing); tensor work goes to the
+instance's single worker thread, so instances compute concurrently (PyTorch releases the GIL
+inside ops) while each instance's work stays strictly ordered. On CUDA the worker runs every call
+on the instance's own stream and waits for it, so a result handed back to the loop is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class ComputeExecutor:
+    """Runs callables for one instance, one at a time, off the event loop."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        self.name = name
+        self.device = device
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relaygr-{name}")
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._busy = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.is_set()
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        self._busy.set()
+        try:
+            with torch.inference_mode():
+                if self._stream is None:
+                    return fn()
+                with torch.cuda.stream(self._stream):
+                    result = fn()
+                self._stream.synchronize()
+                return result
+        finally:
+            self._busy.clear()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._call, fn)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)

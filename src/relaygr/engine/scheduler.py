@@ -1,0 +1,218 @@
+"""The instance scheduler: ranking is the critical path, pre-inference fills the gaps.
+
+Each turn of the loop runs exactly one unit of compute on the instance's executor:
+  1. if ranking work is queued, one batch of it (``BatchPolicy`` decides how much);
+  2. otherwise one chunk round of one pre-infer job: the job a ranking request is waiting on
+     first (its prefix is now on the critical path), then the earliest-submitted.
+So a ranking request never waits behind more than one pre-infer chunk, whose size the model
+bounds (``HSTUConfig.query_block`` / ``score_block_elems``).
+
+Invariants: futures are resolved only on the event loop; a failed batch fails exactly the
+futures of that batch; ``stop()`` fails every queued future with ``InstanceStoppedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaygr.engine.executor import ComputeExecutor
+from relaygr.errors import RelayGRError
+
+
+class InstanceStoppedError(RelayGRError):
+    """The instance stopped (failed or shut down) before this work ran."""
+
+
+@dataclass
+class RankWork:
+    """One ranking request queued for a batch; ``cost_tokens`` sizes batches."""
+
+    payload: Any
+    cost_tokens: int
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class PrefillWork:
+    """A resumable pre-infer job: ``step()`` computes one chunk round, ``done`` says when to stop.
+
+    ``finish()`` runs on the worker after the last round (e.g. writing K/V into the pool) and
+    its return value resolves ``future``.
+    """
+
+    step: Callable[[], None]
+    is_done: Callable[[], bool]
+    finish: Callable[[], Any]
+    future: asyncio.Future[Any]
+    seq: int = 0
+    waiters: int = 0              # ranking requests blocked on this prefix
+    rounds: int = 0
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How much queued ranking work one model call takes.
+
+    Batching never waits for more work (no batching delay): it only merges requests already
+    queued when the instance frees up, which cuts per-call overhead without delaying the head of
+    the queue by more than the batch's own compute. ``max_requests=1`` disables batching.
+    """
+
+    max_requests: int = 4
+    max_tokens: int = 1 << 16   # sum of cost_tokens in one batch
+
+    def take(self, queue: deque[RankWork]) -> list[RankWork]:
+        batch = [queue.popleft()]
+        tokens = batch[0].cost_tokens
+        while queue and len(batch) < self.max_requests:
+            if tokens + queue[0].cost_tokens > self.max_tokens:
+                break
+            work = queue.popleft()
+            tokens += work.cost_tokens
+            batch.append(work)
+        return batch
+
+
+@dataclass
+class SchedulerStats:
+    rank_batches: int = 0
+    rank_requests: int = 0
+    prefill_rounds: int = 0
+    prefill_jobs_done: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+
+
+class InstanceScheduler:
+    """Orders one instance's compute (see the module docstring)."""
+
+    def __init__(self, executor: ComputeExecutor, run_batch: Callable[[list[Any]], list[Any]],
+                 batch_policy: BatchPolicy | None = None) -> None:
+        self.executor = executor
+        self.run_batch = run_batch
+        self.batch_policy = batch_policy or BatchPolicy()
+        self.stats = SchedulerStats()
+        self._rank_queue: deque[RankWork] = deque()
+        self._prefills: list[PrefillWork] = []
+        self._seq = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    # ---- load signals ------------------------------------------------------------------------
+    @property
+    def rank_queue_depth(self) -> int:
+        return len(self._rank_queue)
+
+    @property
+    def prefill_queue_depth(self) -> int:
+        return len(self._prefills)
+
+    # ---- submission --------------------------------------------------------------------------
+    def start(self) -> None:
+        assert self._task is None, "scheduler already started"
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def submit_rank(self, payload: Any, cost_tokens: int) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._stopped:
+            future.set_exception(InstanceStoppedError(f"{self.executor.name} is stopped"))
+            return future
+        self._rank_queue.append(RankWork(payload, cost_tokens, future))
+        self._wakeup.set()
+        return future
+
+    def submit_prefill(self, step: Callable[[], None], is_done: Callable[[], bool],
+                       finish: Callable[[], Any]) -> PrefillWork:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        work = PrefillWork(step, is_done, finish, future, seq=next(self._seq))
+        if self._stopped:
+            future.set_exception(InstanceStoppedError(f"{self.executor.name} is stopped"))
+            return work
+        self._prefills.append(work)
+        self._wakeup.set()
+        return work
+
+    # ---- the loop ----------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while not self._stopped:
+            if not self._rank_queue and not self._prefills:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self._rank_queue:
+                await self._run_rank_batch()
+            else:
+                await self._run_prefill_round()
+
+    async def _run_rank_batch(self) -> None:
+        batch = self.batch_policy.take(self._rank_queue)
+        payloads = [w.payload for w in batch]
+        try:
+            results = await self.executor.run(lambda: self.run_batch(payloads))
+        except Exception as exc:  # a failed batch fails its own requests, nothing else
+            for w in batch:
+                if not w.future.done():
+                    w.future.set_exception(exc)
+            return
+        self.stats.rank_batches += 1
+        self.stats.rank_requests += len(batch)
+        self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
+        for w, result in zip(batch, results, strict=True):
+            if not w.future.done():
+                w.future.set_result(result)
+
+    def _next_prefill(self) -> PrefillWork:
+        return min(self._prefills, key=lambda w: (w.waiters == 0, w.seq))
+
+    async def _run_prefill_round(self) -> None:
+        work = self._next_prefill()
+
+        def one_round() -> tuple[bool, Any]:
+            work.step()
+            if work.is_done():
+                return True, work.finish()
+            return False, None
+
+        try:
+            finished, result = await self.executor.run(one_round)
+        except Exception as exc:
+            self._prefills.remove(work)
+            if not work.future.done():
+                work.future.set_exception(exc)
+            return
+        work.rounds += 1
+        self.stats.prefill_rounds += 1
+        if finished:
+            self._prefills.remove(work)
+            self.stats.prefill_jobs_done += 1
+            if not work.future.done():
+                work.future.set_result(result)
+
+    def cancel_prefill(self, work: PrefillWork) -> bool:
+        """Drop a queued pre-infer job (its future is cancelled); False if it already ended."""
+        if work in self._prefills:
+            self._prefills.remove(work)
+            work.future.cancel()
+            return True
+        return False
+
+    async def stop(self) -> None:
+        """Stop after the unit of compute in flight; fail everything still queued."""
+        self._stopped = True
+        self._wakeup.set()
+        error = InstanceStoppedError(f"{self.executor.name} stopped")
+        for w in self._rank_queue:
+            if not w.future.done():
+                w.future.set_exception(error)
+        self._rank_queue.clear()
+        for p in self._prefills:
+            if not p.future.done():
+                p.future.set_exception(error)
+        self._prefills.clear()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)

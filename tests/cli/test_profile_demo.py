@@ -1,0 +1,44 @@
+"""The profile and demo commands run end to end on a tiny model and report real figures."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from relaygr.cli.main import main
+
+
+def test_profile_writes_a_point_per_length_and_candidate_count(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture
+                                                                ) -> None:
+    out = tmp_path / "profile.json"
+    code = main(["profile", "--size", "tiny", "--lengths", "16,48", "--candidates", "4,9",
+                 "--repeats", "1", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["model"]["num_layers"] == 2 and data["model"]["dim"] == 32
+    assert data["matmul_peak_gflops"] > 0
+    points = {(p["prefix_tokens"], p["candidates"]): p for p in data["points"]}
+    assert set(points) == {(16, 4), (16, 9), (48, 4), (48, 9)}
+    for p in points.values():
+        assert p["full_rank_ms"] > 0 and p["cached_rank_ms"] > 0 and p["prefill_ms"] > 0
+        assert p["speedup"] == pytest.approx(p["full_rank_ms"] / p["cached_rank_ms"])
+    assert "matmul peak" in capsys.readouterr().out
+
+
+def test_demo_reports_latencies_and_exactness(capsys: pytest.CaptureFixture) -> None:
+    assert main(["demo", "--size", "tiny", "--prefix", "300", "--suffix", "5",
+                 "--candidates", "20", "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "ranking, relayed" in text and "ranking, full pass" in text
+    diff = float(re.search(r"cached vs full: ([0-9.e+-]+)", text).group(1))  # type: ignore[union-attr]
+    assert diff < 1e-4
+
+
+def test_bad_arguments_exit_with_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "--lengths", "0,5"])
+    assert exc.value.code == 2

@@ -1,0 +1,149 @@
+"""The instance scheduler runs ranking first, pre-infer in chunk rounds, and fails cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import pytest
+import torch
+
+from relaygr.engine.executor import ComputeExecutor
+from relaygr.engine.scheduler import (
+    BatchPolicy,
+    InstanceScheduler,
+    InstanceStoppedError,
+    RankWork,
+)
+
+
+class Trace:
+    """A fake model: records what ran, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def run_batch(self, payloads: list[str]) -> list[str]:
+        self.events.append("rank:" + ",".join(payloads))
+        return [p.upper() for p in payloads]
+
+    def prefill(self, name: str, rounds: int) -> tuple:  # type: ignore[type-arg]
+        state = {"left": rounds}
+
+        def step() -> None:
+            state["left"] -= 1
+            self.events.append(f"{name}:{rounds - state['left']}")
+
+        return step, lambda: state["left"] == 0, lambda: f"{name}-done"
+
+
+def make(trace: Trace, **policy: int) -> InstanceScheduler:
+    return InstanceScheduler(ComputeExecutor("test", torch.device("cpu")), trace.run_batch,
+                             BatchPolicy(**policy) if policy else None)
+
+
+def test_ranking_goes_before_queued_prefill_rounds() -> None:
+    async def scenario() -> list[str]:
+        trace = Trace()
+        sched = make(trace, max_requests=1)
+        job = sched.submit_prefill(*trace.prefill("p", 3))
+        r1 = sched.submit_rank("a", 1)
+        r2 = sched.submit_rank("b", 1)
+        sched.start()
+        assert await r1 == "A" and await r2 == "B"
+        assert await job.future == "p-done"
+        await sched.stop()
+        return trace.events
+
+    assert asyncio.run(scenario()) == ["rank:a", "rank:b", "p:1", "p:2", "p:3"]
+
+
+def test_ranking_arriving_mid_prefill_waits_at_most_one_round() -> None:
+    async def scenario() -> list[str]:
+        trace = Trace()
+        sched = make(trace)
+        step, done, finish = trace.prefill("p", 4)
+        late: list[asyncio.Future[str]] = []
+
+        def step_then_submit() -> None:
+            step()
+            if len(trace.events) == 1:   # a ranking request arrives during round 1
+                loop.call_soon_threadsafe(lambda: late.append(sched.submit_rank("x", 1)))
+
+        loop = asyncio.get_running_loop()
+        job = sched.submit_prefill(step_then_submit, done, finish)
+        sched.start()
+        await job.future
+        assert await late[0] == "X"
+        await sched.stop()
+        return trace.events
+
+    assert asyncio.run(scenario()) == ["p:1", "rank:x", "p:2", "p:3", "p:4"]
+
+
+def test_prefill_with_waiting_ranking_request_is_boosted() -> None:
+    async def scenario() -> list[str]:
+        trace = Trace()
+        sched = make(trace)
+        first = sched.submit_prefill(*trace.prefill("old", 2))
+        second = sched.submit_prefill(*trace.prefill("hot", 2))
+        second.waiters += 1
+        sched.start()
+        await asyncio.gather(first.future, second.future)
+        await sched.stop()
+        return trace.events
+
+    assert asyncio.run(scenario()) == ["hot:1", "hot:2", "old:1", "old:2"]
+
+
+def test_batch_policy_merges_queued_requests_up_to_limits() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        queue = deque(RankWork(str(i), cost, loop.create_future())
+                      for i, cost in enumerate([10, 10, 10, 50, 10]))
+        policy = BatchPolicy(max_requests=4, max_tokens=40)
+        assert [w.payload for w in policy.take(queue)] == ["0", "1", "2"]   # 80 > 40 stops
+        assert [w.payload for w in policy.take(queue)] == ["3"]             # alone even if big
+        assert [w.payload for w in policy.take(queue)] == ["4"]
+    finally:
+        loop.close()
+
+
+def test_failed_batch_fails_only_its_requests() -> None:
+    async def scenario() -> None:
+        calls: list[list[str]] = []
+
+        def run_batch(payloads: list[str]) -> list[str]:
+            calls.append(payloads)
+            if "bad" in payloads:
+                raise RuntimeError("kernel failed")
+            return payloads
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                                  BatchPolicy(max_requests=1))
+        bad, good = sched.submit_rank("bad", 1), sched.submit_rank("good", 1)
+        sched.start()
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            await bad
+        assert await good == "good"
+        await sched.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stop_fails_queued_work_and_rejects_new_work() -> None:
+    async def scenario() -> None:
+        trace = Trace()
+        sched = make(trace)
+        queued = sched.submit_rank("a", 1)
+        job = sched.submit_prefill(*trace.prefill("p", 2))
+        await sched.stop()       # never started: nothing ran
+        with pytest.raises(InstanceStoppedError):
+            await queued
+        with pytest.raises(InstanceStoppedError):
+            await job.future
+        with pytest.raises(InstanceStoppedError):
+            await sched.submit_rank("b", 1)
+        assert trace.events == []
+
+    asyncio.run(scenario())
