@@ -141,6 +141,9 @@ class DevicePoolMachine(RuleBasedStateMachine):
         ready_due = sum(1 for e in self.entries() if e.state is EntryState.READY and not e.pins
                         and e.lease_deadline_s <= self.clock())  # type: ignore[operator]
         assert self.pool.expire_leases() == ready_due
+        assert not any(e.state is EntryState.READY and not e.pins
+                       and e.lease_deadline_s <= self.clock()  # type: ignore[operator]
+                       for e in self.entries())
 
     @invariant()
     def integrity(self) -> None:
