@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.kvcache import EntryState, HostKVTier, PrefixId, Refusal
@@ -120,6 +121,9 @@ def test_a_pinned_entry_outlives_its_ttl_until_released() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ConfigError):
         HostKVTier(LAYOUT, 10_000, ttl_s=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA"):
+            HostKVTier(LAYOUT, 10_000, ttl_s=1.0, pin_memory=True)
     host = make_host(10)
     with pytest.raises(InvalidInputError):
         host.put(PrefixId(1, 9, 0), make_kv(PrefixId(1, 8, 0)))

@@ -145,6 +145,8 @@ class DeviceKVPool:
     async def wait_settled(self, pid: PrefixId) -> bool:
         """Wait until ``pid`` is no longer PENDING: True if it was committed (then ``acquire``
         it; it is leased), False if it was aborted or is not here at all."""
+        if not isinstance(pid, PrefixId):
+            raise InvalidInputError(f"expected a PrefixId, got {type(pid).__name__}")
         entry = self.store.index.get(pid.user_id)
         if entry is None or entry.pid != pid:
             return False
