@@ -70,6 +70,7 @@ def test_pre_infer_hit_lifecycle() -> None:
     assert info.lease_deadline_s is None and lru(pool) == [pid]
     stats = pool.stats
     assert (stats.ready, stats.idle, stats.in_use, stats.unevictable_bytes) == (0, 1, 0, 0)
+    assert (pool.used_bytes, pool.unevictable_bytes) == (3 * PAGE_BYTES, 0)
     pool.check_integrity()
 
     again = pool.acquire(pid)                                 # an IDLE entry is still a hit

@@ -59,6 +59,7 @@ class RunAllocator:
         self.num_pages = num_pages
         self._starts: list[int] = [0]          # sorted starts of the free runs
         self._length: dict[int, int] = {0: num_pages}
+        self._free_pages = num_pages
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -68,7 +69,7 @@ class RunAllocator:
 
     @property
     def free_pages(self) -> int:
-        return sum(self._length.values())
+        return self._free_pages
 
     @property
     def largest_free_run(self) -> int:
@@ -89,6 +90,7 @@ class RunAllocator:
         run = self.first_fit(num_pages)
         if run is None:
             return None
+        self._free_pages -= num_pages
         left = self._length.pop(run.start) - num_pages
         index = bisect.bisect_left(self._starts, run.start)
         if left:
@@ -102,20 +104,19 @@ class RunAllocator:
         """Return ``run`` (which must be allocated) and coalesce it with free neighbours."""
         assert run.end <= self.num_pages, f"run {run} outside {self.num_pages} pages"
         index = bisect.bisect_left(self._starts, run.start)
+        nxt = self._starts[index] if index < len(self._starts) else None
+        prev = self._starts[index - 1] if index > 0 else None
+        prev_end = None if prev is None else prev + self._length[prev]
+        assert nxt is None or nxt >= run.end, f"double free: {run} overlaps free run at {nxt}"
+        assert prev_end is None or prev_end <= run.start, f"double free: {run} overlaps {prev}"
+        self._free_pages += run.length
         start, length = run.start, run.length
-        if index < len(self._starts):
-            nxt = self._starts[index]
-            assert nxt >= run.end, f"double free: {run} overlaps free run at {nxt}"
-            if nxt == run.end:
-                length += self._length.pop(nxt)
-                del self._starts[index]
-        if index > 0:
-            prev = self._starts[index - 1]
-            prev_end = prev + self._length[prev]
-            assert prev_end <= run.start, f"double free: {run} overlaps free run at {prev}"
-            if prev_end == run.start:
-                self._length[prev] += length
-                return
+        if nxt == run.end:                       # merge with the run after
+            length += self._length.pop(nxt)
+            del self._starts[index]
+        if prev is not None and prev_end == run.start:   # merge into the run before
+            self._length[prev] += length
+            return
         self._starts.insert(index, start)
         self._length[start] = length
 
@@ -149,6 +150,7 @@ class RunAllocator:
         """Free runs and ``allocated`` partition the pages exactly; free runs are coalesced."""
         runs = self.free_runs()
         require(self._starts == sorted(self._length), "free-run index out of sync")
+        require(self._free_pages == sum(self._length.values()), "free-page count drifted")
         for a, b in itertools.pairwise(runs):
             require(a.end < b.start, f"free runs {a} and {b} overlap or are not coalesced")
         owned = sorted(list(allocated) + runs)

@@ -190,7 +190,23 @@ class DeviceKVPool:
     # ---- reporting -------------------------------------------------------------------------
 
     @property
+    def budget_bytes(self) -> int:
+        return self.store.arena.budget_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of reserved pages, O(1) (for per-request admission decisions)."""
+        return self.store.used_bytes
+
+    @property
+    def unevictable_bytes(self) -> int:
+        """Bytes held by PENDING, READY and in-use entries, O(1): the footprint the trigger
+        bounds (IDLE entries are reclaimable on demand)."""
+        return self.store.unevictable_bytes
+
+    @property
     def stats(self) -> TierStats:
+        """A full snapshot (O(entries)); use the byte properties on hot paths."""
         return self.store.stats()
 
     def check_integrity(self) -> None:

@@ -135,6 +135,9 @@ class CacheIndex:
         self._lru: OrderedDict[int, Entry] = OrderedDict()   # user -> evictable entry
         self._ready: dict[int, Entry] = {}                   # user -> READY entry
         self._serials = itertools.count(1)
+        # Running totals (O(1) occupancy for per-request admission decisions).
+        self.used_pages = 0
+        self.evictable_pages = 0
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -187,6 +190,7 @@ class CacheIndex:
         assert run == placement.run, f"allocator chose {run}, plan said {placement.run}"
         entry = Entry(pid, run, timed, next(self._serials), now_s)
         self._by_user[pid.user_id] = entry
+        self.used_pages += run.length
         return Admitted(entry, victims, old)
 
     # ---- transitions -----------------------------------------------------------------------
@@ -208,12 +212,12 @@ class CacheIndex:
         entry.state = EntryState.IDLE
         entry.lease_deadline_s = None
         if entry.pins == 0:
-            self._lru[entry.pid.user_id] = entry
+            self._lru_add(entry)
 
     def pin(self, entry: Entry) -> None:
         """Mark ``entry`` in use: not evictable until every pin is released."""
         assert entry.state is not EntryState.PENDING, "a PENDING entry cannot be pinned"
-        self._lru.pop(entry.pid.user_id, None)
+        self._lru_drop(entry)
         entry.pins += 1
 
     def unpin(self, entry: Entry) -> None:
@@ -226,7 +230,7 @@ class CacheIndex:
         if entry.state is EntryState.READY:
             self.mark_idle(entry)
         else:
-            self._lru[entry.pid.user_id] = entry
+            self._lru_add(entry)
 
     def touch(self, entry: Entry) -> None:
         """Make an evictable entry the most recently used (no-op for others)."""
@@ -247,10 +251,20 @@ class CacheIndex:
         assert entry.pins == 0, "removing an entry in use"
         user = entry.pid.user_id
         assert self._by_user.get(user) is entry, f"removing unknown entry {entry.pid}"
+        self._lru_drop(entry)
         del self._by_user[user]
-        self._lru.pop(user, None)
         self._ready.pop(user, None)
         self.allocator.free(entry.run)
+        self.used_pages -= entry.run.length
+
+    def _lru_add(self, entry: Entry) -> None:
+        assert entry.evictable, "only evictable entries enter the LRU"
+        self._lru[entry.pid.user_id] = entry
+        self.evictable_pages += entry.run.length
+
+    def _lru_drop(self, entry: Entry) -> None:
+        if self._lru.pop(entry.pid.user_id, None) is not None:
+            self.evictable_pages -= entry.run.length
 
     def _complete(self, entry: Entry) -> None:
         assert entry.state is EntryState.PENDING, f"completing a {entry.state.value} entry"
@@ -282,6 +296,9 @@ class CacheIndex:
                 "READY set out of sync")
         require(all(self._by_user.get(u) is e for u, e in self._ready.items()),
                 "READY key mismatch")
+        require(self.used_pages == sum(e.run.length for e in entries), "used_pages drifted")
+        require(self.evictable_pages == sum(e.run.length for e in self._lru.values()),
+                "evictable_pages drifted")
         serials = [e.serial for e in entries]
         require(len(set(serials)) == len(serials), "duplicate serials")
         self.allocator.check_integrity(e.run for e in entries)

@@ -190,17 +190,26 @@ class PagedStore:
 
     # ---- reporting -------------------------------------------------------------------------
 
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of reserved pages (O(1))."""
+        return self.index.used_pages * self.arena.page_bytes
+
+    @property
+    def unevictable_bytes(self) -> int:
+        """Bytes admission cannot reclaim: PENDING, READY and in-use entries (O(1))."""
+        return (self.index.used_pages - self.index.evictable_pages) * self.arena.page_bytes
+
     def stats(self) -> TierStats:
         entries = self.index.entries()
         page_bytes = self.arena.page_bytes
         by_state = {s: sum(e.state is s for e in entries) for s in EntryState}
-        used = sum(e.run.length for e in entries) * page_bytes
-        evictable = sum(e.run.length for e in entries if e.evictable) * page_bytes
+        used, unevictable = self.used_bytes, self.unevictable_bytes
         c = self.counters
         return TierStats(
             budget_bytes=self.arena.budget_bytes, arena_bytes=self.arena.arena_bytes,
             page_bytes=page_bytes, num_pages=self.arena.num_pages, used_bytes=used,
-            unevictable_bytes=used - evictable, free_pages=self.allocator.free_pages,
+            unevictable_bytes=unevictable, free_pages=self.allocator.free_pages,
             largest_free_run_pages=self.allocator.largest_free_run,
             pending=by_state[EntryState.PENDING], ready=by_state[EntryState.READY],
             idle=by_state[EntryState.IDLE], in_use=sum(e.pins > 0 for e in entries),
