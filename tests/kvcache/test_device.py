@@ -300,3 +300,18 @@ def test_several_pins_release_in_any_order() -> None:
     with pytest.raises(CacheStateError):
         pool.release(pid)
     pool.check_integrity()
+
+
+def test_commit_without_lease_is_idle_and_evictable_at_once() -> None:
+    pool = make_pool(4)
+    cached = PrefixId(1, 16, 0)                                # reactive: ranking already ran
+    pending = pool.begin(cached, timed=False)
+    assert pending is not None
+    pool.write(pending, make_kv(cached, timed=False))
+    pool.commit(pending, lease=False)
+    info = pool.lookup(1)
+    assert info is not None and info.state is EntryState.IDLE and lru(pool) == [cached]
+    assert pool.unevictable_bytes == 0
+    assert pool.begin(PrefixId(2, 4, 0), timed=False) is not None   # evicts it
+    assert pool.lookup(1) is None and pool.stats.evictions == 1
+    pool.check_integrity()

@@ -85,8 +85,8 @@ class DevicePoolMachine(RuleBasedStateMachine):
         self.pending[user] = pending
 
     @precondition(lambda self: self.pending)
-    @rule(data=st.data(), split=st.booleans())
-    def write_and_commit(self, data: st.DataObject, split: bool) -> None:
+    @rule(data=st.data(), split=st.booleans(), lease=st.booleans())
+    def write_and_commit(self, data: st.DataObject, split: bool, lease: bool) -> None:
         user = data.draw(st.sampled_from(sorted(self.pending)))
         pending = self.pending.pop(user)
         kv = make_kv(pending.pid, pending.timed)
@@ -96,10 +96,13 @@ class DevicePoolMachine(RuleBasedStateMachine):
             self.pool.write(pending, slice_tokens(kv, cut), start_token=cut)
         else:
             self.pool.write(pending, kv)
-        self.pool.commit(pending, kv.last_hidden)
+        self.pool.commit(pending, kv.last_hidden, lease=lease)
         info = self.pool.lookup(user)
-        assert info is not None and info.state is EntryState.READY
-        assert info.lease_deadline_s == self.clock() + 2.0
+        assert info is not None
+        if lease:
+            assert info.state is EntryState.READY and info.lease_deadline_s == self.clock() + 2.0
+        else:
+            assert info.state is EntryState.IDLE and info.lease_deadline_s is None
 
     @precondition(lambda self: self.pending)
     @rule(data=st.data())

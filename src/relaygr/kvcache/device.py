@@ -85,7 +85,8 @@ class DeviceKVPool:
 
         Ends due leases, then frees the user's older entry (unless PENDING or in use) and IDLE
         entries in LRU order as needed. Returns None, counted by reason in ``stats`` and changing
-        nothing, when the prefix cannot fit without touching a PENDING, READY or in-use entry.
+        nothing, when the prefix cannot fit without evicting a PENDING, READY or in-use entry
+        (the user's own older entry is replaced even when READY: a newer version supersedes it).
         Raises ``CacheStateError`` if ``pid`` itself is already cached or pending.
         """
         if not isinstance(pid, PrefixId):
@@ -115,11 +116,14 @@ class DeviceKVPool:
                 f"{num_tokens} tokens requested, {entry.written_tokens} written for {entry.pid}")
         return self.store.view(entry, num_tokens)
 
-    def commit(self, pending: PendingEntry, last_hidden: Tensor | None = None) -> None:
+    def commit(self, pending: PendingEntry, last_hidden: Tensor | None = None, *,
+               lease: bool = True) -> None:
         """PENDING -> READY, leased for ``lease_s``; wakes every waiter with True.
 
         Every token must have been written. ``last_hidden`` (the user representation after the
-        last prefix token) replaces the latest write's when given.
+        last prefix token) replaces the latest write's when given. ``lease=False`` commits
+        straight to IDLE (most recently used): for a prefix cached after its ranking already
+        ran (the reactive mode), which no request is waiting to consume.
         """
         entry = self.store.resolve(pending)
         self.store.require_complete(entry)
@@ -127,7 +131,10 @@ class DeviceKVPool:
             if not isinstance(last_hidden, Tensor):
                 raise IncompatiblePrefixError("last_hidden must be a tensor")
             self.store.arena.write_hidden(entry.run.start, last_hidden)
-        self.store.index.mark_ready(entry, self.clock() + self.lease_s)
+        if lease:
+            self.store.index.mark_ready(entry, self.clock() + self.lease_s)
+        else:
+            self.store.index.mark_idle(entry)
         self._settle(entry.serial, committed=True)
 
     def abort(self, pending: PendingEntry) -> None:
