@@ -287,3 +287,26 @@ def test_extension_of_the_wrong_length_is_rejected() -> None:
         assert ex.pool.lookup(5) is None
 
     asyncio.run(scenario())
+
+
+def test_a_load_cancelled_before_it_ran_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        ex = tiers()
+        pid = PrefixId(5, 8, 1)
+        ex.host.put(pid, make_kv(pid))
+        outer = asyncio.ensure_future(ex.reload(pid, pid))
+        await asyncio.sleep(0)                                 # reload began, the copy has not
+        load = ex._inflight[5]
+        assert not load.started and load.task is not None
+        assert ex.pool.lookup(5).state is EntryState.PENDING  # type: ignore[union-attr]
+        assert ex.host.info(5).pins == 1  # type: ignore[union-attr]
+        load.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0)                                 # done-callbacks run
+        assert ex.pool.lookup(5) is None and ex.host.info(5).pins == 0  # type: ignore[union-attr]
+        assert ex.loading(5) is None and ex.stats.failed == 1
+        ex.pool.check_integrity()
+        ex.host.check_integrity()
+
+    asyncio.run(scenario())

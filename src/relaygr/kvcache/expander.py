@@ -73,10 +73,20 @@ class ExpanderStats:
         return ExpanderStats(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Load:
-    target: PrefixId
-    task: asyncio.Future[ReloadOutcome]
+    """One reload in flight: the device entry being filled and the host entry it comes from."""
+
+    pending: PendingEntry
+    base: PrefixId
+    source: PrefixKV                  # view of the pinned host entry
+    extend: Extend | None
+    started: bool = False
+    task: asyncio.Future[ReloadOutcome] | None = None
+
+    @property
+    def target(self) -> PrefixId:
+        return self.pending.pid
 
 
 class Expander:
@@ -113,6 +123,7 @@ class Expander:
                 self._stats.busy += 1
                 return ReloadOutcome.BUSY
             self._stats.shared += 1
+            assert load.task is not None, "an in-flight load has a task"
             return await asyncio.shield(load.task)
         info = self.pool.lookup(user)
         if info is not None and info.pid == target:
@@ -130,25 +141,27 @@ class Expander:
             self.host.release(base)
             self._stats.refused += 1
             return ReloadOutcome.REFUSED
-        task = asyncio.ensure_future(self._load(pending, base, source, extend))
-        self._inflight[user] = _Load(target, task)
+        load = _Load(pending, base, source, extend)
+        task = load.task = asyncio.ensure_future(self._load(load))
+        task.add_done_callback(lambda _: self._finished(load))
+        self._inflight[user] = load
         return await asyncio.shield(task)
 
-    async def _load(self, pending: PendingEntry, base: PrefixId, source: PrefixKV,
-                    extend: Extend | None) -> ReloadOutcome:
-        target = pending.pid
+    async def _load(self, load: _Load) -> ReloadOutcome:
+        load.started = True
+        pending, base, target = load.pending, load.base, load.target
         host_pinned = True
         try:
             with self.transfer.side() as non_blocking:
-                self.pool.write(pending, source, 0, non_blocking=non_blocking)
+                self.pool.write(pending, load.source, 0, non_blocking=non_blocking)
             await self.transfer.finished()
             self._stats.reload_copies += 1
-            self._stats.reload_bytes += source.nbytes
+            self._stats.reload_bytes += load.source.nbytes
             self.host.release(base)
             host_pinned = False
-            if extend is not None and target.num_tokens > base.num_tokens:
+            if load.extend is not None and target.num_tokens > base.num_tokens:
                 past = self.pool.written_view(pending, base.num_tokens)
-                tail = await extend(past)
+                tail = await load.extend(past)
                 self.pool.write(pending, _new_tokens(tail, base, target), base.num_tokens)
             self.pool.commit(pending)
         except BaseException:
@@ -158,8 +171,20 @@ class Expander:
             self.pool.abort(pending)
             raise
         finally:
-            self._inflight.pop(target.user_id, None)
+            self._forget(load)
         return ReloadOutcome.LOADED
+
+    def _forget(self, load: _Load) -> None:
+        if self._inflight.get(load.target.user_id) is load:
+            del self._inflight[load.target.user_id]
+
+    def _finished(self, load: _Load) -> None:
+        """Done-callback: also covers a load cancelled before it ever ran."""
+        self._forget(load)
+        if not load.started:
+            self._stats.failed += 1
+            self.host.release(load.base)
+            self.pool.abort(load.pending)
 
     # ---- demotion --------------------------------------------------------------------------
 
