@@ -12,13 +12,14 @@ from relaygr.kvcache import (
     DeviceKVPool,
     EntryState,
     Expander,
+    ExtendedPrefix,
     HostKVTier,
     KVLayout,
     PrefixId,
     ReloadOutcome,
 )
 from relaygr.kvcache.allocator import PageRun
-from relaygr.model import PrefixKV
+from relaygr.model import PrefixKV, RankRequest
 from tests.kvcache.helpers import (
     FakeClock,
     assert_kv_equal,
@@ -307,6 +308,42 @@ def test_a_load_cancelled_before_it_ran_leaves_nothing_behind() -> None:
         assert ex.pool.lookup(5) is None and ex.host.info(5).pins == 0  # type: ignore[union-attr]
         assert ex.loading(5) is None and ex.stats.failed == 1
         ex.pool.check_integrity()
+        ex.host.check_integrity()
+
+    asyncio.run(scenario())
+
+
+def test_release_can_demote_the_prefix_extended_by_the_ranked_suffix() -> None:
+    async def scenario() -> None:
+        model = make_model(25)
+        items, ts = random_history(torch.Generator().manual_seed(25), 120, 500, True)
+        ex = model_tiers(model)
+        pid, longer = PrefixId(5, 100, 1), PrefixId(5, 120, 2)
+        kv = model.prefill(items[:100], ts[:100])
+        pending = ex.pool.begin(pid, timed=True)
+        assert pending is not None
+        ex.pool.write(pending, kv)
+        ex.pool.commit(pending)
+        view = ex.pool.acquire(pid)
+        assert view is not None
+        out = model.rank_batch_outputs([RankRequest(
+            torch.arange(1, 20), prefix=view, suffix_items=items[100:],
+            suffix_timestamps=ts[100:])])[0]
+        assert out.computed is not None and out.computed.num_tokens == 20
+        with pytest.raises(InvalidInputError, match="extended by 20"):
+            await ex.release(pid, extended=ExtendedPrefix(PrefixId(5, 121, 2), out.computed))
+        assert ex.pool.lookup(5).pins == 1 and ex.host.stats.entries == 0  # type: ignore[union-attr]
+        assert await ex.release(pid, extended=ExtendedPrefix(longer, out.computed)) is True
+        assert ex.pool.lookup(5).pins == 0  # type: ignore[union-attr]
+        hit = ex.host.lookup(5)
+        assert hit is not None and hit.pid == longer
+        full = model.prefill(items, ts)
+        assert torch.equal(hit.kv.k[:, :, :100], kv.k)
+        assert_close(hit.kv.k, full.k)
+        assert_close(hit.kv.v, full.v)
+        assert_close(hit.kv.last_hidden, full.last_hidden)
+        assert hit.kv.timestamps is not None and torch.equal(hit.kv.timestamps, ts)
+        assert ex.stats.demotion_bytes == kv.nbytes + out.computed.nbytes
         ex.host.check_integrity()
 
     asyncio.run(scenario())

@@ -14,7 +14,8 @@ A ranking request that finds its prefix PENDING awaits ``pool.wait_settled(pid)`
 only until the matching ``release``.
 
 The arena is allocated once at construction within ``budget_bytes``; nothing on these paths
-allocates device memory. All methods run on the event-loop thread (no locking).
+allocates device memory. Bookkeeping runs on the event-loop thread (no locks); ``write`` and
+``written_view`` may also run on the instance's compute thread (see the package docstring).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 ``Expander.release(pid)`` ends a ranking request's use of a device entry and demotes it: the
 entry is copied to the host tier (skipped if the host already holds that ``pid``) and then
-released on the device, where it stays IDLE until evicted (the tiers are inclusive).
+released on the device, where it stays IDLE until evicted (the tiers are inclusive). With
+``extended=ExtendedPrefix(longer_pid, suffix_kv)`` the host gets the entry followed by the
+suffix the ranking pass computed: the prefix of the user's next visit.
 
 ``Expander.reload(target, base, extend)`` brings a host entry back for a new request::
 
@@ -71,6 +73,15 @@ class ExpanderStats:
 
     def snapshot(self) -> ExpanderStats:
         return ExpanderStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class ExtendedPrefix:
+    """A longer prefix to demote instead of the device entry: its id, and the K/V of the tokens
+    after the entry's (any device)."""
+
+    pid: PrefixId
+    tail: PrefixKV
 
 
 @dataclass(eq=False)
@@ -188,38 +199,62 @@ class Expander:
 
     # ---- demotion --------------------------------------------------------------------------
 
-    async def release(self, pid: PrefixId) -> bool:
+    async def release(self, pid: PrefixId, *, extended: ExtendedPrefix | None = None) -> bool:
         """Demote the device entry ``pid`` (held by the caller) to the host, then release it on
-        the device. Returns whether the host now holds ``pid``. The device release happens
+        the device. Returns whether the host now holds what was demoted.
+
+        With ``extended``, the host stores ``pid``'s tokens followed by ``extended.tail`` (the
+        suffix the ranking pass computed, ``RankOutput.computed``) as ``extended.pid``: the
+        next visit's longer prefix, written straight into the host arena (no concatenation).
+        Arguments are checked before anything changes; after that the device release happens
         whatever the demotion's outcome."""
         kv = self.pool.view_in_use(pid)
+        parts = [kv] if extended is None else [kv, _check_extended(self.host, pid, kv, extended)]
+        stored = pid if extended is None else extended.pid
         try:
-            return await self._demote(pid, kv)
+            return await self._demote(stored, parts)
         finally:
             self.pool.release(pid)
 
-    async def _demote(self, pid: PrefixId, kv: PrefixKV) -> bool:
+    async def _demote(self, pid: PrefixId, parts: list[PrefixKV]) -> bool:
         held = self.host.info(pid.user_id)
         if held is not None and held.pid == pid:
             if held.state is not EntryState.PENDING:
                 self.host.refresh(pid)
             self._stats.demotion_skips += 1
             return True
-        pending = self.host.begin(pid, timed=kv.has_timestamps)
+        pending = self.host.begin(pid, timed=parts[0].has_timestamps)
         if pending is None:
             self._stats.demotion_refusals += 1
             return False
         try:
             with self.transfer.side() as non_blocking:
-                self.host.write(pending, kv, non_blocking=non_blocking)
-            await self.transfer.finished()
+                start = 0
+                for part in parts:
+                    self.host.write(pending, part, start, non_blocking=non_blocking)
+                    start += part.num_tokens
+            await self.transfer.finished()     # holds ``parts``: no tensor freed under the copy
         except BaseException:
             self.host.abort(pending)
             raise
         self.host.commit(pending)
         self._stats.demotion_copies += 1
-        self._stats.demotion_bytes += kv.nbytes
+        self._stats.demotion_bytes += sum(p.nbytes for p in parts)
         return True
+
+
+def _check_extended(host: HostKVTier, pid: PrefixId, kv: PrefixKV,
+                    extended: ExtendedPrefix) -> PrefixKV:
+    if not isinstance(extended, ExtendedPrefix):
+        raise InvalidInputError(f"expected an ExtendedPrefix, got {type(extended).__name__}")
+    tail, longer = extended.tail, extended.pid
+    host.layout.check(tail)
+    if longer.user_id != pid.user_id or longer.num_tokens != pid.num_tokens + tail.num_tokens:
+        raise InvalidInputError(
+            f"{longer} is not {pid} extended by {tail.num_tokens} tokens of the same user")
+    if tail.has_timestamps != kv.has_timestamps:
+        raise InvalidInputError("the tail's timestamps do not match the cached prefix's")
+    return tail
 
 
 def _check_reload_args(target: PrefixId, base: PrefixId, extend: Extend | None) -> None:
