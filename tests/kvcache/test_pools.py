@@ -7,7 +7,7 @@ import torch
 
 from relaygr.errors import ConfigError, IncompatiblePrefixError, InvalidInputError
 from relaygr.kvcache import KVLayout, PrefixId
-from relaygr.kvcache.pools import KVArena, slice_tokens
+from relaygr.kvcache.pools import KVArena, copy_blocks, slice_tokens
 from relaygr.model import HSTUConfig, PrefixKV
 from tests.kvcache.helpers import LAYOUT, PAGE_BYTES, assert_kv_equal, make_kv
 
@@ -73,3 +73,15 @@ def test_layout_check_and_timestamp_mismatch() -> None:
     with pytest.raises(InvalidInputError, match="timestamps"):
         arena.write(0, make_kv(PrefixId(1, 4, 0), timed=False), 0, timed=True)
     assert torch.equal(arena.k, before)
+
+
+def test_block_copies_equal_one_strided_copy() -> None:
+    """The per-(layer, head) path that cross-device copies take gives the same bytes."""
+    src = torch.randn(2, 3, 5, 4)
+    expected = torch.zeros(2, 3, 20, 4)
+    expected[:, :, 7:12] = src
+    for per_block in (True, False, None):
+        arena = torch.zeros(2, 3, 20, 4)
+        copy_blocks(arena[:, :, 7:12], src, per_block=per_block)
+        assert torch.equal(arena, expected)
+    assert arena[1, 2, 7:12].is_contiguous()                  # each block: one DMA on CUDA

@@ -159,8 +159,8 @@ class KVArena:
                 f"the entry is {'timed' if timed else 'untimed'} but the prefix "
                 f"{'has' if kv.has_timestamps else 'lacks'} timestamps")
         with torch.no_grad():
-            self.k[:, :, first:end].copy_(kv.k, non_blocking=non_blocking)
-            self.v[:, :, first:end].copy_(kv.v, non_blocking=non_blocking)
+            copy_blocks(self.k[:, :, first:end], kv.k, non_blocking)
+            copy_blocks(self.v[:, :, first:end], kv.v, non_blocking)
             if kv.timestamps is not None:
                 self.timestamps[first:end].copy_(kv.timestamps, non_blocking=non_blocking)
             self.last_hidden[start_page].copy_(kv.last_hidden, non_blocking=non_blocking)
@@ -171,6 +171,24 @@ class KVArena:
                 f"last_hidden has shape {tuple(hidden.shape)}, expected ({self.layout.dim},)")
         with torch.no_grad():
             self.last_hidden[start_page].copy_(hidden, non_blocking=non_blocking)
+
+
+def copy_blocks(dst: Tensor, src: Tensor, non_blocking: bool = False,
+                per_block: bool | None = None) -> None:
+    """``dst.copy_(src)`` for ``[L, H, N, dh]`` K or V.
+
+    Within a device, one strided copy. Across devices, one copy per ``(layer, head)`` block:
+    an arena slice is not contiguous as a whole, and a cross-device copy of a non-contiguous
+    tensor goes through freshly allocated contiguous temporaries (pageable on the host side, so
+    not asynchronous), whereas each ``[N, dh]`` block is contiguous on both sides and moves as
+    one direct DMA from or to page-locked memory. ``per_block`` overrides the choice (tests).
+    """
+    if not (dst.device != src.device if per_block is None else per_block):
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    for layer in range(dst.shape[0]):
+        for head in range(dst.shape[1]):
+            dst[layer, head].copy_(src[layer, head], non_blocking=non_blocking)
 
 
 def slice_tokens(kv: PrefixKV, start: int) -> PrefixKV:
