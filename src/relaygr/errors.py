@@ -49,3 +49,9 @@ class NoHealthyInstanceError(RelayGRError):
 
 class BenchProtocolError(RelayGRError):
     """A measured system broke the benchmark protocol (a malformed or inconsistent record)."""
+
+
+class CacheStateError(RelayGRError):
+    """A KV-cache operation does not fit the entry's state: an unknown or already settled
+    pending handle, a release without an acquire, a prefix that is already cached. Nothing was
+    changed."""
