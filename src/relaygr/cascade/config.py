@@ -1,0 +1,88 @@
+"""Configuration of a relay system: frozen, validated at construction, unknown keys rejected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from relaygr.cascade.modes import Mode
+from relaygr.errors import ConfigError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """One relay system: its mode, instances, cache budgets, cascade delays and trigger bounds."""
+
+    mode: str = "relay"
+    num_instances: int = 2
+    # Instance i runs on devices[i % len(devices)].
+    devices: tuple[str, ...] = ("cpu",)
+    # The ranking stage's P99 budget; the trigger's risk test is relative to it.
+    slo_ms: float = 100.0
+    # Per instance. Sized for a few hundred long prefixes of the default CPU model.
+    device_budget_bytes: int = 512 * MiB
+    host_budget_bytes: int = 2048 * MiB
+    page_tokens: int = 64
+    # Retrieval + pre-processing take ~tens of ms; a pre-inferred prefix unclaimed after 2 s is
+    # not going to be claimed.
+    lease_s: float = 2.0
+    # Revisits that the expander serves come within minutes.
+    host_ttl_s: float = 600.0
+    # Ranking requests merged per model call when several are queued (never waits for more).
+    batch_max_requests: int = 4
+    # Items retrieved before pre-processing filters the history out and keeps num_candidates.
+    retrieval_k: int = 1024
+    num_candidates: int = 256
+    # Time the earlier stages spend on their own fleets: the window pre-inference hides in.
+    retrieval_delay_ms: float = 30.0
+    preprocess_delay_ms: float = 20.0
+    # Events that form retrieval's user vector (mean of their item embeddings).
+    retrieval_history: int = 64
+    # Affinity router: spill to the next choice when the owner's queue is deeper than this.
+    spill_queue_depth: int = 8
+    # Trigger: at-risk threshold and bounds (see relaygr.relay.trigger.TriggerConfig).
+    risk_fraction: float = 0.5
+    max_pool_fraction: float = 0.9
+    max_preinfer_tokens_per_s: float = 200_000.0
+    burst_tokens: float = 32_768.0
+    # None: a miss recomputes the whole prefix (exact); N: rank with the last N events only.
+    truncate_to_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        Mode.parse(self.mode)
+        positive = ("num_instances", "page_tokens", "batch_max_requests", "retrieval_k",
+                    "num_candidates", "retrieval_history", "spill_queue_depth")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"SystemConfig.{name} must be a positive int, got {value!r}")
+        if not self.devices:
+            raise ConfigError("SystemConfig.devices must name at least one device")
+        for name in ("slo_ms", "lease_s", "host_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"SystemConfig.{name} must be > 0")
+        for name in ("retrieval_delay_ms", "preprocess_delay_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"SystemConfig.{name} must be >= 0")
+        if self.retrieval_k < self.num_candidates:
+            raise ConfigError("SystemConfig.retrieval_k must be >= num_candidates")
+
+    @property
+    def stage_delay_s(self) -> float:
+        return (self.retrieval_delay_ms + self.preprocess_delay_ms) / 1e3
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SystemConfig:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown SystemConfig keys: {unknown}")
+        values = dict(data)
+        if "devices" in values:
+            values["devices"] = tuple(values["devices"])
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> SystemConfig:
+        return SystemConfig.from_dict({**{f.name: getattr(self, f.name) for f in fields(self)},
+                                       **changes})

@@ -1,0 +1,211 @@
+"""A ranking instance: one device's model, KV pool, host tier and scheduler.
+
+The two legs of the relay arrive here (the router sends both of a request's legs to the same
+instance):
+
+* ``preinfer(spec, ...)`` (first leg, while retrieval and pre-processing run elsewhere): asks the
+  trigger whether this prefix is worth pre-inferring and, if so, starts a chunked pre-infer job
+  or a reload from the host tier. Returns at once; the work proceeds in the background.
+* ``rank(job)`` (second leg, the critical path): ranks against the resident prefix (waiting for
+  it if it is still being computed, reloading it if only the host has it) or, on a miss, with a
+  full pass (or the configured truncation). Every request gets an answer; the path is recorded.
+
+Failure model: ``fail()`` stops the instance and drops its caches (device memory is gone);
+queued and later work raises ``InstanceStoppedError`` so the cascade can answer elsewhere.
+``restart()`` brings it back empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from relaygr.engine.executor import ComputeExecutor
+from relaygr.engine.residency import Residency
+from relaygr.engine.scheduler import BatchPolicy, InstanceScheduler, InstanceStoppedError
+from relaygr.engine.types import (
+    PrefixSpec,
+    PreinferAction,
+    PreinferResult,
+    RankJob,
+    RankPath,
+    RankResult,
+)
+from relaygr.errors import ConfigError
+from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout
+from relaygr.model import HSTU, PrefixKV, RankOutput, RankRequest
+from relaygr.relay.trigger import PoolUsage, Trigger, TriggerReason, TriggerRequest
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """Resources and policies of one instance. Byte budgets of 0 turn a tier off."""
+
+    name: str
+    device: str = "cpu"
+    device_budget_bytes: int = 1 << 30
+    host_budget_bytes: int = 4 << 30
+    page_tokens: int = 64
+    # A pre-inferred prefix is reserved for its ranking request this long (the cascade's
+    # retrieval + pre-processing time, with margin); then it becomes evictable.
+    lease_s: float = 2.0
+    # How long a demoted prefix stays useful on the host (revisits within minutes).
+    host_ttl_s: float = 600.0
+    batch: BatchPolicy = field(default_factory=BatchPolicy)
+    # None: recompute the whole prefix on a miss (exact). N: keep only the last N prefix events
+    # (what production does today; scores then differ, and the path says "truncated").
+    truncate_to_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.device_budget_bytes < 0 or self.host_budget_bytes < 0:
+            raise ConfigError("byte budgets must be >= 0")
+        if self.truncate_to_tokens is not None and self.truncate_to_tokens <= 0:
+            raise ConfigError("truncate_to_tokens must be positive when given")
+
+
+class RankingInstance:
+    """See the module docstring. Not thread-safe: one event loop drives it."""
+
+    def __init__(self, config: InstanceConfig, model: HSTU, trigger: Trigger | None) -> None:
+        self.config = config
+        self.model = model
+        self.trigger = trigger
+        self.device = torch.device(config.device)
+        self.paths: Counter[str] = Counter()
+        self.preinfer_actions: Counter[str] = Counter()
+        self.healthy = False
+        self._build()
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.executor = ComputeExecutor(cfg.name, self.device)
+        self.copier = ComputeExecutor(f"{cfg.name}-copy", self.device)
+        self.scheduler = InstanceScheduler(self.executor, self.model.rank_batch_outputs, cfg.batch)
+        self.residency: Residency | None = None
+        if cfg.device_budget_bytes:
+            layout = KVLayout.for_model(self.model.cfg, self.model.dtype)
+            pool = DeviceKVPool(layout, cfg.device_budget_bytes, page_tokens=cfg.page_tokens,
+                                lease_s=cfg.lease_s, device=self.device)
+            host = None
+            if cfg.host_budget_bytes:
+                host = HostKVTier(layout, cfg.host_budget_bytes, cfg.host_ttl_s,
+                                  page_tokens=cfg.page_tokens,
+                                  pin_memory=self.device.type == "cuda")
+            self.residency = Residency(self.model, pool, host, self.scheduler, self.copier)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    async def start(self) -> None:
+        self.scheduler.start()
+        self.healthy = True
+
+    async def stop(self) -> None:
+        self.healthy = False
+        await self.scheduler.stop()
+        if self.residency is not None and self.residency.background:
+            await asyncio.gather(*self.residency.background, return_exceptions=True)
+        self.executor.shutdown()
+        self.copier.shutdown()
+
+    async def fail(self) -> None:
+        """Simulate losing the device: stop, and forget every cached prefix."""
+        await self.stop()
+        self.residency = None
+
+    async def restart(self) -> None:
+        """Come back with empty caches (a replacement device)."""
+        self._build()
+        await self.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.rank_queue_depth + self.scheduler.prefill_queue_depth
+
+    # ---- first leg: the pre-infer signal -----------------------------------------------------
+    def preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int) -> PreinferResult:
+        result = self._preinfer(spec, suffix_tokens, candidates)
+        self.preinfer_actions[result.action.value] += 1
+        return result
+
+    def _preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int) -> PreinferResult:
+        res = self.residency
+        if not self.healthy or res is None or self.trigger is None:
+            return PreinferResult(PreinferAction.SKIPPED, None, 0)
+        state = res.resident(spec.pid)
+        if state is not None:
+            action = PreinferAction.IN_FLIGHT if state is EntryState.PENDING \
+                else PreinferAction.ON_DEVICE
+            return PreinferResult(action, None, 0)
+        base = res.host_base(spec)
+        per_token = PrefixKV.bytes_per_token(self.model.cfg.num_layers, self.model.cfg.dim,
+                                             self.model.dtype, spec.timestamps is not None)
+        decision = self.trigger.decide(
+            TriggerRequest(spec.pid.user_id, spec.num_tokens, suffix_tokens, candidates,
+                           spec.num_tokens * per_token, host_has_prefix=base is not None),
+            PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes))
+        if decision.reason is TriggerReason.HOST_HIT and base is not None:
+            res.start_reload(spec, base)
+            return PreinferResult(PreinferAction.RELOAD, decision.reason,
+                                  spec.num_tokens - base.num_tokens)
+        if not decision.admit:
+            return PreinferResult(PreinferAction.SKIPPED, decision.reason, 0)
+        if not res.start_prefill(spec):
+            return PreinferResult(PreinferAction.REFUSED, decision.reason, 0)
+        return PreinferResult(PreinferAction.PREFILL, decision.reason, spec.num_tokens)
+
+    # ---- second leg: ranking -----------------------------------------------------------------
+    async def rank(self, job: RankJob) -> RankResult:
+        """Scores for ``job`` (raises ``InstanceStoppedError`` if this instance is down)."""
+        if not self.healthy:
+            raise InstanceStoppedError(f"{self.name} is down")
+        res = self.residency
+        kv, path = (None, RankPath.FULL) if res is None else await res.find(job.prefix)
+        if kv is not None:
+            request = RankRequest(job.candidates, prefix=kv, suffix_items=job.suffix_items,
+                                  suffix_timestamps=job.suffix_timestamps,
+                                  query_timestamp=job.query_ts)
+            cost = int(job.candidates.numel()) + job.suffix_tokens
+        else:
+            request, path = self._uncached_request(job)
+            cost = int(job.candidates.numel()) + job.suffix_tokens + job.prefix.num_tokens
+        try:
+            out: RankOutput = await self.scheduler.submit_rank(request, cost)
+        except BaseException:
+            if kv is not None and res is not None and self.residency is res:
+                res.pool.release(job.prefix.pid)
+            raise
+        self.paths[path.value] += 1
+        if res is not None and self.residency is res:
+            self._after_rank(res, job, kv is not None, path, out)
+        return RankResult(out.scores, path, self.name)
+
+    def _uncached_request(self, job: RankJob) -> tuple[RankRequest, RankPath]:
+        items, ts = job.prefix.items, job.prefix.timestamps
+        limit = self.config.truncate_to_tokens
+        path = RankPath.FULL
+        if limit is not None and items.numel() > limit:
+            items, ts = items[-limit:], None if ts is None else ts[-limit:]
+            path = RankPath.TRUNCATED
+        request = RankRequest(job.candidates, prefix_items=items, prefix_timestamps=ts,
+                              suffix_items=job.suffix_items,
+                              suffix_timestamps=job.suffix_timestamps,
+                              query_timestamp=job.query_ts)
+        return request, path
+
+    def _after_rank(self, res: Residency, job: RankJob, cached: bool, path: RankPath,
+                    out: RankOutput) -> None:
+        """Background work off the critical path: demote and release, or fill the cache."""
+        if cached:
+            work = res.finish_cached(job.prefix.pid, job.grown, out.computed)
+        elif path is RankPath.FULL and out.computed is not None:
+            key = job.grown if job.grown is not None else job.prefix.pid
+            work = res.fill(key, out.computed)
+        else:
+            return
+        res.spawn(work)

@@ -1,0 +1,225 @@
+"""Where a user's prefix K/V lives on one instance, and moving it there.
+
+``Residency`` wraps the instance's device pool, its host tier and their expander, and speaks in
+requests rather than cache operations:
+
+* ``find(spec)``: for a ranking request, a pinned device view of exactly this prefix, waiting
+  on a pre-infer in flight or reloading (and extending) a shorter host copy; None on a miss.
+* ``start_prefill(spec)``: reserve the entry and queue a chunked pre-infer job on the scheduler.
+* ``start_reload(spec, base)``: bring a host copy back (extended with the newer events).
+* ``finish(...)``: after ranking, release the entry and demote prefix + ranked suffix to host;
+  after a full pass, keep what it computed (cache fill at ranking time).
+
+Every cache operation runs on the event loop; tensor copies into a PENDING entry run on the
+instance's workers (the cache's threading contract allows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+
+from relaygr.engine.executor import ComputeExecutor
+from relaygr.engine.scheduler import InstanceScheduler, PrefillWork
+from relaygr.engine.types import PrefixSpec, RankPath
+from relaygr.kvcache import (
+    DeviceKVPool,
+    EntryState,
+    Expander,
+    ExtendedPrefix,
+    HostKVTier,
+    PendingEntry,
+    PrefixId,
+    ReloadOutcome,
+)
+from relaygr.model import HSTU, PrefillRequest, PrefixKV
+
+
+@dataclass
+class ResidencyCounters:
+    prefills_started: int = 0
+    prefills_failed: int = 0
+    reloads_started: int = 0
+    admission_refused: int = 0
+    fills: int = 0
+    fill_refused: int = 0
+    waits: int = 0
+    paths: dict[str, int] = field(default_factory=dict)
+
+
+class Residency:
+    """Device pool + optional host tier of one instance (see the module docstring)."""
+
+    def __init__(self, model: HSTU, pool: DeviceKVPool, host: HostKVTier | None,
+                 scheduler: InstanceScheduler, copier: ComputeExecutor) -> None:
+        self.model = model
+        self.pool = pool
+        self.host = host
+        self.expander = Expander(pool, host) if host is not None else None
+        self.scheduler = scheduler
+        self.copier = copier
+        self.counters = ResidencyCounters()
+        self._inflight: dict[int, PrefillWork] = {}   # user -> pre-infer/extension job
+        self._from_host: dict[int, PrefixId] = {}     # user -> device entry reloaded from host
+        self.background: set[asyncio.Future[object]] = set()
+
+    def spawn(self, work: Coroutine[object, object, object]) -> None:
+        """Run ``work`` in the background, keeping a reference until it ends."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # ---- lookups -----------------------------------------------------------------------------
+    def resident(self, pid: PrefixId) -> EntryState | None:
+        """State of exactly ``pid`` on the device, or of its reload in flight (PENDING)."""
+        info = self.pool.lookup(pid.user_id)
+        if info is not None and info.pid == pid:
+            return info.state
+        if self.expander is not None and self.expander.loading(pid.user_id) == pid:
+            return EntryState.PENDING
+        return None
+
+    def host_base(self, spec: PrefixSpec) -> PrefixId | None:
+        """A host copy that is a prefix of ``spec`` (same events), if the host holds one."""
+        if self.host is None:
+            return None
+        hit = self.host.lookup(spec.pid.user_id)
+        if hit is None or hit.pid.num_tokens > spec.num_tokens:
+            return None
+        return hit.pid if spec.version_at(hit.pid.num_tokens) == hit.pid.version else None
+
+    # ---- producing entries -------------------------------------------------------------------
+    def start_prefill(self, spec: PrefixSpec) -> bool:
+        """Reserve ``spec``'s entry and queue its pre-infer; False if the pool refused."""
+        pending = self.pool.begin(spec.pid, timed=spec.timestamps is not None)
+        if pending is None:
+            self.counters.admission_refused += 1
+            return False
+        job = self.model.prefill_job([PrefillRequest(spec.items, spec.timestamps)])
+        track = job.tracks[0]
+        work = self.scheduler.submit_prefill(
+            job.step, lambda: job.done, lambda: self.pool.write(pending, track.tail()))
+        self._inflight[spec.pid.user_id] = work
+        self.counters.prefills_started += 1
+        self.spawn(self._settle(spec.pid.user_id, work, pending))
+        return True
+
+    async def _settle(self, user: int, work: PrefillWork, pending: PendingEntry) -> None:
+        try:
+            await work.future
+        except BaseException:
+            self.counters.prefills_failed += 1
+            self.pool.abort(pending)
+            return
+        finally:
+            if self._inflight.get(user) is work:
+                del self._inflight[user]
+        self.pool.commit(pending)
+
+    def start_reload(self, spec: PrefixSpec, base: PrefixId) -> None:
+        """Reload ``base`` from the host into the device as ``spec`` (in the background)."""
+        self.counters.reloads_started += 1
+        self.spawn(self._reload(spec, base))
+
+    async def _reload(self, spec: PrefixSpec, base: PrefixId) -> ReloadOutcome:
+        assert self.expander is not None
+        extend = None
+        if base.num_tokens < spec.num_tokens:
+            async def extend(past: PrefixKV) -> PrefixKV:
+                return await self._extension(spec, base.num_tokens, past)
+        outcome = await self.expander.reload(spec.pid, base, extend)
+        if outcome is ReloadOutcome.LOADED:
+            self._from_host[spec.pid.user_id] = spec.pid
+        return outcome
+
+    async def _extension(self, spec: PrefixSpec, start: int, past: PrefixKV) -> PrefixKV:
+        ts = None if spec.timestamps is None else spec.timestamps[start:]
+        job = self.model.prefill_job([PrefillRequest(spec.items[start:], ts, past)])
+        track = job.tracks[0]
+        work = self.scheduler.submit_prefill(job.step, lambda: job.done, track.tail)
+        self._inflight[spec.pid.user_id] = work
+        try:
+            tail: PrefixKV = await work.future
+            return tail
+        finally:
+            if self._inflight.get(spec.pid.user_id) is work:
+                del self._inflight[spec.pid.user_id]
+
+    # ---- consuming entries -------------------------------------------------------------------
+    async def find(self, spec: PrefixSpec) -> tuple[PrefixKV | None, RankPath]:
+        """A pinned view of ``spec``'s prefix and how it was found, or (None, FULL)."""
+        pid = spec.pid
+        kv = self.pool.acquire(pid)
+        if kv is not None:
+            return kv, self._path(pid, RankPath.DEVICE_HIT)
+        if self.resident(pid) is EntryState.PENDING:
+            return await self._wait(pid)
+        base = self.host_base(spec)
+        if base is not None:
+            outcome = await self._reload(spec, base)
+            if outcome is ReloadOutcome.PENDING:
+                return await self._wait(pid)
+            kv = self.pool.acquire(pid)
+            if kv is not None:
+                return kv, RankPath.HOST_HIT
+        return None, RankPath.FULL
+
+    async def _wait(self, pid: PrefixId) -> tuple[PrefixKV | None, RankPath]:
+        self.counters.waits += 1
+        work = self._inflight.get(pid.user_id)
+        if work is not None:
+            work.waiters += 1            # its prefix is on the critical path now
+        loading = self.expander is not None and self.expander.loading(pid.user_id) == pid
+        if loading:
+            assert self.expander is not None
+            await self.expander.reload(pid, pid)   # joins the load in flight
+        elif not await self.pool.wait_settled(pid):
+            return None, RankPath.FULL
+        kv = self.pool.acquire(pid)
+        return (kv, self._path(pid, RankPath.PENDING_WAIT)) if kv is not None \
+            else (None, RankPath.FULL)
+
+    def _path(self, pid: PrefixId, otherwise: RankPath) -> RankPath:
+        return RankPath.HOST_HIT if self._from_host.get(pid.user_id) == pid else otherwise
+
+    async def finish_cached(self, pid: PrefixId, grown: PrefixId | None,
+                            computed: PrefixKV | None) -> None:
+        """After ranking from the cache: demote (prefix + suffix when given), release."""
+        if self._from_host.get(pid.user_id) == pid:
+            del self._from_host[pid.user_id]
+        if self.expander is None:
+            self.pool.release(pid)
+            return
+        extended = ExtendedPrefix(grown, computed) if grown is not None and computed else None
+        await self.expander.release(pid, extended=extended)
+
+    async def fill(self, pid: PrefixId, kv: PrefixKV) -> None:
+        """Keep the K/V a full pass computed as ``pid``: IDLE on the device (no one waits for
+        it), and on the host. Copies run on the copier thread, bookkeeping on the loop."""
+        if self.resident(pid) is None:
+            pending = self.pool.begin(pid, timed=kv.has_timestamps)
+            if pending is None:
+                self.counters.fill_refused += 1
+            else:
+                await self._copy(self.pool, pending, kv)
+                self.pool.commit(pending, lease=False)
+                self.counters.fills += 1
+        if self.host is None:
+            return
+        held = self.host.info(pid.user_id)
+        if held is not None and held.pid == pid:
+            self.host.refresh(pid)
+            return
+        host_pending = self.host.begin(pid, timed=kv.has_timestamps)
+        if host_pending is not None:
+            await self._copy(self.host, host_pending, kv)
+            self.host.commit(host_pending)
+
+    async def _copy(self, tier: DeviceKVPool | HostKVTier, pending: PendingEntry,
+                    kv: PrefixKV) -> None:
+        try:
+            await self.copier.run(lambda: tier.write(pending, kv))
+        except BaseException:
+            tier.abort(pending)
+            raise

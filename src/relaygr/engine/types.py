@@ -1,0 +1,86 @@
+"""Typed messages between the cascade and a ranking instance."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from relaygr.kvcache import PrefixId
+from relaygr.relay.trigger import TriggerReason
+
+
+class RankPath(str, enum.Enum):
+    """Which path a ranking request took (the names the benchmark reports)."""
+
+    DEVICE_HIT = "device_hit"      # the prefix was READY/IDLE in the device pool
+    PENDING_WAIT = "pending_wait"  # it was being pre-inferred: ranking waited for it
+    HOST_HIT = "host_hit"          # it was reloaded from the host tier (and extended)
+    FULL = "full"                  # no usable cache: the prefix was recomputed in the pass
+    TRUNCATED = "truncated"        # no usable cache: the prefix was cut (configured fallback)
+
+
+@dataclass(frozen=True)
+class PrefixSpec:
+    """A request's long-term prefix: its cache identity and its events.
+
+    ``version_at(n)`` is the version of the user's first ``n`` events (from the history store);
+    the instance uses it to check that a cached shorter prefix is really a prefix of this one.
+    """
+
+    pid: PrefixId
+    items: Tensor                   # [n] int64
+    timestamps: Tensor | None       # [n] int64 seconds, None for an untimed user
+    version_at: Callable[[int], int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.pid.num_tokens
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """One ranking request: candidates against prefix + suffix (the visit's recent events).
+
+    ``grown`` names the prefix this visit leaves behind (prefix + suffix, once the cascade
+    appends the suffix to the store): the key under which the ranked K/V is kept for the next
+    visit. None when there is no suffix.
+    """
+
+    prefix: PrefixSpec
+    candidates: Tensor              # [C] int64
+    suffix_items: Tensor | None = None
+    suffix_timestamps: Tensor | None = None
+    query_ts: int | None = None
+    grown: PrefixId | None = None
+
+    @property
+    def suffix_tokens(self) -> int:
+        return 0 if self.suffix_items is None else int(self.suffix_items.numel())
+
+
+@dataclass(frozen=True)
+class RankResult:
+    scores: Tensor                  # [C], aligned with RankJob.candidates
+    path: RankPath
+    instance: str
+
+
+class PreinferAction(str, enum.Enum):
+    """What the pre-infer signal did on the instance."""
+
+    ON_DEVICE = "on_device"        # the prefix is already resident: nothing to do
+    IN_FLIGHT = "in_flight"        # it is already being computed or loaded
+    PREFILL = "prefill"            # a pre-infer job started
+    RELOAD = "reload"              # a reload (and extension) from the host tier started
+    REFUSED = "refused"            # admitted, but the device pool could not take it
+    SKIPPED = "skipped"            # the trigger said no (see the reason)
+
+
+@dataclass(frozen=True)
+class PreinferResult:
+    action: PreinferAction
+    reason: TriggerReason | None
+    tokens: int                    # prefix tokens this signal will compute (0 for a reload copy)
