@@ -56,8 +56,9 @@ class Recommendation:
     candidates: Tensor
     scores: Tensor
     path: RankPath
-    instance: str
+    instance: str                  # the instance that ranked
     preinfer: PreinferResult | None
+    preinfer_instance: str | None  # the instance that got the pre-infer signal
     prefix_tokens: int
     suffix_tokens: int
     ranking_due_s: float       # time.perf_counter() when ranking was due
@@ -162,6 +163,7 @@ class RelaySystem:
         self.counters.requests += 1
         self.counters.paths[result.path.value] += 1
         return Recommendation(candidates, result.scores, result.path, result.instance, preinfer,
+                              first.instance_id if preinfer is not None else None,
                               spec.num_tokens, job.suffix_tokens, due, done)
 
     async def _rank(self, first: RouteDecision, job: RankJob) -> RankResult:

@@ -1,0 +1,138 @@
+"""The whole cascade in every mode: same candidates, the baseline's scores, answers under faults."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.modes import Mode
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.system import Recommendation, RelaySystem, Visit
+from relaygr.engine.types import RankPath
+from relaygr.errors import ConfigError
+from tests.engine.helpers import flops_cost_model
+from tests.model.helpers import make_model
+
+NUM_ITEMS = 500
+
+
+def histories(seed: int = 0, users: int = 12) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for user in range(users):
+        n = int(rng.integers(60, 500))
+        ts = 1_600_000_000 + np.cumsum(rng.integers(1, 10_000, n))
+        out[user] = (rng.integers(1, NUM_ITEMS + 1, n), ts)
+    return out
+
+
+def visits(seed: int = 1, count: int = 30) -> list[Visit]:
+    rng = np.random.default_rng(seed)
+    out, clock = [], 1_700_000_000
+    for _ in range(count):
+        clock += int(rng.integers(1, 100))
+        recent = tuple(int(x) for x in rng.integers(1, NUM_ITEMS + 1, 3))
+        out.append(Visit(int(rng.integers(0, 12)), recent, (clock - 2, clock - 1, clock), clock,
+                         24))
+    return out
+
+
+def config(mode: str, **changes: object) -> SystemConfig:
+    # A tiny SLO puts every prefix at risk, so the relay modes pre-infer.
+    base = SystemConfig(mode=mode, slo_ms=0.01, num_instances=2, retrieval_k=64,
+                        num_candidates=24, retrieval_delay_ms=1, preprocess_delay_ms=1,
+                        device_budget_bytes=8 << 20, host_budget_bytes=32 << 20, page_tokens=16)
+    return base.with_(**changes)
+
+
+def serve(mode: str, visit_list: list[Visit], **changes: object
+          ) -> tuple[list[Recommendation], RelaySystem]:
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config(mode, **changes), model, store, flops_cost_model(model.cfg))
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            out = [await system.recommend(v) for v in visit_list]
+            await system.wait_idle()
+            return out
+        finally:
+            await system.stop()
+
+    return asyncio.run(main()), system
+
+
+def test_every_mode_ranks_like_the_baseline() -> None:
+    plan = visits()
+    baseline, _ = serve("baseline", plan)
+    assert {r.path for r in baseline} == {RankPath.FULL}
+    for mode in Mode:
+        out, system = serve(mode.value, plan)
+        for got, want in zip(out, baseline, strict=True):
+            assert torch.equal(got.candidates, want.candidates)
+            torch.testing.assert_close(got.scores, want.scores, atol=1e-4, rtol=1e-4)
+        if mode is not Mode.BASELINE:
+            cached = sum(1 for r in out if r.path is not RankPath.FULL)
+            assert cached > 0, f"{mode.value} never used its cache"
+        for inst in system.instances:
+            if inst.residency is not None:
+                inst.residency.pool.check_integrity()
+                if inst.residency.host is not None:
+                    inst.residency.host.check_integrity()
+
+
+def test_affinity_sends_both_legs_to_the_same_instance() -> None:
+    out, system = serve("relay", visits(seed=3))
+    for rec in out:
+        assert rec.preinfer_instance == rec.instance
+    ranked_by = {inst.name: sum(inst.paths.values()) for inst in system.instances}
+    assert all(count > 0 for count in ranked_by.values())      # users spread over both
+
+
+def test_round_robin_ablation_splits_the_legs() -> None:
+    out, _ = serve("relay-no-affinity", visits(seed=3))
+    assert any(rec.preinfer_instance != rec.instance for rec in out)
+
+
+def test_failed_instance_mid_run_loses_no_request() -> None:
+    plan = visits(seed=4, count=24)
+    baseline, _ = serve("baseline", plan)
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config("relay"), model, store, flops_cost_model(model.cfg))
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            out = []
+            for i, v in enumerate(plan):
+                if i == 8:
+                    await system.fail_instance("rank-1")
+                if i == 16:
+                    await system.restart_instance("rank-1")
+                out.append(await system.recommend(v))
+            return out
+        finally:
+            await system.stop()
+
+    out = asyncio.run(main())
+    for got, want in zip(out, baseline, strict=True):
+        torch.testing.assert_close(got.scores, want.scores, atol=1e-4, rtol=1e-4)
+    assert all(r.instance == "rank-0" for r in out[8:16])        # its users moved
+    assert system.counters.requests == len(plan)
+
+
+def test_visit_appends_its_events_and_bad_config_is_rejected() -> None:
+    plan = visits(count=1)
+    _, system = serve("relay", plan)
+    history = system.store.get(plan[0].user_id)
+    assert tuple(int(x) for x in history.items[-3:]) == plan[0].recent_items
+    with pytest.raises(ConfigError):
+        SystemConfig(mode="relay-turbo")
+    with pytest.raises(ConfigError):
+        SystemConfig.from_dict({"instances": 2})

@@ -1,0 +1,235 @@
+"""One ranking instance through the relay lifecycle, with exact paths, states and scores."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+import torch
+
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.engine.instance import InstanceConfig, RankingInstance
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.types import PreinferAction, PrefixSpec, RankJob, RankPath
+from relaygr.kvcache import EntryState, PrefixId
+from relaygr.model import HSTU
+from relaygr.relay.trigger import TriggerConfig, TriggerReason, make_trigger
+from tests.engine.helpers import flops_cost_model, spec_from_store
+from tests.model.helpers import assert_close, make_model
+
+MiB = 1 << 20
+CANDIDATES = torch.arange(1, 41)
+
+
+def make_instance(model: HSTU, *, slo_ms: float = 1e-3, host: bool = True,
+                  trigger: str | None = "sequence-aware") -> RankingInstance:
+    """An instance whose trigger finds every prefix at risk (tiny SLO) unless told otherwise."""
+    cost = flops_cost_model(model.cfg)
+    trig = None if trigger is None else make_trigger(trigger, cost, TriggerConfig(slo_ms=slo_ms))
+    return RankingInstance(InstanceConfig("rank-0", device_budget_bytes=4 * MiB,
+                                          host_budget_bytes=16 * MiB if host else 0,
+                                          page_tokens=16), model, trig)
+
+
+def store_with(users: dict[int, int], seed: int = 0) -> InMemoryHistoryStore:
+    gen = torch.Generator().manual_seed(seed)
+    return InMemoryHistoryStore.from_sequences(
+        {u: (torch.randint(1, 501, (n,), generator=gen).numpy(), None) for u, n in users.items()},
+        num_items=500)
+
+
+def full_scores(model: HSTU, spec: PrefixSpec, suffix: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    return model.rank(CANDIDATES, prefix_items=spec.items, suffix_items=suffix)
+
+
+def run(scenario: Callable[[RankingInstance], Awaitable[None]], instance: RankingInstance
+        ) -> None:
+    async def main() -> None:
+        await instance.start()
+        try:
+            await scenario(instance)
+        finally:
+            await instance.stop()
+
+    asyncio.run(main())
+
+
+async def idle(instance: RankingInstance) -> None:
+    """Let background work (pre-infer rounds, demotions) finish."""
+    while instance.queue_depth or (instance.residency and instance.residency.background):
+        if instance.residency and instance.residency.background:
+            await asyncio.gather(*instance.residency.background)
+        await asyncio.sleep(0.001)
+
+
+def test_preinfer_then_rank_is_a_device_hit_with_exact_scores() -> None:
+    model = make_model(0)
+    store = store_with({1: 300})
+    spec = spec_from_store(store, 1)
+
+    async def scenario(inst: RankingInstance) -> None:
+        result = inst.preinfer(spec, 0, len(CANDIDATES))
+        assert (result.action, result.reason, result.tokens) == (
+            PreinferAction.PREFILL, TriggerReason.ADMITTED, 300)
+        assert inst.residency is not None
+        assert inst.residency.resident(spec.pid) is EntryState.PENDING
+        await idle(inst)
+        assert inst.residency.resident(spec.pid) is EntryState.READY
+        assert inst.preinfer(spec, 0, 40).action is PreinferAction.ON_DEVICE
+        ranked = await inst.rank(RankJob(spec, CANDIDATES))
+        assert ranked.path is RankPath.DEVICE_HIT
+        assert_close(ranked.scores, full_scores(model, spec))
+        await idle(inst)
+        assert inst.residency.resident(spec.pid) is EntryState.IDLE     # lease consumed
+        assert inst.residency.host is not None
+        hit = inst.residency.host.lookup(1)
+        assert hit is not None and hit.pid == spec.pid                  # demoted to host
+        inst.residency.pool.check_integrity()
+        inst.residency.host.check_integrity()
+
+    run(scenario, make_instance(model))
+
+
+def test_ranking_that_arrives_during_preinfer_waits_for_it() -> None:
+    model = make_model(1, query_block=32)
+    store = store_with({5: 400})
+    spec = spec_from_store(store, 5)
+
+    async def scenario(inst: RankingInstance) -> None:
+        assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
+        ranked = await inst.rank(RankJob(spec, CANDIDATES))     # prefill still has rounds left
+        assert ranked.path is RankPath.PENDING_WAIT
+        assert_close(ranked.scores, full_scores(model, spec))
+        assert inst.residency is not None and inst.residency.counters.waits == 1
+        assert inst.scheduler.stats.prefill_jobs_done == 1       # it was not recomputed
+        assert inst.paths == {"pending_wait": 1}
+
+    run(scenario, make_instance(model))
+
+
+def test_next_visit_reloads_prefix_plus_ranked_suffix_from_host() -> None:
+    """The suffix K/V a ranking computed is demoted with the prefix: the returning user's new
+    prefix (old prefix + last visit's events) is an exact host hit, with nothing to compute."""
+    model = make_model(2)
+    store = store_with({3: 200})
+    spec = spec_from_store(store, 3)
+    suffix = torch.tensor([7, 8, 9])
+
+    async def scenario(inst: RankingInstance) -> None:
+        grown = PrefixId(3, 203, store.version_after(3, 200, suffix.numpy()))
+        inst.preinfer(spec, 3, 40)
+        first = await inst.rank(RankJob(spec, CANDIDATES, suffix, grown=grown))
+        assert first.path is RankPath.DEVICE_HIT or first.path is RankPath.PENDING_WAIT
+        await idle(inst)
+        store.append(3, suffix.numpy())
+        spec2 = spec_from_store(store, 3)
+        assert spec2.pid == grown
+        rounds_before = inst.scheduler.stats.prefill_rounds
+        pre = inst.preinfer(spec2, 0, 40)
+        assert (pre.action, pre.reason, pre.tokens) == (
+            PreinferAction.RELOAD, TriggerReason.HOST_HIT, 0)
+        second = await inst.rank(RankJob(spec2, CANDIDATES))
+        assert second.path is RankPath.HOST_HIT
+        assert inst.scheduler.stats.prefill_rounds == rounds_before   # a copy, no compute
+        assert_close(second.scores, full_scores(model, spec2))
+
+    run(scenario, make_instance(model))
+
+
+def test_host_copy_is_extended_with_only_the_new_events() -> None:
+    model = make_model(3)
+    store = store_with({4: 150})
+    spec = spec_from_store(store, 4)
+
+    async def scenario(inst: RankingInstance) -> None:
+        inst.preinfer(spec, 0, 40)
+        await inst.rank(RankJob(spec, CANDIDATES))
+        await idle(inst)
+        store.append(4, [11, 12, 13, 14, 15])            # events from elsewhere: prefix grows
+        spec2 = spec_from_store(store, 4)
+        assert inst.preinfer(spec2, 0, 40).tokens == 5   # extend 5 tokens, not 155
+        second = await inst.rank(RankJob(spec2, CANDIDATES))
+        assert second.path is RankPath.HOST_HIT
+        assert_close(second.scores, full_scores(model, spec2))
+
+    run(scenario, make_instance(model))
+
+
+def test_stale_prefix_is_never_served_after_new_events() -> None:
+    model = make_model(4)
+    store = store_with({6: 120})
+    spec = spec_from_store(store, 6)
+
+    async def scenario(inst: RankingInstance) -> None:
+        inst.preinfer(spec, 0, 40)
+        await idle(inst)                                    # v1 READY on the device
+        store.append(6, [42])
+        spec2 = spec_from_store(store, 6)
+        ranked = await inst.rank(RankJob(spec2, CANDIDATES))
+        assert ranked.path is RankPath.FULL                 # v1 does not match v2
+        assert_close(ranked.scores, full_scores(model, spec2))
+        assert inst.residency is not None
+        assert inst.residency.pool.stats.stale_misses >= 1
+
+    run(scenario, make_instance(model, host=False))
+
+
+def test_short_prefix_is_not_at_risk_and_miss_fills_the_cache() -> None:
+    model = make_model(5)
+    store = store_with({8: 40})
+    spec = spec_from_store(store, 8)
+
+    async def scenario(inst: RankingInstance) -> None:
+        result = inst.preinfer(spec, 0, 40)
+        assert (result.action, result.reason) == (PreinferAction.SKIPPED,
+                                                  TriggerReason.NOT_AT_RISK)
+        ranked = await inst.rank(RankJob(spec, CANDIDATES))
+        assert ranked.path is RankPath.FULL
+        await idle(inst)
+        assert inst.residency is not None
+        assert inst.residency.resident(spec.pid) is EntryState.IDLE    # filled at ranking time
+        again = await inst.rank(RankJob(spec, CANDIDATES))
+        assert again.path is RankPath.DEVICE_HIT
+        assert_close(again.scores, ranked.scores)
+
+    run(scenario, make_instance(model, slo_ms=1e9))
+
+
+def test_failed_instance_rejects_work_and_restarts_empty() -> None:
+    model = make_model(6)
+    store = store_with({9: 100})
+    spec = spec_from_store(store, 9)
+
+    async def scenario(inst: RankingInstance) -> None:
+        inst.preinfer(spec, 0, 40)
+        await idle(inst)
+        await inst.fail()
+        assert not inst.healthy and inst.residency is None
+        with pytest.raises(InstanceStoppedError):
+            await inst.rank(RankJob(spec, CANDIDATES))
+        assert inst.preinfer(spec, 0, 40).action is PreinferAction.SKIPPED
+        await inst.restart()
+        ranked = await inst.rank(RankJob(spec, CANDIDATES))
+        assert ranked.path is RankPath.FULL                  # caches were lost
+        assert_close(ranked.scores, full_scores(model, spec))
+
+    run(scenario, make_instance(model))
+
+
+def test_truncation_fallback_is_labelled() -> None:
+    model = make_model(7)
+    store = store_with({2: 90})
+    spec = spec_from_store(store, 2)
+    cost = flops_cost_model(model.cfg)
+    inst = RankingInstance(InstanceConfig("rank-0", device_budget_bytes=0,
+                                          truncate_to_tokens=32), model,
+                           make_trigger("sequence-aware", cost, TriggerConfig(slo_ms=1.0)))
+
+    async def scenario(inst: RankingInstance) -> None:
+        ranked = await inst.rank(RankJob(spec, CANDIDATES))
+        assert ranked.path is RankPath.TRUNCATED
+        assert_close(ranked.scores, model.rank(CANDIDATES, prefix_items=spec.items[-32:]))
+
+    run(scenario, inst)
