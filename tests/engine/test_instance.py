@@ -11,7 +11,7 @@ import torch
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
-from relaygr.engine.types import PreinferAction, PrefixSpec, RankJob, RankPath
+from relaygr.engine.types import PrefixSpec, PreinferAction, RankJob, RankPath
 from relaygr.kvcache import EntryState, PrefixId
 from relaygr.model import HSTU
 from relaygr.relay.trigger import TriggerConfig, TriggerReason, make_trigger
