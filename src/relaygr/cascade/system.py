@@ -29,7 +29,7 @@ from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
-from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankPath
+from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankPath, RankResult
 from relaygr.errors import InvalidInputError, NoHealthyInstanceError
 from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU
