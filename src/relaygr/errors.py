@@ -55,3 +55,11 @@ class CacheStateError(RelayGRError):
     """A KV-cache operation does not fit the entry's state: an unknown or already settled
     pending handle, a release without an acquire, a prefix that is already cached. Nothing was
     changed."""
+
+
+class OverloadedError(RelayGRError):
+    """The ranking instance's queue is full: retry after ``retry_after_s`` (HTTP 503)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

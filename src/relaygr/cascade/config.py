@@ -49,11 +49,17 @@ class SystemConfig:
     burst_tokens: float = 32_768.0
     # None: a miss recomputes the whole prefix (exact); N: rank with the last N events only.
     truncate_to_tokens: int | None = None
+    # Overload: past this many queued ranking requests an instance takes no new pre-infer work,
+    # and past max_rank_queue_depth it refuses ranking (HTTP 503) instead of queueing without
+    # bound. Pre-infer is shed first because ranking still answers without it.
+    shed_preinfer_queue_depth: int = 8
+    max_rank_queue_depth: int = 64
 
     def __post_init__(self) -> None:
         Mode.parse(self.mode)
         positive = ("num_instances", "page_tokens", "batch_max_requests", "retrieval_k",
-                    "num_candidates", "retrieval_history", "spill_queue_depth")
+                    "num_candidates", "retrieval_history", "spill_queue_depth",
+                    "shed_preinfer_queue_depth", "max_rank_queue_depth")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

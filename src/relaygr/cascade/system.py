@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,13 +30,23 @@ from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
-from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankPath, RankResult
-from relaygr.errors import InvalidInputError, NoHealthyInstanceError
+from relaygr.engine.types import (
+    PrefixSpec,
+    PreinferAction,
+    PreinferResult,
+    RankJob,
+    RankPath,
+    RankResult,
+)
+from relaygr.errors import InvalidInputError, NoHealthyInstanceError, OverloadedError
 from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.trigger import TriggerConfig, make_trigger
 from relaygr.routing import InstanceView, RouteDecision, make_router
+
+# Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
+_MAX_REMEMBERED_DECISIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,21 @@ class Recommendation:
 class SystemCounters:
     requests: int = 0
     failovers: int = 0
+    shed_preinfer: int = 0
+    shed_rank: int = 0
     paths: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _Leg:
+    """A request between its two legs: the routed prefix and the pre-infer outcome."""
+
+    visit: Visit
+    spec: PrefixSpec
+    history_items: np.ndarray
+    num_candidates: int
+    decision: RouteDecision
+    preinfer: PreinferResult | None = None
 
 
 class RelaySystem:
@@ -93,6 +118,8 @@ class RelaySystem:
                                     config.retrieval_delay_ms / 1e3,
                                     config.preprocess_delay_ms / 1e3)
         self.counters = SystemCounters()
+        # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
+        self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
 
     def _instance(self, index: int, cost_model: LatencyCostModel) -> RankingInstance:
         cfg = self.config
@@ -135,42 +162,89 @@ class RelaySystem:
         return spec, history.items
 
     async def recommend(self, visit: Visit) -> Recommendation:
+        """The whole cascade for one visit: retrieval, pre-processing and relayed ranking."""
+        leg = self._first_leg(visit, preinfer=True)
+        seen = np.concatenate([leg.history_items,
+                               np.asarray(visit.recent_items, dtype=np.int64)])
+        candidates = await self.stages.run(seen, leg.num_candidates)
+        return await self._second_leg(leg, candidates)
+
+    def prefill(self, user_id: int, suffix_tokens: int = 0,
+                num_candidates: int | None = None) -> tuple[str, PreinferResult]:
+        """The pre-infer signal alone (for callers that run their own earlier stages). The
+        routing decision is remembered so the user's next ``rank_candidates`` follows it."""
+        leg = self._first_leg(Visit(user_id, num_candidates=num_candidates), preinfer=True,
+                              suffix_tokens=suffix_tokens)
+        assert leg.preinfer is not None
+        self._decisions[user_id] = leg.decision
+        self._decisions.move_to_end(user_id)
+        while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
+            self._decisions.popitem(last=False)
+        return leg.decision.instance_id, leg.preinfer
+
+    async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
+        """Rank given candidates for a visit, consuming the relayed prefix when present."""
+        leg = self._first_leg(visit, preinfer=False)
+        leg.decision = self._decisions.pop(visit.user_id, leg.decision)
+        return await self._second_leg(leg, candidates.to(torch.int64))
+
+    def append_events(self, user_id: int, items: Sequence[int],
+                      timestamps: Sequence[int] | None = None) -> int:
+        """Append behaviour events (the prefix version changes); returns the new length."""
+        return self.store.append(user_id, items, timestamps).num_events
+
+    def _first_leg(self, visit: Visit, preinfer: bool, suffix_tokens: int | None = None
+                   ) -> _Leg:
         spec, history_items = self._prefix_spec(visit.user_id)
         n_cand = visit.num_candidates or self.config.num_candidates
-        suffix = torch.tensor(visit.recent_items, dtype=torch.int64) if visit.recent_items \
-            else None
-        suffix_ts = torch.tensor(visit.recent_timestamps, dtype=torch.int64) \
-            if suffix is not None and visit.recent_timestamps is not None else None
-        first = self.router.route(visit.user_id, self.views())
-        preinfer = None
-        if self.spec.preinfer:
-            preinfer = self.by_name[first.instance_id].preinfer(
-                spec, 0 if suffix is None else int(suffix.numel()), n_cand)
-        seen = np.concatenate([history_items, np.asarray(visit.recent_items, dtype=np.int64)])
-        candidates = await self.stages.run(seen, n_cand)
+        decision = self.router.route(visit.user_id, self.views())
+        instance = self.by_name[decision.instance_id]
+        leg = _Leg(visit, spec, history_items, n_cand, decision)
+        if preinfer and self.spec.preinfer:
+            s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
+            if instance.scheduler.rank_queue_depth >= self.config.shed_preinfer_queue_depth:
+                leg.preinfer = PreinferResult(PreinferAction.SKIPPED, None, 0)
+                self.counters.shed_preinfer += 1
+            else:
+                leg.preinfer = instance.preinfer(spec, s, n_cand)
+        return leg
+
+    async def _second_leg(self, leg: _Leg, candidates: Tensor) -> Recommendation:
+        visit, spec = leg.visit, leg.spec
+        suffix = suffix_ts = None
         grown = None
-        if suffix is not None:
-            grown = PrefixId(visit.user_id, spec.num_tokens + int(suffix.numel()),
+        if visit.recent_items:
+            suffix = torch.tensor(visit.recent_items, dtype=torch.int64)
+            if visit.recent_timestamps is not None:
+                suffix_ts = torch.tensor(visit.recent_timestamps, dtype=torch.int64)
+            grown = PrefixId(visit.user_id, spec.num_tokens + len(visit.recent_items),
                              self.store.version_after(visit.user_id, spec.num_tokens,
                                                       visit.recent_items,
                                                       visit.recent_timestamps))
         job = RankJob(spec, candidates, suffix, suffix_ts, visit.request_ts, grown)
         due = time.perf_counter()
-        result = await self._rank(first, job)
+        result = await self._rank(leg.decision, job)
         done = time.perf_counter()
         if visit.recent_items:
             self.store.append(visit.user_id, visit.recent_items, visit.recent_timestamps)
         self.counters.requests += 1
         self.counters.paths[result.path.value] += 1
-        return Recommendation(candidates, result.scores, result.path, result.instance, preinfer,
-                              first.instance_id if preinfer is not None else None,
+        return Recommendation(candidates, result.scores, result.path, result.instance,
+                              leg.preinfer,
+                              leg.decision.instance_id if leg.preinfer is not None else None,
                               spec.num_tokens, job.suffix_tokens, due, done)
 
     async def _rank(self, first: RouteDecision, job: RankJob) -> RankResult:
         decision = self.router.follow(first, self.views())
         for _ in range(len(self.instances)):
+            instance = self.by_name[decision.instance_id]
+            if instance.scheduler.rank_queue_depth >= self.config.max_rank_queue_depth:
+                self.counters.shed_rank += 1
+                raise OverloadedError(f"{instance.name} has "
+                                      f"{instance.scheduler.rank_queue_depth} ranking requests "
+                                      "queued", retry_after_s=max(0.1, self.config.slo_ms / 1e3))
             try:
-                return await self.by_name[decision.instance_id].rank(job)
+                return await instance.rank(job)
             except InstanceStoppedError:
                 self.counters.failovers += 1
                 decision = self.router.follow(decision, self.views())
