@@ -147,6 +147,11 @@ class RelaySystem:
             await inst.stop()
         self.stages.shutdown()
 
+    @property
+    def remembered_prefills(self) -> int:
+        """Pre-infer signals (``prefill``) whose ranking leg has not come yet."""
+        return len(self._decisions)
+
     def views(self) -> list[InstanceView]:
         return [InstanceView(i.name, i.healthy, i.queue_depth) for i in self.instances]
 

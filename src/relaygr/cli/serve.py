@@ -1,0 +1,120 @@
+"""``relaygr serve``: the relay as an HTTP service (embedded instances, or Ray Serve with --ray).
+
+Embedded (default): one process, ``--instances`` ranking instances behind the affinity router,
+FastAPI on uvicorn. ``--ray``: a Ray Serve application (an ingress running the cascade, one
+ranking replica per accelerator, the affinity router as Ray Serve's request router). Both serve
+the same API; SIGINT/SIGTERM drain in-flight requests before the instances stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.model import MODEL_SIZES
+from relaygr.server.config import ModelSource, ServerConfig
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``relaygr serve`` was asked for, validated."""
+
+    model: ModelSource
+    system: SystemConfig
+    server: ServerConfig
+    cost_model: Path | None
+    ray: bool
+    ray_address: str | None
+    replicas: int
+    replica_cpus: float
+    log_level: str
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve ranking over HTTP (embedded, or Ray Serve)",
+                       description=__doc__)
+    m = p.add_argument_group("model and users")
+    m.add_argument("--checkpoint", type=Path, default=None,
+                   help="trained checkpoint directory (else --size with random weights)")
+    m.add_argument("--size", choices=sorted(MODEL_SIZES), default="small")
+    m.add_argument("--num-items", type=int, default=10_000)
+    m.add_argument("--max-seq-len", type=int, default=4096)
+    m.add_argument("--num-users", type=int, default=1000, help="synthetic users")
+    m.add_argument("--max-events", type=int, default=2048, help="longest synthetic history")
+    m.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("relay system")
+    s.add_argument("--system-config", type=Path, default=None,
+                   help="JSON file of SystemConfig fields (flags below override it)")
+    s.add_argument("--mode", default=None, help="relay (default), baseline, reactive, ...")
+    s.add_argument("--instances", type=int, default=None, help="in-process ranking instances")
+    s.add_argument("--slo-ms", type=float, default=None, help="ranking P99 budget")
+    s.add_argument("--device", default=None,
+                   help="ranking device (default: cuda when present, else cpu)")
+    s.add_argument("--cost-model", type=Path, default=None,
+                   help="saved cost model or `relaygr profile` JSON (default: fit at start)")
+    h = p.add_argument_group("http")
+    h.add_argument("--host", default="127.0.0.1")
+    h.add_argument("--port", type=int, default=8000)
+    h.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes)
+    h.add_argument("--max-in-flight", type=int, default=ServerConfig.max_in_flight)
+    h.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s)
+    h.add_argument("--log-level", default="info")
+    r = p.add_argument_group("ray serve")
+    r.add_argument("--ray", action="store_true", help="serve with Ray Serve")
+    r.add_argument("--ray-address", default=None, help="existing cluster (default: local)")
+    r.add_argument("--replicas", type=int, default=None,
+                   help="ranking replicas (default: one per GPU, else --instances)")
+    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per ranking replica")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    system_fields: dict[str, Any] = {}
+    if args.system_config is not None:
+        system_fields = json.loads(args.system_config.read_text())
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for name, value in (("mode", args.mode), ("num_instances", args.instances),
+                        ("slo_ms", args.slo_ms)):
+        if value is not None:
+            system_fields[name] = value
+    if args.device is not None or "devices" not in system_fields:
+        system_fields["devices"] = [device]
+    system = SystemConfig.from_dict(system_fields)
+    model = ModelSource(size=args.size, num_items=args.num_items, max_seq_len=args.max_seq_len,
+                        checkpoint=args.checkpoint, num_users=args.num_users,
+                        max_events=min(args.max_events, args.max_seq_len), seed=args.seed)
+    server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+                          max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
+    gpus = torch.cuda.device_count()
+    replicas = args.replicas or (gpus if gpus else system.num_instances)
+    return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
+                        replicas, args.replica_cpus, args.log_level)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    if options.ray:
+        from relaygr.distributed.app import serve_forever  # Ray is only needed here
+        return serve_forever(options)
+    return serve_embedded(options)
+
+
+def serve_embedded(options: ServeOptions) -> int:
+    import uvicorn
+
+    from relaygr.server.app import create_app
+    from relaygr.server.build import build_embedded
+
+    service = build_embedded(options.model, options.system, options.server, options.cost_model)
+    config = uvicorn.Config(create_app(service), host=options.server.host,
+                            port=options.server.port, log_level=options.log_level,
+                            timeout_graceful_shutdown=int(options.server.drain_timeout_s),
+                            lifespan="on")
+    uvicorn.Server(config).run()
+    return 0 if service.lifecycle.drained_cleanly else 1

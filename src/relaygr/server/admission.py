@@ -1,0 +1,80 @@
+"""Admission at the server's door: an in-flight cap, draining, and per-user ordering.
+
+``Admission`` counts requests in flight. Past ``max_in_flight``, or once draining has begun, a
+new request is refused with ``OverloadedError`` (HTTP 503 + Retry-After) before any work;
+``drain()`` waits for the ones already admitted to finish. ``UserLocks`` serialises the requests
+of one user, so the history a request was validated against is the one it is served from (an
+event append cannot slip in between) and a visit's events are appended in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from relaygr.errors import OverloadedError
+
+
+class Admission:
+    """In-flight accounting. One event loop drives it."""
+
+    def __init__(self, max_in_flight: int, retry_after_s: float) -> None:
+        self.max_in_flight = max_in_flight
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+        self.refused = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @asynccontextmanager
+    async def admit(self) -> AsyncIterator[None]:
+        if self.draining:
+            self.refused += 1
+            raise OverloadedError("the server is shutting down", self.retry_after_s)
+        if self.in_flight >= self.max_in_flight:
+            self.refused += 1
+            raise OverloadedError(f"{self.in_flight} requests in flight (the limit)",
+                                  self.retry_after_s)
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for admitted ones; False if some outlived the timeout."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class UserLocks:
+    """One lock per user with requests in flight (entries go when their last holder leaves)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[int, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, user_id: int) -> AsyncIterator[None]:
+        lock, holders = self._locks.get(user_id, (asyncio.Lock(), 0))
+        self._locks[user_id] = (lock, holders + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, holders = self._locks[user_id]
+            if holders == 1:
+                del self._locks[user_id]
+            else:
+                self._locks[user_id] = (lock, holders - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)

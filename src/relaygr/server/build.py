@@ -1,0 +1,94 @@
+"""Building what a server serves: the model, the users' histories, the cost model, the service.
+
+``load_model`` builds the model of a ``ModelSource``: a trained checkpoint through the training
+package's loader when ``checkpoint`` is set, else a named size with seeded random weights (the
+same seed gives bit-identical weights in every process; ``model_digest`` checks that). The
+histories are seeded synthetic users over the model's catalogue. The latency cost model (the
+trigger's predictions) is loaded from a file or fitted by timing the model at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+
+import torch
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.store import InMemoryHistoryStore, SyntheticHistories
+from relaygr.cascade.system import RelaySystem
+from relaygr.errors import ConfigError
+from relaygr.model import HSTU, config_for_size
+from relaygr.relay.costmodel import LatencyCostModel
+from relaygr.relay.measure import fit_on_model
+from relaygr.server.backend import EmbeddedBackend
+from relaygr.server.config import ModelSource, ServerConfig
+from relaygr.server.service import RelayService
+
+# Where the training issue's checkpoint loader lives: ``load_checkpoint(path, device) -> HSTU``.
+CHECKPOINT_LOADER = ("relaygr.train", "load_checkpoint")
+
+
+def load_model(source: ModelSource, device: str = "cpu") -> HSTU:
+    """The served model, in eval mode on ``device`` (see the module docstring)."""
+    if source.checkpoint is not None:
+        return _load_checkpoint(source.checkpoint, device)
+    torch.manual_seed(source.seed)
+    model = HSTU(config_for_size(source.size, source.num_items, source.max_seq_len))
+    return model.to(device).eval()
+
+
+def _load_checkpoint(path: Path, device: str) -> HSTU:
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint {path} is not a directory")
+    module_name, func_name = CHECKPOINT_LOADER
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--checkpoint needs {module_name} (the training package), which "
+                          "this installation lacks; use --size/--num-items") from exc
+    model = getattr(module, func_name)(path, device=device)
+    if not isinstance(model, HSTU):
+        raise ConfigError(f"{module_name}.{func_name} returned {type(model).__name__}, not HSTU")
+    return model.to(device).eval()
+
+
+def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
+    """Seeded synthetic users over the model's catalogue, within its sequence length."""
+    max_events = min(source.max_events, model.cfg.max_seq_len)
+    return InMemoryHistoryStore.synthetic(SyntheticHistories(
+        num_users=source.num_users, num_items=model.cfg.num_items,
+        min_events=min(source.min_events, max_events), max_events=max_events,
+        seed=source.seed))
+
+
+def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostModel:
+    """From ``path`` (a saved cost model or a ``relaygr profile`` JSON), else fitted now."""
+    if path is None:
+        return fit_on_model(model, device)
+    try:
+        return LatencyCostModel.load(path)
+    except ConfigError:
+        return LatencyCostModel.from_profile_json(path)
+
+
+def model_digest(model: HSTU) -> str:
+    """A hash of the model's config and weights: equal iff two processes serve one model."""
+    digest = hashlib.blake2b(repr(model.cfg).encode(), digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConfig,
+                   cost_model: LatencyCostModel | Path | None = None) -> RelayService:
+    """A service over K in-process instances (``system.num_instances``) on ``system.devices``."""
+    device = system.devices[0]
+    model = load_model(source, device)
+    store = load_store(source, model)
+    if not isinstance(cost_model, LatencyCostModel):
+        cost_model = load_cost_model(cost_model, model, device)
+    relay = RelaySystem(system, model, store, cost_model)
+    return RelayService(EmbeddedBackend(relay), server)

@@ -1,0 +1,102 @@
+"""Configuration of the HTTP server and of the model it serves: frozen, validated, no unknown keys.
+
+``ServerConfig`` bounds what one request may carry and how the server sheds and drains;
+``ModelSource`` says where the ranking model and the users' histories come from (a named size
+with seeded random weights and synthetic users now, a trained checkpoint when one is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from relaygr.errors import ConfigError
+
+KiB = 1 << 10
+
+# Hard caps that the OpenAPI schema itself states (the configured limits below are tighter):
+# they keep every integer inside int64 and every list bounded before any check runs.
+MAX_INT64 = (1 << 63) - 1
+MAX_LIST_ITEMS = 1 << 16
+# Unix seconds: far enough in the future for any log, small enough that gaps never overflow.
+MAX_TIMESTAMP_S = 1 << 40
+
+
+def _from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys: {unknown}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Request limits, shedding and draining of one HTTP server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # A ranking request with 4096 candidates and a 1024-event suffix is ~60 KiB of JSON; 1 MiB
+    # leaves room for long event appends while refusing anything that is clearly not a request.
+    max_body_bytes: int = 1024 * KiB
+    # Candidates one /v1/rank request may carry (a fine-ranking stage gets hundreds).
+    max_candidates: int = 4096
+    # Events one /v1/events call or one visit's recent behaviours may carry.
+    max_events_per_request: int = 4096
+    # Requests admitted at once; past it the server answers 503 at the door (the relay system
+    # sheds earlier, per instance queue; this bounds memory when every stage is slow).
+    max_in_flight: int = 1024
+    # Shutdown waits this long for in-flight requests before stopping the instances.
+    drain_timeout_s: float = 30.0
+    # Retry-After for 503s the server itself gives (draining, at the in-flight cap).
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_body_bytes", "max_candidates", "max_events_per_request",
+                     "max_in_flight"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"ServerConfig.{name} must be a positive int, got {value!r}")
+        if self.max_candidates > MAX_LIST_ITEMS or self.max_events_per_request > MAX_LIST_ITEMS:
+            raise ConfigError(f"ServerConfig list limits must be <= {MAX_LIST_ITEMS}")
+        if not self.drain_timeout_s >= 0 or not self.retry_after_s > 0:
+            raise ConfigError("ServerConfig.drain_timeout_s must be >= 0, retry_after_s > 0")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerConfig:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The served model and users: a checkpoint directory, or a named size with seeded random
+    weights over ``num_items`` items and ``num_users`` synthetic users.
+
+    Every process that builds from the same source gets bit-identical weights (the seed fixes
+    them), which is what lets Ray replicas and the ingress agree on one model.
+    """
+
+    size: str = "small"
+    num_items: int = 10_000
+    max_seq_len: int = 4096
+    checkpoint: Path | None = None
+    num_users: int = 1000
+    # Synthetic history lengths (log-uniform); the top leaves room for appended events.
+    min_events: int = 32
+    max_events: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"ModelSource.{name} must be a positive int, got {value!r}")
+        if not self.min_events <= self.max_events <= self.max_seq_len:
+            raise ConfigError("ModelSource needs min_events <= max_events <= max_seq_len")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSource:
+        values = dict(data)
+        if values.get("checkpoint") is not None:
+            values["checkpoint"] = Path(values["checkpoint"])
+        return _from_dict(cls, values)

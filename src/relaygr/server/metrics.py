@@ -1,0 +1,118 @@
+"""Prometheus metrics of one server, in a registry of its own (``GET /metrics``).
+
+Two kinds:
+* observed per request (histograms and counters updated as requests finish): latency of each
+  stage (earlier stages, ranking, whole request), ranking latency per path, requests by endpoint
+  and status;
+* read at scrape time from a ``ServingSnapshot`` (so nothing is counted twice): per instance,
+  health, queue depths, cache bytes in use and budget per tier, cache hits and misses per tier,
+  ranking paths, trigger decisions by reason, pre-infer actions; per system, shed requests and
+  failovers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relaygr.cascade.system import Recommendation
+from relaygr.server.snapshot import ServingSnapshot
+
+# Seconds: 1 ms to 10 s, denser where ranking SLOs sit (tens to hundreds of ms).
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
+                     0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+
+
+class SnapshotCollector(Collector):
+    """Turns the backend's current ``ServingSnapshot`` into metric families at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], ServingSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        healthy = GaugeMetricFamily("relaygr_instance_healthy", "1 when the instance is up",
+                                    labels=["instance"])
+        queue = GaugeMetricFamily("relaygr_queue_depth", "Requests queued on an instance",
+                                  labels=["instance", "queue"])
+        used = GaugeMetricFamily("relaygr_cache_used_bytes", "KV bytes in use per tier",
+                                 labels=["instance", "tier"])
+        budget = GaugeMetricFamily("relaygr_cache_budget_bytes", "KV byte budget per tier",
+                                   labels=["instance", "tier"])
+        entries = GaugeMetricFamily("relaygr_cache_entries", "Prefixes held per tier",
+                                    labels=["instance", "tier"])
+        hits = CounterMetricFamily("relaygr_cache_hits", "Cache lookups that found the prefix",
+                                   labels=["instance", "tier"])
+        misses = CounterMetricFamily("relaygr_cache_misses", "Cache lookups that missed",
+                                     labels=["instance", "tier"])
+        paths = CounterMetricFamily("relaygr_rank_paths", "Ranking requests by path",
+                                    labels=["instance", "path"])
+        trigger = CounterMetricFamily("relaygr_trigger_decisions", "Trigger decisions by reason",
+                                      labels=["instance", "reason"])
+        preinfer = CounterMetricFamily("relaygr_preinfer_actions", "Pre-infer signals by action",
+                                       labels=["instance", "action"])
+        for inst in snap.instances:
+            name = inst.name
+            healthy.add_metric([name], 1.0 if inst.healthy else 0.0)
+            queue.add_metric([name, "rank"], inst.rank_queue_depth)
+            queue.add_metric([name, "prefill"], inst.prefill_queue_depth)
+            for tier_name, tier in (("device", inst.device), ("host", inst.host)):
+                if tier is None:
+                    continue
+                labels = [name, tier_name]
+                used.add_metric(labels, tier.used_bytes)
+                budget.add_metric(labels, tier.budget_bytes)
+                entries.add_metric(labels, tier.entries)
+                hits.add_metric(labels, tier.hits)
+                misses.add_metric(labels, tier.misses)
+            for family, counts in ((paths, inst.paths), (trigger, inst.trigger),
+                                   (preinfer, inst.preinfer_actions)):
+                for key, count in sorted(counts.items()):
+                    family.add_metric([name, key], count)
+        yield from (healthy, queue, used, budget, entries, hits, misses, paths, trigger,
+                    preinfer)
+        shed = CounterMetricFamily("relaygr_shed", "Requests shed under overload, by leg",
+                                   labels=["leg"])
+        shed.add_metric(["preinfer"], snap.counters.shed_preinfer)
+        shed.add_metric(["rank"], snap.counters.shed_rank)
+        yield shed
+        failovers = CounterMetricFamily("relaygr_failovers",
+                                        "Ranking legs answered by another instance")
+        failovers.add_metric([], snap.counters.failovers)
+        yield failovers
+
+
+class ServerMetrics:
+    """The server's registry: per-request observations plus the snapshot collector."""
+
+    def __init__(self, snapshot: Callable[[], ServingSnapshot]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("relaygr_http_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.stage_seconds = Histogram(
+            "relaygr_stage_seconds", "Latency of a request's stages (earlier_stages: retrieval "
+            "and pre-processing; ranking: due to scores; request: the whole call)",
+            ["endpoint", "stage"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.ranking_seconds = Histogram(
+            "relaygr_ranking_seconds", "Ranking latency (due to scores) by path", ["path"],
+            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.registry.register(SnapshotCollector(snapshot))
+
+    def observe(self, endpoint: str, rec: Recommendation, start_s: float, end_s: float) -> None:
+        """Record one answered ranking request (times are ``time.perf_counter()`` seconds)."""
+        ranking_s = rec.ranking_done_s - rec.ranking_due_s
+        if endpoint == "recommend":
+            self.stage_seconds.labels(endpoint, "earlier_stages").observe(
+                max(0.0, rec.ranking_due_s - start_s))
+        self.stage_seconds.labels(endpoint, "ranking").observe(ranking_s)
+        self.stage_seconds.labels(endpoint, "request").observe(end_s - start_s)
+        self.ranking_seconds.labels(rec.path.value).observe(ranking_s)
+
+    def count(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

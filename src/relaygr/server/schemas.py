@@ -1,0 +1,117 @@
+"""The HTTP API's request and response bodies (pydantic, strict).
+
+Requests are strict (``"1"`` is not an int, ``1.5`` is not an item id) and closed (an unknown
+field is an error), and every integer and list is bounded in the schema itself, so the OpenAPI
+document says what is accepted. Bounds that depend on the served model or the configuration
+(item ids up to ``num_items``, history length up to ``max_seq_len``, the candidate limit) are
+checked by ``relaygr.server.validation`` and rejected with a typed error naming the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relaygr.engine.types import PreinferAction, RankPath
+from relaygr.server.config import MAX_INT64, MAX_LIST_ITEMS, MAX_TIMESTAMP_S
+
+UserId = Annotated[int, Field(ge=0, le=MAX_INT64, description="user id")]
+ItemId = Annotated[int, Field(ge=1, le=MAX_INT64, description="item id (1..num_items)")]
+Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds")]
+Count = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS)]
+ItemList = Annotated[list[ItemId], Field(max_length=MAX_LIST_ITEMS)]
+TimestampList = Annotated[list[Timestamp], Field(max_length=MAX_LIST_ITEMS)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class VisitFields(_Request):
+    """A user's visit: behaviours since their last visit (the ranking suffix) and the time."""
+
+    user_id: UserId
+    recent_items: ItemList = Field(default_factory=list)
+    recent_timestamps: TimestampList | None = Field(
+        default=None, description="required for a timed user, one per recent item")
+    request_ts: Timestamp | None = Field(
+        default=None, description="the time candidates are scored at (timed users only)")
+
+
+class RecommendRequest(VisitFields):
+    """``POST /v1/recommend``: the whole cascade (retrieval, pre-processing, ranking)."""
+
+    num_candidates: Count | None = Field(default=None,
+                                         description="candidates to rank (default: server's)")
+
+
+class RankRequest(VisitFields):
+    """``POST /v1/rank``: rank these candidates (after a ``/v1/prefill`` when the caller runs
+    its own earlier stages); the visit's recent items are appended to the history after."""
+
+    candidates: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
+
+
+class PrefillRequest(_Request):
+    """``POST /v1/prefill``: the pre-infer signal for a user whose ranking request follows."""
+
+    user_id: UserId
+    suffix_tokens: Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS)] = 0
+    num_candidates: Count | None = None
+
+
+class EventsRequest(_Request):
+    """``POST /v1/events``: append behaviour events to a user's history (creating the user)."""
+
+    user_id: UserId
+    items: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
+    timestamps: TimestampList | None = None
+
+
+class PreinferOut(BaseModel):
+    """What the pre-infer signal did on the instance that got it."""
+
+    instance: str
+    action: PreinferAction
+    reason: str | None = Field(description="the trigger's reason, when it decided")
+    tokens: int
+
+
+class RecommendResponse(BaseModel):
+    """Candidates (retrieval order for /v1/recommend, the given order for /v1/rank) and their
+    scores, with how ranking ran."""
+
+    user_id: int
+    candidates: list[int]
+    scores: list[float]
+    path: RankPath
+    instance: str
+    preinfer: PreinferOut | None
+    prefix_tokens: int
+    suffix_tokens: int
+    ranking_ms: float
+    total_ms: float
+
+
+class EventsResponse(BaseModel):
+    user_id: int
+    num_events: int
+
+
+class HealthResponse(BaseModel):
+    status: str
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    draining: bool
+    healthy_instances: int
+    instances: int
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx body: the error's type name and a message saying what is wrong."""
+
+    error: str
+    detail: str

@@ -1,0 +1,140 @@
+"""The serving operations of the HTTP API, independent of HTTP: admit, validate, serve, report.
+
+Each operation: admission (in-flight cap, draining) -> the user's lock -> validation against
+the current state -> the backend -> a response body, with latencies observed in the metrics.
+Validation happens before the backend is touched, so a rejected request changes nothing;
+errors are typed (``relaygr.errors``) and the app maps them to status codes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from relaygr.cascade.system import Recommendation, Visit
+from relaygr.server.admission import Admission, UserLocks
+from relaygr.server.backend import PrefillOutcome, RelayBackend
+from relaygr.server.config import ServerConfig
+from relaygr.server.metrics import ServerMetrics
+from relaygr.server.schemas import (
+    EventsRequest,
+    EventsResponse,
+    PrefillRequest,
+    PreinferOut,
+    RankRequest,
+    ReadyResponse,
+    RecommendRequest,
+    RecommendResponse,
+    VisitFields,
+)
+from relaygr.server.snapshot import StateFingerprint
+from relaygr.server.validation import RequestValidator
+
+
+@dataclass
+class Lifecycle:
+    started: bool = False
+    stopped: bool = False
+    drained_cleanly: bool = True
+
+
+class RelayService:
+    """See the module docstring. One event loop drives it (the server's)."""
+
+    def __init__(self, backend: RelayBackend, config: ServerConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config or ServerConfig()
+        self.validator = RequestValidator(backend.model_config, backend.system_config,
+                                          self.config, backend.store)
+        self.metrics = ServerMetrics(backend.snapshot)
+        self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
+        self.users = UserLocks()
+        self.lifecycle = Lifecycle()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.backend.start()
+        self.lifecycle.started = True
+
+    async def stop(self) -> None:
+        """Drain in-flight requests (refusing new ones), then stop the instances."""
+        if self.lifecycle.stopped:
+            return
+        self.lifecycle.drained_cleanly = await self.admission.drain(self.config.drain_timeout_s)
+        self.lifecycle.stopped = True
+        await self.backend.stop()
+
+    def readiness(self) -> ReadyResponse:
+        instances = self.backend.snapshot().instances
+        healthy = sum(1 for i in instances if i.healthy)
+        ready = self.lifecycle.started and not self.admission.draining and healthy > 0
+        return ReadyResponse(ready=ready, draining=self.admission.draining,
+                             healthy_instances=healthy, instances=len(instances))
+
+    async def fingerprint(self) -> StateFingerprint:
+        """The state a request could change, once background work has settled."""
+        await self.backend.quiesce()
+        return StateFingerprint.of(self.backend.store, self.backend.snapshot())
+
+    # ---- operations --------------------------------------------------------------------------
+    async def recommend(self, request: RecommendRequest) -> RecommendResponse:
+        start = time.perf_counter()
+        async with self.admission.admit(), self.users.hold(request.user_id):
+            self.validator.visit(request)
+            self.validator.num_candidates(request.num_candidates)
+            rec = await self.backend.recommend(_visit(request, request.num_candidates))
+        return self._answer("recommend", request.user_id, rec, start)
+
+    async def rank(self, request: RankRequest) -> RecommendResponse:
+        start = time.perf_counter()
+        async with self.admission.admit(), self.users.hold(request.user_id):
+            self.validator.visit(request)
+            self.validator.candidates(request.candidates)
+            candidates = torch.tensor(request.candidates, dtype=torch.int64)
+            rec = await self.backend.rank(_visit(request, len(request.candidates)), candidates)
+        return self._answer("rank", request.user_id, rec, start)
+
+    async def prefill(self, request: PrefillRequest) -> PreinferOut:
+        async with self.admission.admit():
+            self.validator.prefill(request)
+            outcome = await self.backend.prefill(request.user_id, request.suffix_tokens,
+                                                 request.num_candidates)
+        return _preinfer_out(outcome)
+
+    async def events(self, request: EventsRequest) -> EventsResponse:
+        async with self.admission.admit(), self.users.hold(request.user_id):
+            self.validator.events(request)
+            count = self.backend.append_events(request.user_id, request.items,
+                                               request.timestamps)
+        return EventsResponse(user_id=request.user_id, num_events=count)
+
+    def _answer(self, endpoint: str, user_id: int, rec: Recommendation,
+                start_s: float) -> RecommendResponse:
+        end_s = time.perf_counter()
+        self.metrics.observe(endpoint, rec, start_s, end_s)
+        preinfer = None
+        if rec.preinfer is not None and rec.preinfer_instance is not None:
+            preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
+        return RecommendResponse(
+            user_id=user_id, candidates=rec.candidates.tolist(),
+            scores=rec.scores.float().cpu().tolist(), path=rec.path, instance=rec.instance,
+            preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
+            ranking_ms=1e3 * (rec.ranking_done_s - rec.ranking_due_s),
+            total_ms=1e3 * (end_s - start_s))
+
+
+def _visit(request: VisitFields, num_candidates: int | None) -> Visit:
+    recent = tuple(request.recent_items)
+    timestamps = None
+    if recent and request.recent_timestamps is not None:
+        timestamps = tuple(request.recent_timestamps)
+    return Visit(request.user_id, recent, timestamps, request.request_ts, num_candidates)
+
+
+def _preinfer_out(outcome: PrefillOutcome) -> PreinferOut:
+    result = outcome.result
+    return PreinferOut(instance=outcome.instance, action=result.action,
+                       reason=None if result.reason is None else result.reason.value,
+                       tokens=result.tokens)

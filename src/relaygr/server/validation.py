@@ -1,0 +1,143 @@
+"""Checks of a parsed request against the served model, the user's history and the limits.
+
+The schema (``relaygr.server.schemas``) has already fixed types and static bounds; this layer
+checks what depends on state: the user exists, item ids are in the model's catalogue, the history
+stays within ``max_seq_len``, timestamps match the user's history (timed or not, in time order),
+and counts are within the configured limits. Every check runs before the backend is called and
+raises a typed ``InvalidInputError`` whose message names the field and the limit, so a rejected
+request changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.store import HistoryStore, UserHistory
+from relaygr.errors import (
+    EmptyInputError,
+    InvalidInputError,
+    ItemOutOfRangeError,
+    SequenceTooLongError,
+    TimestampError,
+    UnknownUserError,
+)
+from relaygr.model import HSTUConfig
+from relaygr.server.config import ServerConfig
+from relaygr.server.schemas import EventsRequest, PrefillRequest, VisitFields
+
+
+class RequestValidator:
+    """Stateful checks of one request (see the module docstring). Reads, never writes."""
+
+    def __init__(self, model: HSTUConfig, system: SystemConfig, server: ServerConfig,
+                 store: HistoryStore) -> None:
+        self.model = model
+        self.system = system
+        self.server = server
+        self.store = store
+
+    # ---- per endpoint ------------------------------------------------------------------------
+    def visit(self, request: VisitFields) -> UserHistory:
+        """A visit's user, recent events and request time; returns the user's history."""
+        history = self.history(request.user_id)
+        self._count("recent_items", request.recent_items, self.server.max_events_per_request)
+        self._items("recent_items", request.recent_items)
+        if request.recent_items or request.recent_timestamps:
+            self._timestamps(history, "recent_items", request.recent_items,
+                             "recent_timestamps", request.recent_timestamps)
+        if request.request_ts is not None and history.timestamps is None:
+            raise TimestampError(f"user {request.user_id}'s history is untimed; "
+                                 "request_ts must be omitted")
+        self._length(history, len(request.recent_items), "the visit's recent_items")
+        return history
+
+    def num_candidates(self, num_candidates: int | None) -> None:
+        limit = min(self.system.retrieval_k, self.server.max_candidates)
+        if num_candidates is not None and num_candidates > limit:
+            raise InvalidInputError(f"num_candidates is {num_candidates}; this server ranks at "
+                                    f"most {limit} retrieved candidates")
+
+    def candidates(self, candidates: Sequence[int]) -> None:
+        if not candidates:
+            raise EmptyInputError("candidates is empty; a ranking request needs at least one")
+        self._count("candidates", candidates, self.server.max_candidates)
+        self._items("candidates", candidates)
+
+    def prefill(self, request: PrefillRequest) -> None:
+        history = self.history(request.user_id)
+        self._length(history, request.suffix_tokens, "suffix_tokens")
+        self.num_candidates(request.num_candidates)
+
+    def events(self, request: EventsRequest) -> None:
+        self._count("items", request.items, self.server.max_events_per_request)
+        self._items("items", request.items)
+        if request.user_id not in self.store:
+            if request.timestamps is not None:
+                self._check_pairs("items", request.items, "timestamps", request.timestamps)
+            if len(request.items) > self.model.max_seq_len:
+                raise SequenceTooLongError(
+                    f"items holds {len(request.items)} events; the model reads at most "
+                    f"{self.model.max_seq_len}")
+            return
+        history = self.store.get(request.user_id)
+        self._timestamps(history, "items", request.items, "timestamps", request.timestamps)
+        self._length(history, len(request.items), "items")
+
+    # ---- shared checks -----------------------------------------------------------------------
+    def history(self, user_id: int) -> UserHistory:
+        if user_id not in self.store:
+            raise UnknownUserError(f"user {user_id} has no history on this server")
+        history = self.store.get(user_id)
+        if history.num_events == 0:
+            raise EmptyInputError(f"user {user_id} has an empty history")
+        return history
+
+    def _count(self, name: str, values: Sequence[int], limit: int) -> None:
+        if len(values) > limit:
+            raise InvalidInputError(f"{name} holds {len(values)} entries; this server accepts "
+                                    f"at most {limit}")
+
+    def _items(self, name: str, items: Sequence[int]) -> None:
+        if not items:
+            return
+        low, high = min(items), max(items)
+        if low < 1 or high > self.model.num_items:
+            bad = low if low < 1 else high
+            raise ItemOutOfRangeError(f"{name} holds item id {bad}; this model's item ids are "
+                                      f"1..{self.model.num_items}")
+
+    def _length(self, history: UserHistory, added: int, what: str) -> None:
+        total = history.num_events + added
+        if total > self.model.max_seq_len:
+            raise SequenceTooLongError(
+                f"user {history.user_id} has {history.num_events} events and {what} adds "
+                f"{added}: {total} tokens exceed the model's max_seq_len {self.model.max_seq_len}")
+
+    def _timestamps(self, history: UserHistory, items_name: str, items: Sequence[int],
+                    ts_name: str, timestamps: Sequence[int] | None) -> None:
+        user = history.user_id
+        if history.timestamps is None:
+            if timestamps is not None:
+                raise TimestampError(f"user {user}'s history is untimed; {ts_name} must be "
+                                     "omitted")
+            return
+        if timestamps is None:
+            raise TimestampError(f"user {user}'s history is timed; {ts_name} must give one "
+                                 f"timestamp per entry of {items_name}")
+        self._check_pairs(items_name, items, ts_name, timestamps)
+        last = int(history.timestamps[-1]) if history.num_events else None
+        if timestamps and last is not None and timestamps[0] < last:
+            raise TimestampError(f"{ts_name} starts at {timestamps[0]}, before user {user}'s "
+                                 f"latest event at {last}; events are appended in time order")
+
+    @staticmethod
+    def _check_pairs(items_name: str, items: Sequence[int], ts_name: str,
+                     timestamps: Sequence[int]) -> None:
+        if len(timestamps) != len(items):
+            raise TimestampError(f"{items_name} has {len(items)} entries but {ts_name} has "
+                                 f"{len(timestamps)}")
+        if len(timestamps) > 1 and bool(np.any(np.diff(np.asarray(timestamps)) < 0)):
+            raise TimestampError(f"{ts_name} must be non-decreasing (events in time order)")

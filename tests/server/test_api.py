@@ -1,0 +1,181 @@
+"""The HTTP API end to end, in-process: every endpoint, the relay's paths, exact scores, metrics."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from relaygr.server import RelayService
+from tests.server.helpers import make_service, run_with_client
+
+
+def reference_scores(service: RelayService, user_id: int, candidates: list[int]) -> torch.Tensor:
+    """Full recompute of the user's current history with the served model."""
+    system = service.backend.system  # type: ignore[attr-defined]
+    history = system.store.get(user_id)
+    ts = None if history.timestamps is None else torch.tensor(history.timestamps)
+    return system.model.rank(torch.tensor(candidates), prefix_items=torch.tensor(history.items),
+                             prefix_timestamps=ts)
+
+
+def assert_scores(got: list[float], want: torch.Tensor) -> None:
+    torch.testing.assert_close(torch.tensor(got), want.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_recommend_ranks_exactly_and_revisits_reuse_the_prefix() -> None:
+    service = make_service()
+    store = service.backend.store
+
+    async def body(client: httpx.AsyncClient) -> None:
+        before = store.num_events(3)
+        first = await client.post("/v1/recommend", json={"user_id": 3})
+        assert first.status_code == 200, first.text
+        out = first.json()
+        assert len(out["candidates"]) == 16 and out["prefix_tokens"] == before
+        assert_scores(out["scores"], reference_scores(service, 3, out["candidates"]))
+        # The pre-infer signal and the ranking request met on one instance (affinity).
+        assert out["preinfer"]["instance"] == out["instance"]
+        assert out["preinfer"]["action"] == "prefill"
+        assert out["path"] in ("pending_wait", "device_hit")
+
+        last_ts = int(store.get(3).timestamps[-1])
+        visit = {"user_id": 3, "recent_items": [7, 8], "recent_timestamps": [last_ts + 5,
+                                                                           last_ts + 9],
+                 "request_ts": last_ts + 10}
+        second = await client.post("/v1/recommend", json=visit)
+        assert second.status_code == 200, second.text
+        assert second.json()["suffix_tokens"] == 2
+        assert store.num_events(3) == before + 2          # the visit's events were appended
+        assert tuple(int(i) for i in store.get(3).items[-2:]) == (7, 8)
+
+        await service.backend.quiesce()
+        third = (await client.post("/v1/recommend", json={"user_id": 3})).json()
+        assert third["path"] in ("device_hit", "host_hit")   # reused, not recomputed
+        assert_scores(third["scores"], reference_scores(service, 3, third["candidates"]))
+
+    run_with_client(service, body)
+
+
+def test_prefill_then_rank_lands_on_the_prefill_instance() -> None:
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        for user in (1, 2, 5, 9):
+            pre = await client.post("/v1/prefill", json={"user_id": user, "num_candidates": 4})
+            assert pre.status_code == 200, pre.text
+            assert pre.json()["action"] == "prefill"
+            candidates = [11, 42, 99, 7]
+            ranked = await client.post("/v1/rank", json={"user_id": user,
+                                                         "candidates": candidates})
+            assert ranked.status_code == 200, ranked.text
+            out = ranked.json()
+            assert out["instance"] == pre.json()["instance"]
+            assert out["path"] in ("pending_wait", "device_hit")
+            assert out["candidates"] == candidates
+            assert_scores(out["scores"], reference_scores(service, user, candidates))
+        assert service.backend.snapshot().counters.remembered_prefills == 0
+
+    run_with_client(service, body)
+
+
+def test_events_append_and_create_users() -> None:
+    service = make_service()
+    store = service.backend.store
+
+    async def body(client: httpx.AsyncClient) -> None:
+        n = store.num_events(4)
+        last_ts = int(store.get(4).timestamps[-1])
+        r = await client.post("/v1/events", json={"user_id": 4, "items": [1, 2, 3],
+                                                  "timestamps": [last_ts, last_ts, last_ts + 1]})
+        assert r.status_code == 200 and r.json() == {"user_id": 4, "num_events": n + 3}
+        new = await client.post("/v1/events", json={"user_id": 10_000, "items": [5, 6, 7]})
+        assert new.json() == {"user_id": 10_000, "num_events": 3}
+        assert store.get(10_000).timestamps is None            # an untimed user
+        ranked = await client.post("/v1/recommend", json={"user_id": 10_000})
+        assert ranked.status_code == 200, ranked.text
+        assert ranked.json()["prefix_tokens"] == 3
+
+    run_with_client(service, body)
+
+
+def test_health_readiness_and_openapi() -> None:
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {"ready": True, "draining": False, "healthy_instances": 2,
+                                "instances": 2}
+        await service.backend.system.fail_instance("rank-1")   # type: ignore[attr-defined]
+        assert (await client.get("/readyz")).json()["healthy_instances"] == 1
+        schema = (await client.get("/openapi.json")).json()
+        assert {"/v1/recommend", "/v1/prefill", "/v1/rank", "/v1/events", "/healthz",
+                "/readyz", "/metrics"} <= set(schema["paths"])
+        rank_body = schema["components"]["schemas"]["RankRequest"]
+        assert rank_body["additionalProperties"] is False
+        assert rank_body["properties"]["candidates"]["minItems"] == 1
+
+    run_with_client(service, body)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_report_paths_tiers_triggers_and_latency() -> None:
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> str:
+        for user in (1, 2, 3, 1):
+            assert (await client.post("/v1/recommend", json={"user_id": user})).status_code \
+                == 200
+        await client.post("/v1/rank", json={"user_id": 999, "candidates": [1]})   # 404
+        await service.backend.quiesce()
+        return (await client.get("/metrics")).text
+
+    text = run_with_client(service, body)
+    got = samples(text)
+    paths = {k: v for k, v in got.items() if k[0] == "relaygr_rank_paths_total"}
+    assert sum(paths.values()) == 4
+    assert got[("relaygr_http_requests_total", (("endpoint", "/v1/recommend"),
+                                                ("status", "200")))] == 4
+    assert got[("relaygr_http_requests_total", (("endpoint", "/v1/rank"), ("status", "404")))] \
+        == 1
+    assert got[("relaygr_stage_seconds_count", (("endpoint", "recommend"),
+                                               ("stage", "ranking")))] == 4
+    assert got[("relaygr_stage_seconds_count", (("endpoint", "recommend"),
+                                               ("stage", "earlier_stages")))] == 4
+    assert sum(v for k, v in got.items() if k[0] == "relaygr_ranking_seconds_count") == 4
+    admitted = {k: v for k, v in got.items() if k[0] == "relaygr_trigger_decisions_total"
+                and ("reason", "admitted") in k[1]}
+    assert sum(admitted.values()) == 3          # users 1, 2, 3 pre-inferred; 1's revisit hit
+    for inst in ("rank-0", "rank-1"):
+        for tier in ("device", "host"):
+            labels = (("instance", inst), ("tier", tier))
+            assert ("relaygr_cache_used_bytes", labels) in got
+            assert got[("relaygr_cache_budget_bytes", labels)] > 0
+        assert got[("relaygr_queue_depth", (("instance", inst), ("queue", "rank")))] == 0
+    hits = sum(v for k, v in got.items() if k[0] == "relaygr_cache_hits_total")
+    assert hits >= 1
+    assert got[("relaygr_shed_total", (("leg", "rank"),))] == 0
+
+
+@pytest.mark.parametrize("mode", ["baseline", "reactive"])
+def test_other_modes_serve_the_same_scores(mode: str) -> None:
+    from tests.server.helpers import system_config
+    service = make_service(system_config(mode=mode))
+
+    async def body(client: httpx.AsyncClient) -> None:
+        out = (await client.post("/v1/rank", json={"user_id": 6, "candidates": [3, 1, 4]}))
+        assert out.status_code == 200, out.text
+        assert out.json()["path"] == "full"
+        assert_scores(out.json()["scores"], reference_scores(service, 6, [3, 1, 4]))
+
+    run_with_client(service, body)

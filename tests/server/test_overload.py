@@ -1,0 +1,123 @@
+"""Overload sheds pre-infer first, then answers ranking 503 + Retry-After; shutdown drains."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from relaygr.server import ServerConfig
+from tests.server.helpers import make_service, run_with_client, system_config
+
+
+def test_ranking_overload_answers_503_with_retry_after() -> None:
+    # One queued ranking request is the limit, and batches take one request: a burst of 24
+    # rankings finds the queue full for most of them.
+    service = make_service(system_config(max_rank_queue_depth=1, batch_max_requests=1,
+                                         slo_ms=250.0))
+
+    async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
+        burst = [client.post("/v1/rank", json={"user_id": 1 + i % 20,
+                                               "candidates": list(range(1, 200))})
+                 for i in range(24)]
+        return list(await asyncio.gather(*burst))
+
+    answers = run_with_client(service, body)
+    shed = [r for r in answers if r.status_code == 503]
+    served = [r for r in answers if r.status_code == 200]
+    assert len(shed) + len(served) == 24
+    assert shed and served
+    for r in shed:
+        assert r.headers["retry-after"] == "1"          # ceil(slo_ms 250 ms)
+        assert r.json()["error"] == "OverloadedError"
+        assert "ranking requests queued" in r.json()["detail"]
+    counters = service.backend.snapshot().counters
+    assert counters.shed_rank == len(shed)
+    assert counters.requests == len(served)
+
+
+def test_preinfer_is_shed_before_ranking() -> None:
+    service = make_service(system_config(shed_preinfer_queue_depth=1, batch_max_requests=1,
+                                         max_rank_queue_depth=64))
+
+    async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
+        # A queue of ranking work first, then visits whose pre-infer signals arrive behind it.
+        ranks = [asyncio.ensure_future(client.post("/v1/rank", json={
+            "user_id": 1 + i, "candidates": list(range(1, 400))})) for i in range(16)]
+        await asyncio.sleep(0.005)
+        visits = await asyncio.gather(*[
+            client.post("/v1/recommend", json={"user_id": 1 + i}) for i in range(16)])
+        assert all(r.status_code == 200 for r in await asyncio.gather(*ranks))
+        return list(visits)
+
+    answers = run_with_client(service, body)
+    assert all(r.status_code == 200 for r in answers)          # ranking still answered all
+    skipped = [r for r in answers if r.json()["preinfer"]["action"] == "skipped"
+               and r.json()["preinfer"]["reason"] is None]
+    counters = service.backend.snapshot().counters
+    assert counters.shed_preinfer == len(skipped) > 0
+    assert counters.shed_rank == 0
+
+
+def test_in_flight_cap_refuses_at_the_door() -> None:
+    service = make_service(system_config(retrieval_delay_ms=200),
+                           ServerConfig(max_in_flight=2, retry_after_s=2.0))
+
+    async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return list(await asyncio.gather(*[
+            client.post("/v1/recommend", json={"user_id": 1 + i}) for i in range(5)]))
+
+    answers = run_with_client(service, body)
+    assert sorted(r.status_code for r in answers) == [200, 200, 503, 503, 503]
+    for r in answers:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == "2"
+            assert r.json()["detail"] == "2 requests in flight (the limit)"
+    assert service.admission.refused == 3
+    assert service.backend.snapshot().counters.requests == 2
+
+
+def test_shutdown_drains_in_flight_requests() -> None:
+    service = make_service(system_config(retrieval_delay_ms=300))
+
+    async def body(client: httpx.AsyncClient) -> None:
+        slow = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 2}))
+        await asyncio.sleep(0.1)
+        assert service.admission.in_flight == 1
+        stopping = asyncio.ensure_future(service.stop())
+        await asyncio.sleep(0.01)
+        late = await client.post("/v1/recommend", json={"user_id": 3})
+        assert late.status_code == 503 and late.json()["detail"] == \
+            "the server is shutting down"
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["draining"] is True
+        assert not stopping.done()               # still waiting for the slow request
+        answer = await slow
+        assert answer.status_code == 200, answer.text
+        await stopping
+        assert service.lifecycle.drained_cleanly
+        assert not any(i.healthy for i in service.backend.snapshot().instances)
+
+    run_with_client(service, body)
+
+
+def test_failed_instance_moves_its_users_and_answers_every_request() -> None:
+    service = make_service()
+    system = service.backend.system  # type: ignore[attr-defined]
+
+    async def body(client: httpx.AsyncClient) -> None:
+        owners = {}
+        for user in range(1, 13):
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            owners[user] = r.json()["instance"]
+        assert set(owners.values()) == {"rank-0", "rank-1"}
+        await system.fail_instance("rank-1")
+        for user in range(1, 13):
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200 and r.json()["instance"] == "rank-0"
+        await system.restart_instance("rank-1")
+        for user in range(1, 13):
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.json()["instance"] == owners[user]        # ownership is deterministic
+
+    run_with_client(service, body)
