@@ -122,21 +122,9 @@ class RelaySystem:
         self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
 
     def _instance(self, index: int, cost_model: LatencyCostModel) -> RankingInstance:
-        cfg = self.config
-        trigger = None
-        if self.spec.trigger is not None:
-            trigger = make_trigger(self.spec.trigger, cost_model, TriggerConfig(
-                slo_ms=cfg.slo_ms, risk_fraction=cfg.risk_fraction,
-                max_pool_fraction=cfg.max_pool_fraction,
-                max_preinfer_tokens_per_s=cfg.max_preinfer_tokens_per_s,
-                burst_tokens=cfg.burst_tokens))
-        return RankingInstance(InstanceConfig(
-            name=f"rank-{index}", device=cfg.devices[index % len(cfg.devices)],
-            device_budget_bytes=cfg.device_budget_bytes if self.spec.device_cache else 0,
-            host_budget_bytes=cfg.host_budget_bytes if self.spec.host_tier else 0,
-            page_tokens=cfg.page_tokens, lease_s=cfg.lease_s, host_ttl_s=cfg.host_ttl_s,
-            batch=BatchPolicy(max_requests=cfg.batch_max_requests),
-            truncate_to_tokens=cfg.truncate_to_tokens), self.model, trigger)
+        return build_instance(self.config, f"rank-{index}",
+                              self.config.devices[index % len(self.config.devices)],
+                              self.model, cost_model)
 
     async def start(self) -> None:
         for inst in self.instances:
@@ -274,3 +262,27 @@ class RelaySystem:
                 await asyncio.gather(*pending, return_exceptions=True)
             else:
                 await asyncio.sleep(0.001)
+
+
+def build_instance(config: SystemConfig, name: str, device: str, model: HSTU,
+                   cost_model: LatencyCostModel) -> RankingInstance:
+    """One ranking instance as ``config``'s mode wants it (trigger, tiers, budgets, batching).
+
+    The embedded system builds its K instances with it, and a Ray Serve replica builds its one
+    instance with it, so both run the same instance logic.
+    """
+    spec = spec_for(Mode.parse(config.mode))
+    trigger = None
+    if spec.trigger is not None:
+        trigger = make_trigger(spec.trigger, cost_model, TriggerConfig(
+            slo_ms=config.slo_ms, risk_fraction=config.risk_fraction,
+            max_pool_fraction=config.max_pool_fraction,
+            max_preinfer_tokens_per_s=config.max_preinfer_tokens_per_s,
+            burst_tokens=config.burst_tokens))
+    return RankingInstance(InstanceConfig(
+        name=name, device=device,
+        device_budget_bytes=config.device_budget_bytes if spec.device_cache else 0,
+        host_budget_bytes=config.host_budget_bytes if spec.host_tier else 0,
+        page_tokens=config.page_tokens, lease_s=config.lease_s, host_ttl_s=config.host_ttl_s,
+        batch=BatchPolicy(max_requests=config.batch_max_requests),
+        truncate_to_tokens=config.truncate_to_tokens), model.eval(), trigger)

@@ -1,0 +1,160 @@
+"""The Ray Serve application: an ingress deployment over a ranking deployment of N replicas.
+
+::
+
+    HTTP ─► Serve proxy ─► RelayIngress (FastAPI app, cascade, history store)
+                              │  handle.preinfer / handle.rank (both legs, same user)
+                              ▼
+                     RelayRequestRouter (relaygr's router, in the ingress process)
+                              ▼
+                RankingReplica × N (one RankingInstance each, one accelerator each)
+
+``build_application(spec)`` binds the two deployments; ``serve_forever(options)`` is
+``relaygr serve --ray``: start or join a cluster, run the app behind Serve's HTTP proxy, and on
+SIGINT/SIGTERM shut Serve down (replicas drain their requests first).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+from ray import serve
+from ray.serve.config import HTTPOptions, RequestRouterConfig
+
+import relaygr
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.modes import Mode, spec_for
+from relaygr.distributed.ingress import RayBackend
+from relaygr.distributed.replica import RankingReplica, ReplicaSpec
+from relaygr.distributed.router import RelayRequestRouter
+from relaygr.errors import ConfigError
+from relaygr.server.app import create_app
+from relaygr.server.build import load_cost_model, load_model, load_store, model_digest
+from relaygr.server.config import ModelSource, ServerConfig
+from relaygr.server.service import RelayService
+
+if TYPE_CHECKING:
+    from relaygr.cli.serve import ServeOptions
+
+APP_NAME = "relaygr"
+
+
+@dataclass(frozen=True)
+class IngressSpec:
+    model: ModelSource
+    model_digest: str
+    system: SystemConfig
+    server: ServerConfig
+    # Ranking tries per request before giving up (each failover goes to the next choice).
+    max_attempts: int = 4
+    torch_threads: int | None = None
+
+
+@serve.ingress()
+class RelayIngress:
+    """The ingress deployment (see ``relaygr.distributed.ingress``)."""
+
+    def __init__(self, ranker: Any, spec: IngressSpec) -> None:
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        model = load_model(spec.model)
+        if model_digest(model) != spec.model_digest:
+            raise ConfigError("the ingress built a different model than the driver")
+        store = load_store(spec.model, model)
+        backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts)
+        self.service = RelayService(backend, spec.server)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self.service)
+
+
+@dataclass(frozen=True)
+class RayAppSpec:
+    """The whole application: model, relay settings, replicas and their resources."""
+
+    model: ModelSource
+    system: SystemConfig
+    server: ServerConfig
+    replicas: int = 2
+    replica_cpus: float = 1.0
+    replica_gpus: float = 0.0
+    ingress_cpus: float = 1.0
+    device: str = "cpu"
+    cost_model: dict[str, Any] | None = None     # None: each replica times its own device
+    ledger_dir: Path | None = None
+    torch_threads: int | None = None
+    # Ray Serve's own per-replica cap; the instance sheds at its own (lower) queue depths.
+    max_ongoing_requests: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"RayAppSpec.replicas must be >= 1, got {self.replicas}")
+
+
+def router_config(system: SystemConfig) -> RequestRouterConfig:
+    """Serve's request router for the ranking deployment: the mode's relaygr router."""
+    mode = spec_for(Mode.parse(system.mode))
+    settings: dict[str, Any] = {"router": mode.router, **dict(mode.router_options)}
+    if mode.router == "affinity":
+        settings.setdefault("spill_queue_depth", system.spill_queue_depth)
+    router_class: Any = RelayRequestRouter     # Serve takes a class or its import path
+    return RequestRouterConfig(request_router_class=router_class,
+                               request_router_kwargs=settings)
+
+
+def build_application(spec: RayAppSpec) -> Any:
+    """The bound Serve application (pass it to ``serve.run``)."""
+    digest = model_digest(load_model(spec.model))
+    replica = ReplicaSpec(spec.model, digest, spec.system, spec.device, spec.cost_model,
+                          spec.ledger_dir, spec.torch_threads)
+    deployment: Any = serve.deployment
+    ranker = deployment(RankingReplica).options(
+        name="RankingReplica", num_replicas=spec.replicas,
+        ray_actor_options={"num_cpus": spec.replica_cpus, "num_gpus": spec.replica_gpus},
+        max_ongoing_requests=spec.max_ongoing_requests,
+        request_router_config=router_config(spec.system))
+    ingress = deployment(RelayIngress).options(
+        name="RelayIngress", num_replicas=1, ray_actor_options={"num_cpus": spec.ingress_cpus},
+        max_ongoing_requests=spec.server.max_in_flight + 64)
+    return ingress.bind(ranker.bind(replica), IngressSpec(
+        spec.model, digest, spec.system, spec.server, torch_threads=spec.torch_threads))
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start (or join) Ray so that its workers import this relaygr (the same source tree)."""
+    src = str(Path(relaygr.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False)
+
+
+def serve_forever(options: ServeOptions) -> int:
+    """``relaygr serve --ray`` (see the module docstring)."""
+    gpus = torch.cuda.device_count()
+    device = options.system.devices[0]
+    cost_model = None
+    if options.cost_model is not None:
+        cost_model = load_cost_model(options.cost_model, load_model(options.model),
+                                     device).to_dict()
+    spec = RayAppSpec(options.model, options.system, options.server, options.replicas,
+                      options.replica_cpus, 1.0 if gpus and device.startswith("cuda") else 0.0,
+                      device=device, cost_model=cost_model)
+    init_ray(options.ray_address)
+    serve.start(http_options=HTTPOptions(host=options.server.host, port=options.server.port))
+    serve.run(build_application(spec), name=APP_NAME, route_prefix="/")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"relaygr: serving on http://{options.server.host}:{options.server.port} "
+          f"({spec.replicas} ranking replicas); Ctrl-C drains and stops")
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()
+    return 0

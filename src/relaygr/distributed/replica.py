@@ -1,0 +1,151 @@
+"""A ranking replica: one ``RankingInstance`` (one accelerator) behind Ray Serve.
+
+The replica is the embedded instance, unchanged: it builds its ``RankingInstance`` with the
+cascade's ``build_instance`` (same trigger, tiers, budgets and scheduler as an in-process
+instance) and answers the two legs of the relay:
+
+* ``preinfer(PreinferCall)``: the instance's pre-infer signal, unless its ranking queue is at
+  ``shed_preinfer_queue_depth`` (then shed, as the embedded system sheds it);
+* ``rank(RankCall)``: the instance ranks (consuming the relayed prefix when it is here), unless
+  its ranking queue is at ``max_rank_queue_depth`` (then the reply says overloaded and the
+  ingress answers 503).
+
+The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
+match, so every process serves the same weights. Replies carry the instance's snapshot (for the
+ingress's /metrics) and the replica's own id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.system import build_instance
+from relaygr.distributed.calls import (
+    ControlCall,
+    PreinferCall,
+    PreinferReply,
+    RankCall,
+    RankReply,
+    ReplicaState,
+)
+from relaygr.distributed.ledger import LegLedger
+from relaygr.engine.types import PreinferAction, PreinferResult
+from relaygr.errors import ConfigError
+from relaygr.relay.costmodel import LatencyCostModel
+from relaygr.relay.measure import fit_on_model
+from relaygr.server.build import load_model, model_digest
+from relaygr.server.config import ModelSource
+from relaygr.server.snapshot import InstanceSnapshot
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """How to build one ranking replica."""
+
+    model: ModelSource
+    model_digest: str
+    system: SystemConfig
+    device: str = "cpu"
+    # A saved cost model (``LatencyCostModel.to_dict()``); None: time the model on this device.
+    cost_model: dict[str, Any] | None = None
+    ledger_dir: Path | None = None
+    # Intra-op threads for this replica's compute (None: PyTorch's default).
+    torch_threads: int | None = None
+    # The instance name; None: this Serve replica's id (what the request router hashes).
+    name: str | None = None
+
+
+def _serve_replica_id() -> str:
+    from ray import serve
+    return str(serve.get_replica_context().replica_id.unique_id)
+
+
+class RankingReplica:
+    """See the module docstring. One event loop (the replica's) drives it."""
+
+    def __init__(self, spec: ReplicaSpec) -> None:
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        model = load_model(spec.model, spec.device)
+        if model_digest(model) != spec.model_digest:
+            raise ConfigError("this replica built a different model than the ingress")
+        cost_model = LatencyCostModel.from_dict(spec.cost_model) if spec.cost_model \
+            else fit_on_model(model, spec.device)
+        self.name = spec.name or _serve_replica_id()
+        self.system = spec.system
+        self.instance = build_instance(spec.system, self.name, spec.device, model, cost_model)
+        self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
+        self.legs: Counter[str] = Counter()
+        self._started = False
+
+    async def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.instance.start()
+
+    async def preinfer(self, call: PreinferCall) -> PreinferReply:
+        await self._start()
+        depth = self.instance.scheduler.rank_queue_depth
+        shed = depth >= self.system.shed_preinfer_queue_depth
+        if shed:
+            result = PreinferResult(PreinferAction.SKIPPED, None, 0)
+        else:
+            result = self.instance.preinfer(call.prefix.to_spec(), call.suffix_tokens,
+                                            call.candidates)
+        self._record(call, "preinfer", "shed" if shed else result.action.value)
+        return PreinferReply(self.name, result, shed, call.note)
+
+    async def rank(self, call: RankCall) -> RankReply:
+        await self._start()
+        depth = self.instance.scheduler.rank_queue_depth
+        if depth >= self.system.max_rank_queue_depth:
+            self._record(call, "rank", "shed")
+            return RankReply(self.name, None, None, InstanceSnapshot.of(self.instance),
+                             call.note, overloaded_retry_s=max(0.1, self.system.slo_ms / 1e3),
+                             detail=f"{self.name} has {depth} ranking requests queued")
+        result = await self.instance.rank(call.to_job())
+        self._record(call, "rank", result.path.value)
+        return RankReply(self.name, result.scores, result.path,
+                         InstanceSnapshot.of(self.instance), call.note)
+
+    async def state(self, call: ControlCall) -> ReplicaState:
+        await self._start()
+        return ReplicaState(self.name, InstanceSnapshot.of(self.instance), dict(self.legs))
+
+    async def quiesce(self, call: ControlCall) -> ReplicaState:
+        """Wait for this instance's background work (pre-infer, demotion, fills) to end."""
+        await self._start()
+        while True:
+            res = self.instance.residency
+            pending = [] if res is None else list(res.background)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            elif self.instance.queue_depth:
+                await asyncio.sleep(0.001)
+            else:
+                return await self.state(call)
+
+    def check_integrity(self) -> None:
+        """The instance's cache structures are consistent (raises AssertionError otherwise)."""
+        res = self.instance.residency
+        if res is not None:
+            res.pool.check_integrity()
+            if res.host is not None:
+                res.host.check_integrity()
+
+    async def integrity(self, call: ControlCall) -> ReplicaState:
+        state = await self.quiesce(call)
+        self.check_integrity()
+        return state
+
+    def _record(self, call: PreinferCall | RankCall, leg: str, outcome: str) -> None:
+        self.legs[leg] += 1
+        if self.ledger is not None:
+            self.ledger.record(call, leg, outcome)

@@ -1,0 +1,137 @@
+"""The Ray topology's logic without a cluster: ingress backend + Serve request router + replicas.
+
+``LocalRanker`` runs the real ``RelayRequestRouter`` and real ``RankingReplica`` objects in this
+process, so these tests check the ingress's two legs, follow, failover and shedding quickly; the
+``ray``-marked tests repeat the key ones on a real local cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import torch
+
+from relaygr.distributed.ingress import RayBackend
+from relaygr.distributed.ledger import read_ledger
+from relaygr.routing import rendezvous_order
+from relaygr.server import RelayService, ServerConfig
+from relaygr.server.build import load_model, load_store
+from tests.distributed.helpers import LocalRanker, full_scores
+from tests.server.helpers import SOURCE, client_for, system_config
+
+NAMES = ["replica-a", "replica-b"]
+
+
+def service_over(ranker: LocalRanker) -> RelayService:
+    model = load_model(SOURCE)
+    backend = RayBackend(ranker, model, load_store(SOURCE, model), ranker.system)
+    return RelayService(backend, ServerConfig())
+
+
+async def with_client(service: RelayService, body):  # type: ignore[no-untyped-def]
+    async with client_for(service) as client:
+        return await body(client)
+
+
+def test_both_legs_reach_the_owner_and_scores_are_exact(tmp_path: Path) -> None:
+    ranker = LocalRanker(NAMES, ledger=tmp_path)
+    service = service_over(ranker)
+    store = service.backend.store
+
+    async def body(client: httpx.AsyncClient) -> None:
+        for user in range(1, 11):
+            history = store.get(user)
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["instance"] == out["preinfer"]["instance"] == \
+                rendezvous_order(user, NAMES)[0]
+            torch.testing.assert_close(
+                torch.tensor(out["scores"]),
+                full_scores(history.items, history.timestamps, out["candidates"]).float(),
+                atol=1e-4, rtol=1e-4)
+            assert out["path"] in ("pending_wait", "device_hit")
+
+    asyncio.run(with_client(service, body))
+    legs: dict[str, dict[str, str]] = defaultdict(dict)
+    for row in read_ledger(tmp_path):
+        legs[row.request_id][row.leg] = row.replica
+        assert row.routed_to == row.replica           # the router's belief matched reality
+    assert len(legs) == 10
+    assert all(v["preinfer"] == v["rank"] for v in legs.values())
+    assert {v["rank"] for v in legs.values()} == set(NAMES)
+
+
+def test_prefill_then_rank_follows_and_events_append(tmp_path: Path) -> None:
+    ranker = LocalRanker(NAMES, ledger=tmp_path)
+    service = service_over(ranker)
+    store = service.backend.store
+
+    async def body(client: httpx.AsyncClient) -> None:
+        pre = (await client.post("/v1/prefill", json={"user_id": 4})).json()
+        ranked = (await client.post("/v1/rank", json={"user_id": 4,
+                                                      "candidates": [5, 6, 7]})).json()
+        assert ranked["instance"] == pre["instance"]
+        assert ranked["path"] in ("pending_wait", "device_hit")
+        n = store.num_events(4)
+        last = int(store.get(4).timestamps[-1])
+        visit = {"user_id": 4, "recent_items": [9], "recent_timestamps": [last + 1]}
+        assert (await client.post("/v1/recommend", json=visit)).status_code == 200
+        assert store.num_events(4) == n + 1
+        assert service.backend.snapshot().counters.remembered_prefills == 0
+
+    asyncio.run(with_client(service, body))
+
+
+def test_a_dead_replica_loses_no_request_and_its_users_move(tmp_path: Path) -> None:
+    ranker = LocalRanker(NAMES, ledger=tmp_path)
+    service = service_over(ranker)
+    store = service.backend.store
+    victim = "replica-b"
+    users = list(range(1, 13))
+    owned = [u for u in users if rendezvous_order(u, NAMES)[0] == victim]
+    assert owned
+
+    async def body(client: httpx.AsyncClient) -> None:
+        ranker.kill(victim)                           # dead, but still in the membership
+        answers = await asyncio.gather(*[client.post("/v1/recommend", json={"user_id": u})
+                                         for u in users])
+        for user, r in zip(users, answers, strict=True):
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["instance"] == "replica-a"
+            history = store.get(user)
+            torch.testing.assert_close(
+                torch.tensor(out["scores"]),
+                full_scores(history.items, history.timestamps, out["candidates"]).float(),
+                atol=1e-4, rtol=1e-4)
+        ranker.forget(victim)                        # the membership catches up
+        r = await client.post("/v1/recommend", json={"user_id": owned[0]})
+        assert r.json()["instance"] == "replica-a"
+
+    asyncio.run(with_client(service, body))
+    assert service.backend.snapshot().counters.failovers == len(owned)
+    served = {row.user_id for row in read_ledger(tmp_path) if row.leg == "rank"}
+    assert served == set(users)
+    assert all(row.replica == "replica-a" for row in read_ledger(tmp_path))
+
+
+def test_replica_sheds_ranking_as_503(tmp_path: Path) -> None:
+    ranker = LocalRanker(NAMES, system=system_config(max_rank_queue_depth=1,
+                                                     batch_max_requests=1, slo_ms=1500.0))
+    service = service_over(ranker)
+
+    async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return list(await asyncio.gather(*[
+            client.post("/v1/rank", json={"user_id": 1 + i % 10,
+                                          "candidates": list(range(1, 200))})
+            for i in range(20)]))
+
+    answers = asyncio.run(with_client(service, body))
+    shed = [r for r in answers if r.status_code == 503]
+    assert shed and len(shed) + sum(r.status_code == 200 for r in answers) == 20
+    assert all(r.headers["retry-after"] == "2" for r in shed)
+    assert service.backend.snapshot().counters.shed_rank == len(shed)
