@@ -67,8 +67,8 @@ def test_prefill_then_rank_lands_on_the_prefill_instance() -> None:
             assert pre.status_code == 200, pre.text
             assert pre.json()["action"] == "prefill"
             candidates = [11, 42, 99, 7]
-            ranked = await client.post("/v1/rank", json={"user_id": user,
-                                                         "candidates": candidates})
+            ranked = await client.post("/v1/rank", json={  # 99.0 is an integer in JSON Schema
+                "user_id": user, "candidates": [11, 42, 99.0, 7]})
             assert ranked.status_code == 200, ranked.text
             out = ranked.json()
             assert out["instance"] == pre.json()["instance"]

@@ -5,9 +5,10 @@ drive it with httpx's ASGI transport and ``relaygr serve`` runs it on uvicorn (t
 serves the same app). The lifespan starts the service and, on shutdown, drains in-flight
 requests before stopping the instances.
 
-Status codes: 200 answered; 404 unknown user; 413 body over the limit; 422 malformed or invalid
-input (wrong types, unknown fields, ids outside the catalogue, sequences over the model's length,
-empty or oversize lists); 503 overloaded, draining or no healthy instance, with ``Retry-After``.
+Status codes: 200 answered; 400 a body that cannot be read as text; 404 unknown user (or
+path); 413 body over the limit; 422 malformed or invalid input (wrong types, unknown fields, ids
+outside the catalogue, sequences over the model's length, empty or oversize lists); 503
+overloaded, draining or no healthy instance, with ``Retry-After``.
 Every error body is ``{"error": <type>, "detail": <what is wrong>}``.
 """
 
@@ -16,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relaygr import __version__
 from relaygr.errors import (
@@ -48,7 +51,7 @@ from relaygr.server.service import RelayService
 ENDPOINTS = frozenset({"/v1/recommend", "/v1/prefill", "/v1/rank", "/v1/events", "/healthz",
                        "/readyz", "/metrics"})
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (404, 413, 422, 503)}
+    status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
 
 
 def _error(status: int, exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -65,6 +68,13 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = ErrorResponse(error=HTTPStatus(exc.status_code).phrase.replace(" ", ""),
+                             detail=str(exc.detail))
+        return JSONResponse(body.model_dump(), status_code=exc.status_code,
+                            headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         body = ErrorResponse(error="RequestValidationError", detail=_validation_detail(exc))

@@ -16,8 +16,9 @@ from relaygr.errors import ConfigError
 KiB = 1 << 10
 
 # Hard caps that the OpenAPI schema itself states (the configured limits below are tighter):
-# they keep every integer inside int64 and every list bounded before any check runs.
-MAX_INT64 = (1 << 63) - 1
+# they keep every integer exact in JSON (2**53 - 1 is the largest integer every JSON parser
+# holds exactly) and every list bounded before any check runs.
+MAX_JSON_INT = (1 << 53) - 1
 MAX_LIST_ITEMS = 1 << 16
 # Unix seconds: far enough in the future for any log, small enough that gaps never overflow.
 MAX_TIMESTAMP_S = 1 << 40
@@ -35,7 +36,7 @@ class ServerConfig:
     """Request limits, shedding and draining of one HTTP server."""
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = 8000                # 0: any free port
     # A ranking request with 4096 candidates and a 1024-event suffix is ~60 KiB of JSON; 1 MiB
     # leaves room for long event appends while refusing anything that is clearly not a request.
     max_body_bytes: int = 1024 * KiB
@@ -52,7 +53,9 @@ class ServerConfig:
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_body_bytes", "max_candidates", "max_events_per_request",
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"ServerConfig.port must be in 0..65535, got {self.port!r}")
+        for name in ("max_body_bytes", "max_candidates", "max_events_per_request",
                      "max_in_flight"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

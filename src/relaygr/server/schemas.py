@@ -1,7 +1,8 @@
 """The HTTP API's request and response bodies (pydantic, strict).
 
-Requests are strict (``"1"`` is not an int, ``1.5`` is not an item id) and closed (an unknown
-field is an error), and every integer and list is bounded in the schema itself, so the OpenAPI
+Requests are strict (``"1"`` and ``true`` are not integers, ``1.5`` is not an item id; ``2.0``
+is, as JSON Schema's ``integer`` says) and closed (an unknown field is an error), and every
+integer and list is bounded in the schema itself, so the OpenAPI
 document says what is accepted. Bounds that depend on the served model or the configuration
 (item ids up to ``num_items``, history length up to ``max_seq_len``, the candidate limit) are
 checked by ``relaygr.server.validation`` and rejected with a typed error naming the limit.
@@ -9,17 +10,33 @@ checked by ``relaygr.server.validation`` and rejected with a typed error naming 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from relaygr.engine.types import PreinferAction, RankPath
-from relaygr.server.config import MAX_INT64, MAX_LIST_ITEMS, MAX_TIMESTAMP_S
+from relaygr.server.config import MAX_JSON_INT, MAX_LIST_ITEMS, MAX_TIMESTAMP_S
 
-UserId = Annotated[int, Field(ge=0, le=MAX_INT64, description="user id")]
-ItemId = Annotated[int, Field(ge=1, le=MAX_INT64, description="item id (1..num_items)")]
-Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds")]
-Count = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS)]
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's ``integer``: a number with no fractional part (``2.0`` is 2); never a
+    string or a boolean."""
+    if isinstance(value, (bool, str)):
+        raise ValueError(f"expected an integer, got {type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"expected an integer, got {value!r}")
+        return int(value)
+    return value
+
+
+# The bounds come before the validator so that they reach the schema as minimum/maximum.
+_INTEGER = BeforeValidator(_json_integer)
+UserId = Annotated[int, Field(ge=0, le=MAX_JSON_INT, description="user id"), _INTEGER]
+ItemId = Annotated[int, Field(ge=1, le=MAX_JSON_INT, description="item id (1..num_items)"),
+                   _INTEGER]
+Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds"), _INTEGER]
+Count = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS), _INTEGER]
 ItemList = Annotated[list[ItemId], Field(max_length=MAX_LIST_ITEMS)]
 TimestampList = Annotated[list[Timestamp], Field(max_length=MAX_LIST_ITEMS)]
 
@@ -57,7 +74,7 @@ class PrefillRequest(_Request):
     """``POST /v1/prefill``: the pre-infer signal for a user whose ranking request follows."""
 
     user_id: UserId
-    suffix_tokens: Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS)] = 0
+    suffix_tokens: Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS), _INTEGER] = 0
     num_candidates: Count | None = None
 
 

@@ -26,6 +26,7 @@ class TierSnapshot:
     unevictable_bytes: int
     entries: int
     pending: int
+    in_use: int
     hits: int
     misses: int
     stale_misses: int
@@ -37,8 +38,9 @@ class TierSnapshot:
     @classmethod
     def of(cls, stats: TierStats) -> TierSnapshot:
         return cls(stats.used_bytes, stats.budget_bytes, stats.unevictable_bytes,
-                   stats.entries, stats.pending, stats.hits, stats.misses, stats.stale_misses,
-                   stats.admitted, stats.evictions, stats.expired, stats.aborted)
+                   stats.entries, stats.pending, stats.in_use, stats.hits, stats.misses,
+                   stats.stale_misses, stats.admitted, stats.evictions, stats.expired,
+                   stats.aborted)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,245 @@
+"""Reliability figures of ``relaygr serve`` (embedded), printed and written as JSON.
+
+    PYTHONPATH=src python scripts/reliability.py [fuzz|soak|failover|all] [--quick]
+
+* fuzz: schemathesis generates requests from the served OpenAPI schema (valid and invalid, per
+  operation) against a live server on loopback; every answer must be < 500, conform to the
+  schema, and a rejected request must leave the server's state fingerprint unchanged.
+* soak: find the SLO-compliant QPS (highest step whose ranking P99 of answered requests is
+  within the SLO and nothing is shed), then hold 1.5x that for a few minutes: server RSS over
+  time, shed requests counted (client 503s == server counters), P99 of admitted requests,
+  and after the run every pool and host tier passes ``check_integrity()`` with nothing pinned.
+* failover: load at 0.7x the SLO-compliant QPS; fail an instance, later restart it; every
+  request answered and scores equal a full recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.server.build import load_model, load_store
+from relaygr.server.config import ModelSource, ServerConfig
+from relaygr.server.loadgen import LoadResult, LoadSpec, run_open_loop
+from relaygr.server.loopback import LoopbackServer, LoopbackSpec
+
+MODEL = ModelSource(size="small", num_items=10_000, max_seq_len=2048, num_users=2000,
+                    min_events=64, max_events=1024)
+SLO_MS = 100.0
+# Overload bounds: a ranking queue of 3 per instance is what 2 cores drain within the SLO.
+SYSTEM = SystemConfig(num_instances=2, slo_ms=SLO_MS, num_candidates=64, retrieval_k=256,
+                      shed_preinfer_queue_depth=2, max_rank_queue_depth=3)
+
+
+def spec(system: SystemConfig = SYSTEM) -> LoopbackSpec:
+    return LoopbackSpec(MODEL, system, ServerConfig(port=0, drain_timeout_s=10), None, 1)
+
+
+def summary(result: LoadResult) -> dict[str, Any]:
+    return {"offered_qps": result.offered_qps, "duration_s": result.duration_s,
+            "counts": result.counts, "paths": result.paths(),
+            "ranking_p50_ms": result.ranking_ms(50), "ranking_p99_ms": result.ranking_ms(99),
+            "e2e_p50_ms": result.e2e_ms(50), "e2e_p99_ms": result.e2e_ms(99)}
+
+
+def load(server: LoopbackServer, qps: float, duration_s: float, seed: int = 0,
+         keep: bool = False, actions: tuple[Any, ...] = ()) -> LoadResult:
+    users = tuple(range(1, MODEL.num_users + 1))
+    return asyncio.run(run_open_loop(server.url, LoadSpec(qps, duration_s, users, seed=seed),
+                                     keep, actions))
+
+
+# ---- fuzz --------------------------------------------------------------------------------------
+def fuzz(examples: int) -> dict[str, Any]:
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+
+    small = replace(MODEL, size="tiny", num_users=50, max_events=512)
+    system = SYSTEM.with_(retrieval_k=32, num_candidates=8)
+    tally: dict[str, dict[str, int]] = {}
+    problems: list[str] = []
+    with LoopbackServer(LoopbackSpec(small, system, ServerConfig(port=0), None, 1)) as server:
+        schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+        for result in schema.get_all_operations():
+            op = result.ok()
+            for mode in (schemathesis.GenerationMode.POSITIVE,
+                         schemathesis.GenerationMode.NEGATIVE):
+                counts = tally.setdefault(f"{op.method.upper()} {op.path} {mode.value}", {})
+                strategy = op.as_strategy(generation_mode=mode)
+                if mode is schemathesis.GenerationMode.POSITIVE:
+                    strategy = strategy.map(_mostly_known_user)
+                test = given(case=strategy)(_fuzz_test(server, counts, problems))
+                try:
+                    settings(max_examples=examples, deadline=None, database=None,
+                             suppress_health_check=list(HealthCheck))(test)()
+                except Unsatisfiable:       # nothing to make invalid (no parameters, no body)
+                    counts["no invalid input exists"] = 1
+    return {"examples_per_mode": examples, "statuses": tally, "problems": problems[:20],
+            "problem_count": len(problems)}
+
+
+def _mostly_known_user(case: Any) -> Any:
+    """Point valid bodies at users the server has (ids 1..50, of 0..63) and at items in its
+    catalogue, so that valid requests reach ranking instead of all ending as unknown users."""
+    body = case.body
+    if not isinstance(body, dict):
+        return case
+    if isinstance(body.get("user_id"), (int, float)):
+        body["user_id"] = int(body["user_id"]) % 64
+    for name in ("recent_items", "candidates", "items"):
+        if isinstance(body.get(name), list):
+            body[name] = [int(x) % MODEL.num_items + 1 for x in body[name]]
+    return case
+
+
+def _fuzz_test(server: LoopbackServer, counts: dict[str, int],
+               problems: list[str]) -> Any:
+    def test(case: Any) -> None:
+        _fuzz_one(server, case, counts, problems)
+    return test
+
+
+def _fuzz_one(server: LoopbackServer, case: Any, counts: dict[str, int],
+              problems: list[str]) -> None:
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    before = server.report().fingerprint
+    response = case.call(base_url=server.url)
+    status = response.status_code
+    key = str(status)
+    if 400 <= status < 500:
+        key += " " + str(response.json().get("error", "?"))
+    counts[key] = counts.get(key, 0) + 1
+    if status >= 500:
+        problems.append(f"{case.method} {case.path}: {status} {response.text[:200]}")
+    if 400 <= status < 500 and server.report().fingerprint != before:
+        problems.append(f"state changed by a rejected {case.method} {case.path}")
+    try:
+        # Schema conformance of every answer, documented status codes and headers, invalid
+        # input rejected. Not "valid input accepted": the schema cannot say which users exist,
+        # how large the catalogue is or how long a history may grow; those 4xx are tallied.
+        case.validate_response(response, excluded_checks=[positive_data_acceptance])
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # schemathesis raises a (Base)ExceptionGroup of failures
+        problems.append(f"{case.method} {case.path}: {str(exc)[:400]}")
+
+
+# ---- soak --------------------------------------------------------------------------------------
+def slo_qps(server: LoopbackServer, steps: list[float], step_s: float) -> tuple[float, list]:
+    """The highest step whose answered ranking P99 <= SLO with nothing shed or lost."""
+    best, trials = 0.0, []
+    for qps in steps:
+        result = load(server, qps, step_s, seed=int(qps))
+        trials.append(summary(result))
+        passed = result.ranking_ms(99) <= SLO_MS and result.counts.get("answered", 0) == \
+            len(result.outcomes)
+        print(f"  {qps:5.1f} QPS: ranking P99 {result.ranking_ms(99):6.1f} ms, "
+              f"{result.counts} -> {'pass' if passed else 'fail'}", flush=True)
+        if not passed:
+            break
+        best = qps
+    return best, trials
+
+
+def soak(minutes: float, steps: list[float], step_s: float) -> dict[str, Any]:
+    with LoopbackServer(spec()) as server:
+        base, trials = slo_qps(server, steps, step_s)
+        assert base > 0, "no QPS step met the SLO"
+        qps = 1.5 * base
+        rss: list[tuple[float, int]] = []
+        start = time.perf_counter()
+        samples = [(60.0 * minutes * k / 12, lambda: rss.append(
+            (time.perf_counter() - start, server.report().rss_bytes))) for k in range(13)]
+        print(f"soak at {qps:.1f} QPS (1.5 x {base}) for {minutes} min", flush=True)
+        result = load(server, qps, 60.0 * minutes, seed=7, actions=tuple(samples))
+        after = server.report()
+    shed_client = result.counts.get("shed", 0)
+    half = [b for t, b in rss if t >= 30.0 * minutes]
+    return {"slo_ms": SLO_MS, "slo_qps": base, "search": trials, "soak": summary(result),
+            "soak_qps": qps, "rss_mib": [(round(t), round(b / 2**20, 1)) for t, b in rss],
+            "rss_growth_second_half_mib": round((max(half) - min(half)) / 2**20, 1),
+            "shed_client": shed_client,
+            "shed_server": after.counters.shed_rank + after.refused_at_door,
+            "shed_preinfer": after.counters.shed_preinfer,
+            "integrity_error": after.integrity_error, "pinned_entries": after.pinned_entries,
+            "in_flight_after": after.in_flight, "user_locks_after": after.user_locks}
+
+
+# ---- failover ----------------------------------------------------------------------------------
+def failover(qps: float, duration_s: float) -> dict[str, Any]:
+    with LoopbackServer(spec()) as server:
+        actions = ((duration_s / 4, lambda: server.fail("rank-1")),
+                   (duration_s / 2, lambda: server.restart("rank-1")))
+        result = load(server, qps, duration_s, seed=3, keep=True, actions=actions)
+        after = server.report()
+    model = load_model(MODEL)
+    store = load_store(MODEL, model)          # the server's users (no visit appends events)
+    worst = 0.0
+    for o in result.answered()[::4]:
+        assert o.body is not None
+        h = store.get(o.user_id)
+        want = model.rank(torch.tensor(o.body["candidates"]), prefix_items=torch.tensor(h.items),
+                          prefix_timestamps=torch.tensor(h.timestamps))
+        worst = max(worst, float((torch.tensor(o.body["scores"]) - want).abs().max()))
+    by_instance: dict[str, int] = {}
+    for o in result.answered():
+        assert o.body is not None
+        by_instance[o.body["instance"]] = by_instance.get(o.body["instance"], 0) + 1
+    return {"qps": qps, "duration_s": duration_s, "fail_at_s": duration_s / 4,
+            "restart_at_s": duration_s / 2, "load": summary(result),
+            "answered_by_instance": by_instance, "failovers": after.counters.failovers,
+            "max_abs_score_diff_vs_full_recompute": worst,
+            "checked_responses": len(result.answered()[::4]),
+            "integrity_error": after.integrity_error}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["fuzz", "soak", "failover", "all"], default="all",
+                        nargs="?")
+    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
+    parser.add_argument("--out", type=Path, default=Path("out/reliability.json"))
+    args = parser.parse_args()
+    quick = args.quick
+    steps = [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0]
+    figures: dict[str, Any] = {"machine": f"{platform.node()} ({platform.processor() or '?'}), "
+                               f"{torch.get_num_threads()} torch threads, shared",
+                               "model": asdict(MODEL) | {"checkpoint": None},
+                               "system": asdict(SYSTEM)}
+    if args.what in ("fuzz", "all"):
+        figures["fuzz"] = fuzz(10 if quick else 60)
+        print(json.dumps(figures["fuzz"], indent=1), flush=True)
+    if args.what in ("soak", "all"):
+        figures["soak"] = soak(0.5 if quick else 3.0, steps, 5.0 if quick else 20.0)
+        print(json.dumps({k: v for k, v in figures["soak"].items() if k != "search"},
+                         indent=1), flush=True)
+    if args.what in ("failover", "all"):
+        base = figures.get("soak", {}).get("slo_qps", 6.0)
+        figures["failover"] = failover(max(1.0, 0.7 * base), 20.0 if quick else 60.0)
+        print(json.dumps(figures["failover"], indent=1), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=1, default=str) + "\n")
+    print(f"wrote {args.out}")
+    bad = figures.get("fuzz", {}).get("problem_count", 0) or \
+        figures.get("soak", {}).get("integrity_error") or \
+        figures.get("failover", {}).get("load", {}).get("counts", {}).get("failed", 0)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
