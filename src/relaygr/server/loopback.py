@@ -98,7 +98,8 @@ class LoopbackServer:
         return value
 
     def report(self) -> ServerReport:
-        return self._ask("report")  # type: ignore[no-any-return]
+        report: ServerReport = self._ask("report")
+        return report
 
     def fail(self, instance: str) -> None:
         self._ask("fail", instance)
