@@ -1,4 +1,7 @@
-"""Ray tests are marked ``ray`` (and ``slow``: they start a local Ray cluster)."""
+"""Distributed tests need Ray Serve (the ``ray`` extra); without it they are not collected.
+
+Tests that start a local Ray cluster are marked ``ray`` (and ``slow``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,13 @@ import warnings
 
 import pytest
 
-# Ray Serve's own pydantic models warn when first imported; they are not ours to fix.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import ray.serve  # noqa: F401
+try:
+    # Ray Serve's own pydantic models warn when first imported; they are not ours to fix.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import ray.serve  # noqa: F401
+except ImportError:
+    collect_ignore_glob = ["test_*.py"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -58,6 +58,23 @@ def test_ranking_goes_before_queued_prefill_rounds() -> None:
     assert asyncio.run(scenario()) == ["rank:a", "rank:b", "p:1", "p:2", "p:3"]
 
 
+def test_a_prefill_that_ranking_waits_on_alternates_with_ranking_batches() -> None:
+    async def scenario() -> list[str]:
+        trace = Trace()
+        sched = make(trace, max_requests=1)
+        job = sched.submit_prefill(*trace.prefill("p", 3))
+        job.waiters = 1                  # a ranking request awaits this prefix
+        ranks = [sched.submit_rank(x, 1) for x in "abcd"]
+        sched.start()
+        assert [await r for r in ranks] == ["A", "B", "C", "D"]
+        assert await job.future == "p-done"
+        await sched.stop()
+        return trace.events
+
+    assert asyncio.run(scenario()) == ["rank:a", "p:1", "rank:b", "p:2", "rank:c", "p:3",
+                                       "rank:d"]
+
+
 def test_ranking_arriving_mid_prefill_waits_at_most_one_round() -> None:
     async def scenario() -> list[str]:
         trace = Trace()

@@ -163,6 +163,8 @@ class RayBackend:
         out = []
         for target, state in zip(targets, states, strict=True):
             if isinstance(state, ReplicaState):
+                if target is not None and state.replica != target:
+                    self.snapshots.pop(target, None)     # it left; another replica answered
                 self.snapshots[state.replica] = state.snapshot
                 out.append(state)
             elif target is not None and isinstance(state, REPLICA_LOST):

@@ -4,6 +4,9 @@ Each turn of the loop runs exactly one unit of compute on the instance's executo
   1. if ranking work is queued, one batch of it (``BatchPolicy`` decides how much);
   2. otherwise one chunk round of one pre-infer job: the job a ranking request is waiting on
      first (its prefix is now on the critical path), then the earliest-submitted.
+Exception to 1: a pre-infer job that a ranking request waits on is itself ranking work, so
+after each ranking batch it gets one round (turns alternate while both are pending); without
+this, steady ranking traffic would starve it and its waiting request without bound.
 So a ranking request never waits behind more than one pre-infer chunk, whose size the model
 bounds (``HSTUConfig.query_block`` / ``score_block_elems``).
 
@@ -139,15 +142,19 @@ class InstanceScheduler:
 
     # ---- the loop ----------------------------------------------------------------------------
     async def _loop(self) -> None:
+        ranked_last = False
         while not self._stopped:
             if not self._rank_queue and not self._prefills:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            if self._rank_queue:
+            waited_on = ranked_last and any(w.waiters for w in self._prefills)
+            if self._rank_queue and not waited_on:
                 await self._run_rank_batch()
+                ranked_last = True
             else:
                 await self._run_prefill_round()
+                ranked_last = False
 
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
