@@ -288,7 +288,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/reliability.json"))
     args = parser.parse_args()
     quick = args.quick
-    steps = [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0]
+    steps = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0]
     figures: dict[str, Any] = {"machine": f"{platform.node()} ({platform.processor() or '?'}), "
                                f"{torch.get_num_threads()} torch threads, shared",
                                "model": asdict(MODEL) | {"checkpoint": None},
