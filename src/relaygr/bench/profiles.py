@@ -1,0 +1,85 @@
+"""Benchmark profiles: the model, SLO and workload a device is measured with.
+
+* ``cpu`` (the default without a GPU): a model small enough that on one CPU core per instance
+  the full-pass ranking of a short history (~1k tokens, 256 candidates) sits near the 50 ms SLO,
+  which is the regime production is in today: the SLO caps the sequence length. The earlier
+  stages take 120 ms (retrieval 80 + pre-processing 40, inside a few-hundred-ms request), the
+  window pre-inference hides in.
+* ``dlrmv3`` (the default on CUDA): the MLPerf Inference DLRMv3 HSTU, 5 layers, dim 512,
+  4 heads of 128, 2048 candidates per query, ranking P99 bound 80 ms; its mixed workload is the
+  DLRMv3 query profile (histories of ~6.7k events, ~7 visits per user, ~100 new events each).
+* ``dlrmv3-cpu``: the same profile scaled for CPU (lengths and candidates x 1/8, dim 128).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaygr.errors import ConfigError
+
+# Longest history any profile's workload reaches: the 8k sweep tail plus what a user's visits
+# append during a point (a few hundred events at most).
+_LONG_TAIL_TOKENS = 8192 + 1024
+
+
+@dataclass(frozen=True)
+class BenchProfile:
+    name: str
+    model_size: dict[str, int]           # dim, num_layers, num_heads
+    max_seq_len: int
+    slo_ms: float
+    num_candidates: int
+    retrieval_ms: float
+    preprocessing_ms: float
+    sweep_lengths: tuple[int, ...]
+    sweep_qps: float
+    mixed_source: str
+    mixed_params: Mapping[str, Any] = field(default_factory=dict)
+    population: Mapping[str, Any] = field(default_factory=dict)
+    num_items: int = 50_000
+
+    def population_params(self) -> dict[str, Any]:
+        """SyntheticConfig parameters of the sweep and fixed-length throughput population."""
+        return {"num_items": self.num_items, "num_candidates": self.num_candidates,
+                "stage_delays": {"retrieval_ms": self.retrieval_ms,
+                                 "preprocessing_ms": self.preprocessing_ms},
+                **self.population}
+
+    def mixed_workload_params(self) -> dict[str, Any]:
+        if self.mixed_source == "synthetic":
+            return {**self.population_params(), **self.mixed_params}
+        return {"stage_delays": {"retrieval_ms": self.retrieval_ms,
+                                 "preprocessing_ms": self.preprocessing_ms},
+                **self.mixed_params}
+
+
+PROFILES: dict[str, BenchProfile] = {
+    "cpu": BenchProfile(
+        name="cpu", model_size={"dim": 64, "num_layers": 2, "num_heads": 2},
+        max_seq_len=_LONG_TAIL_TOKENS, slo_ms=50.0, num_candidates=256,
+        retrieval_ms=80.0, preprocessing_ms=40.0,
+        sweep_lengths=(256, 512, 1024, 2048, 4096, 8192), sweep_qps=4.0,
+        mixed_source="synthetic"),
+    "dlrmv3": BenchProfile(
+        name="dlrmv3", model_size={"dim": 512, "num_layers": 5, "num_heads": 4},
+        max_seq_len=16384, slo_ms=80.0, num_candidates=2048,
+        retrieval_ms=40.0, preprocessing_ms=30.0,
+        sweep_lengths=(1024, 2048, 4096, 8192, 16384), sweep_qps=20.0,
+        mixed_source="dlrmv3", num_items=1_000_000),
+    "dlrmv3-cpu": BenchProfile(
+        name="dlrmv3-cpu", model_size={"dim": 128, "num_layers": 5, "num_heads": 4},
+        max_seq_len=2048, slo_ms=80.0, num_candidates=256,
+        retrieval_ms=40.0, preprocessing_ms=30.0,
+        sweep_lengths=(256, 512, 1024, 2048), sweep_qps=4.0,
+        mixed_source="dlrmv3", mixed_params={"scale": 0.125, "dim_scale": 0.25,
+                                             "num_items": 100_000},
+        num_items=100_000),
+}
+
+
+def profile_named(name: str) -> BenchProfile:
+    if name not in PROFILES:
+        raise ConfigError(f"unknown bench profile {name!r}; choose one of {sorted(PROFILES)}")
+    return PROFILES[name]
