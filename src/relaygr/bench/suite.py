@@ -89,12 +89,15 @@ class BenchSuite:
             drain_timeout_s=budget.drain_timeout_s, slo_ms=self.config.slo_ms,
             stop_when_failed=budget.stop_when_failed)
         length = "" if prefix_len is None else f" len {prefix_len}"
-        self.progress.start_point(f"{phase} {mode}{length} @ {qps:.3g} QPS",
-                                  len(workload.requests))
+        label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
+        self.progress.start_point(label, len(workload.requests))
         result = await run_point(self.systems[mode], workload, options, self.progress)
         self.progress.end_point()
         stats = point_stats(result, mode, phase, qps, prefix_len)
         self.points.append(stats)
+        verdict = "meets" if stats.meets_slo(self.config.slo_ms) else "misses"
+        self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
+                           f"{stats.ranking.p99_ms:.1f} ms, {verdict} SLO")
         return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:
