@@ -2,9 +2,11 @@
 
 ``CascadeUnderTest`` adapts ``RelaySystem.recommend`` to the benchmark protocol: a visit goes
 through the whole cascade (pre-infer signal, retrieval, pre-processing, ranking) and comes back
-as a ``RequestRecord`` on the run's clock. A ranking request is due at its scheduled send time
-plus the configured stage delays, so a late event loop or a slow earlier stage is charged to the
-ranking latency rather than hidden.
+as a ``RequestRecord`` on the run's clock. Ranking latency runs from the moment pre-processing
+hands the ranking request over (the ranking stage cannot start earlier) to its scores: queueing
+and compute at the ranking instance. End-to-end latency runs from the visit's *scheduled* send
+time, so any lateness (a late dispatch, an earlier stage finishing after its configured delay,
+an event loop kept busy) is charged there rather than hidden.
 
 ``mode_factories`` builds one factory per mode; all modes share the model, the fitted latency
 cost model and the retrieval index (built once), and each point gets a fresh history store from
@@ -36,11 +38,9 @@ from relaygr.relay.costmodel import LatencyCostModel
 class CascadeUnderTest:
     """One mode of the relay as the benchmark drives it (see the module docstring)."""
 
-    def __init__(self, system: RelaySystem, clock: RunClock, stage_delay_s: float,
-                 keep_scores: bool) -> None:
+    def __init__(self, system: RelaySystem, clock: RunClock, keep_scores: bool) -> None:
         self.system = system
         self.clock = clock
-        self.stage_delay_s = stage_delay_s
         self.keep_scores = keep_scores
 
     async def start(self) -> None:
@@ -55,7 +55,7 @@ class CascadeUnderTest:
             request.request_ts, request.num_candidates))
         offset = self.clock.now_s() - time.perf_counter()     # perf_counter -> run clock
         done = rec.ranking_done_s + offset
-        due = min(request.send_s + self.stage_delay_s, done)
+        due = min(max(rec.ranking_due_s + offset, request.send_s), done)
         pre = rec.preinfer
         return RequestRecord(
             request_id=request.request_id, user_id=request.user_id, ranking_due_s=due,
@@ -115,7 +115,7 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)
             system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retriever)
-            return CascadeUnderTest(system, ctx.clock, config.stage_delay_s, ctx.keep_scores)
+            return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)
         return build
 
     return {mode: factory_for(mode) for mode in modes}
