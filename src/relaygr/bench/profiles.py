@@ -39,6 +39,10 @@ class BenchProfile:
     mixed_params: Mapping[str, Any] = field(default_factory=dict)
     population: Mapping[str, Any] = field(default_factory=dict)
     num_items: int = 50_000
+    # Per-instance cache budgets: a device pool that holds tens of long prefixes (the in-flight
+    # relay and a short LRU), and a host tier several times larger (the expander).
+    device_budget_bytes: int = 128 << 20
+    host_budget_bytes: int = 512 << 20
 
     def population_params(self) -> dict[str, Any]:
         """SyntheticConfig parameters of the sweep and fixed-length throughput population."""
@@ -67,7 +71,10 @@ PROFILES: dict[str, BenchProfile] = {
         max_seq_len=16384, slo_ms=80.0, num_candidates=2048,
         retrieval_ms=40.0, preprocessing_ms=30.0,
         sweep_lengths=(1024, 2048, 4096, 8192, 16384), sweep_qps=20.0,
-        mixed_source="dlrmv3", num_items=1_000_000),
+        mixed_source="dlrmv3", num_items=1_000_000,
+        # 5 layers x dim 512 x 2 (K, V) x 2 bytes (bf16) = 10 KiB per token: 4 GiB holds
+        # ~60 DLRMv3 histories on the device; 32 GiB of pinned host memory ~500.
+        device_budget_bytes=4 << 30, host_budget_bytes=32 << 30),
     "dlrmv3-cpu": BenchProfile(
         name="dlrmv3-cpu", model_size={"dim": 128, "num_layers": 5, "num_heads": 4},
         max_seq_len=2048, slo_ms=80.0, num_candidates=256,

@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     parts = SharedParts(model, fit_on_model(model, device), Retriever.from_model(model))
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
                           num_candidates=profile.num_candidates,
-                          retrieval_k=4 * profile.num_candidates)
+                          retrieval_k=4 * profile.num_candidates,
+                          device_budget_bytes=profile.device_budget_bytes,
+                          host_budget_bytes=profile.host_budget_bytes)
     population = SyntheticConfig.from_dict(profile.population_params())
     make = BenchConfig.quick if args.quick else BenchConfig.full
     config = make(slo_ms=slo_ms, seed=args.seed, device=str(device), model=model_cfg,
