@@ -43,6 +43,7 @@ class BenchProfile:
     # relay and a short LRU), and a host tier several times larger (the expander).
     device_budget_bytes: int = 128 << 20
     host_budget_bytes: int = 512 << 20
+    dtype: str = "float32"
 
     def population_params(self) -> dict[str, Any]:
         """SyntheticConfig parameters of the sweep and fixed-length throughput population."""
@@ -74,7 +75,7 @@ PROFILES: dict[str, BenchProfile] = {
         mixed_source="dlrmv3", num_items=1_000_000,
         # 5 layers x dim 512 x 2 (K, V) x 2 bytes (bf16) = 10 KiB per token: 4 GiB holds
         # ~60 DLRMv3 histories on the device; 32 GiB of pinned host memory ~500.
-        device_budget_bytes=4 << 30, host_budget_bytes=32 << 30),
+        device_budget_bytes=4 << 30, host_budget_bytes=32 << 30, dtype="bfloat16"),
     "dlrmv3-cpu": BenchProfile(
         name="dlrmv3-cpu", model_size={"dim": 128, "num_layers": 5, "num_heads": 4},
         max_seq_len=2048, slo_ms=80.0, num_candidates=256,

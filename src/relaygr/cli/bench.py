@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
                            **profile.model_size)
-    model = HSTU(model_cfg).to(device).eval()
+    model = HSTU(model_cfg).to(device=device, dtype=getattr(torch, profile.dtype)).eval()
     console.print(f"[bold]relaygr bench[/] profile {profile.name}: {model_cfg.num_layers} "
-                  f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads on {device} "
+                  f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, {profile.dtype} "
+                  f"on {device} "
                   f"({torch.get_num_threads()} threads), {num_instances} instances, "
                   f"SLO {slo_ms:g} ms, modes {', '.join(modes)}")
     console.print("fitting the latency cost model on this machine ...")
