@@ -112,6 +112,8 @@ class RankingInstance:
             await asyncio.gather(*self.residency.background, return_exceptions=True)
         self.executor.shutdown()
         self.copier.shutdown()
+        if self.residency is not None and self.residency.expander is not None:
+            self.residency.expander.close()
 
     async def fail(self) -> None:
         """Simulate losing the device: stop, and forget every cached prefix."""
