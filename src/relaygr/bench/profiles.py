@@ -44,6 +44,8 @@ class BenchProfile:
     device_budget_bytes: int = 128 << 20
     host_budget_bytes: int = 512 << 20
     dtype: str = "float32"
+    # Where the QPS searches start (they double until the SLO fails, then bisect).
+    search_start_qps: float = 4.0
 
     def population_params(self) -> dict[str, Any]:
         """SyntheticConfig parameters of the sweep and fixed-length throughput population."""
@@ -59,6 +61,9 @@ class BenchProfile:
                                  "preprocessing_ms": self.preprocessing_ms},
                 **self.mixed_params}
 
+
+# DLRMv3 on CPU: lengths and candidates x 1/8 (history mean ~840), dim 512 -> 128.
+DLRMV3_CPU_SCALE: dict[str, Any] = {"scale": 0.125, "dim_scale": 0.25, "num_items": 100_000}
 
 PROFILES: dict[str, BenchProfile] = {
     "cpu": BenchProfile(
@@ -81,8 +86,7 @@ PROFILES: dict[str, BenchProfile] = {
         max_seq_len=2048, slo_ms=80.0, num_candidates=256,
         retrieval_ms=40.0, preprocessing_ms=30.0,
         sweep_lengths=(256, 512, 1024, 2048), sweep_qps=4.0,
-        mixed_source="dlrmv3", mixed_params={"scale": 0.125, "dim_scale": 0.25,
-                                             "num_items": 100_000},
+        mixed_source="dlrmv3", mixed_params=DLRMV3_CPU_SCALE,
         num_items=100_000),
 }
 

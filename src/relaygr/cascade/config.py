@@ -54,6 +54,9 @@ class SystemConfig:
     # bound. Pre-infer is shed first because ranking still answers without it.
     shed_preinfer_queue_depth: int = 8
     max_rank_queue_depth: int = 64
+    # False: the relay works only within one request (MLPerf's closed rules): no host tier, no
+    # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
+    cross_request_reuse: bool = True
 
     def __post_init__(self) -> None:
         Mode.parse(self.mode)

@@ -136,7 +136,8 @@ class RelaySystem:
             host_budget_bytes=cfg.host_budget_bytes if self.spec.host_tier else 0,
             page_tokens=cfg.page_tokens, lease_s=cfg.lease_s, host_ttl_s=cfg.host_ttl_s,
             batch=BatchPolicy(max_requests=cfg.batch_max_requests),
-            truncate_to_tokens=cfg.truncate_to_tokens), self.model, trigger)
+            truncate_to_tokens=cfg.truncate_to_tokens,
+            cross_request_reuse=cfg.cross_request_reuse), self.model, trigger)
 
     async def start(self) -> None:
         for inst in self.instances:

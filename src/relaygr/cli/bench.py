@@ -17,9 +17,19 @@ import torch
 from rich.console import Console
 
 from relaygr.bench.benchmark import run_benchmark
-from relaygr.bench.config import BenchConfig, MixedConfig, SweepConfig
+from relaygr.bench.config import (
+    BenchConfig,
+    ExactnessConfig,
+    LimitConfig,
+    MixedConfig,
+    PointBudget,
+    QpsSearchConfig,
+    SweepConfig,
+    ThroughputConfig,
+    WorkloadPhaseConfig,
+)
 from relaygr.bench.limit import ModelLimitProbe
-from relaygr.bench.profiles import PROFILES, profile_named
+from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.cascade.config import SystemConfig
@@ -39,8 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instances", type=int, default=None,
                    help="ranking instances (default: one per GPU, 2 on CPU)")
     p.add_argument("--slo-ms", type=float, default=None, help="ranking P99 SLO (profile's)")
-    p.add_argument("--modes", default=",".join(m.value for m in Mode),
-                   help="comma-separated modes, measured in this order")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated modes, measured in this order (default: all six; "
+                        "--quick: baseline, reactive, relay)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
@@ -58,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 120))
     device = torch.device(args.device)
     profile = profile_named(args.profile or ("dlrmv3" if device.type == "cuda" else "cpu"))
-    modes = [Mode.parse(m.strip()).value for m in args.modes.split(",") if m.strip()]
+    default_modes = QUICK_MODES if args.quick else tuple(m.value for m in Mode)
+    names = args.modes.split(",") if args.modes else default_modes
+    modes = [Mode.parse(m.strip()).value for m in names if m.strip()]
     num_instances, devices = _instances(args, device)
     if device.type == "cpu":
         # One core per instance: instances compute in parallel without oversubscribing.
@@ -80,17 +93,65 @@ def run(args: argparse.Namespace) -> int:
                           retrieval_k=4 * profile.num_candidates,
                           device_budget_bytes=profile.device_budget_bytes,
                           host_budget_bytes=profile.host_budget_bytes)
-    population = SyntheticConfig.from_dict(profile.population_params())
-    make = BenchConfig.quick if args.quick else BenchConfig.full
-    config = make(slo_ms=slo_ms, seed=args.seed, device=str(device), model=model_cfg,
-                  population=population)
-    assert config.sweep is not None and config.mixed is not None
-    lengths = profile.sweep_lengths[1:] if args.quick else profile.sweep_lengths
-    config = replace(config, sweep=SweepConfig(lengths=lengths, qps=profile.sweep_qps),
-                     mixed=MixedConfig(source=profile.mixed_source,
-                                       params=profile.mixed_workload_params(),
-                                       search=config.mixed.search))
+    config = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg)
     factories = mode_factories(modes, system, parts)
+    closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
     run_benchmark(factories, config, args.out, ModelLimitProbe(model), json_path=args.json,
-                  console=console)
+                  console=console, extra_systems={"relay-closed": closed["relay"]})
     return 0
+
+
+# The quick run's modes: today's production path, its best cache-only peer, and the relay.
+QUICK_MODES = ("baseline", "reactive", "relay")
+
+
+def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, device: str,
+             model: HSTUConfig) -> BenchConfig:
+    """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
+
+    Full: 300-800 measured requests per point after 40 warm-up (P99 is then among the top 3-8
+    samples; ``points`` in the JSON keep each P99's confidence interval), all six modes in
+    every headline phase, 5-trial QPS searches, and the extra workloads: ML-1M replay and the
+    DLRMv3 profile with and without cross-request reuse. Quick: 40-150 requests per point,
+    3-trial searches, no extra workloads: a smoke figure of the same shape.
+    """
+    population = SyntheticConfig.from_dict(profile.population_params())
+    if quick:
+        budget = PointBudget(measured_requests=150, min_measured_requests=40,
+                             warmup_requests=10, max_point_s=4.0)
+        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3)
+        lengths = profile.sweep_lengths[1::2]
+    else:
+        budget = PointBudget(measured_requests=800, min_measured_requests=300,
+                             warmup_requests=40, max_point_s=25.0)
+        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.15,
+                                 max_trials=5)
+        lengths = profile.sweep_lengths
+    extra = () if quick else extra_workloads(profile, replace(search, max_trials=4))
+    return BenchConfig(
+        slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
+        budget=budget, sweep=SweepConfig(lengths=lengths, qps=profile.sweep_qps),
+        throughput=ThroughputConfig(search=search),
+        mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
+                          search=search),
+        limit=LimitConfig(requests=30 if quick else 150, warmup_requests=5 if quick else 20),
+        exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
+
+
+def extra_workloads(profile: BenchProfile, search: QpsSearchConfig
+                    ) -> tuple[WorkloadPhaseConfig, ...]:
+    """ML-1M replay (real ids and lengths) and DLRMv3 without / with cross-request reuse."""
+    delays = {"retrieval_ms": profile.retrieval_ms, "preprocessing_ms": profile.preprocessing_ms}
+    phases = [WorkloadPhaseConfig(
+        "ml1m", "ml1m", {"num_candidates": profile.num_candidates, "stage_delays": delays},
+        ("baseline", "reactive", "relay"), search)]
+    if profile.mixed_source != "dlrmv3":
+        phases.append(WorkloadPhaseConfig(
+            "dlrmv3", "dlrmv3", {**DLRMV3_CPU_SCALE, "num_items": profile.num_items,
+                                 "stage_delays": delays},
+            ("baseline", "relay-closed", "relay"), search))
+    else:
+        phases.append(WorkloadPhaseConfig(
+            "dlrmv3", "dlrmv3", profile.mixed_workload_params(),
+            ("baseline", "relay-closed", "relay"), search))
+    return tuple(phases)
