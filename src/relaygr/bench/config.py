@@ -101,6 +101,8 @@ class LimitConfig:
     qps: float = 1.0
     requests: int = 100
     warmup_requests: int = 10
+    # None: the throughput phase's prefix length.
+    prefix_len: int | None = None
 
 
 @dataclass(frozen=True)

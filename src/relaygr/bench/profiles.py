@@ -46,6 +46,8 @@ class BenchProfile:
     dtype: str = "float32"
     # Where the QPS searches start (they double until the SLO fails, then bisect).
     search_start_qps: float = 4.0
+    # Prefix length of the physical-limit point (None: the throughput phase's length).
+    limit_prefix_len: int | None = None
 
     def population_params(self) -> dict[str, Any]:
         """SyntheticConfig parameters of the sweep and fixed-length throughput population."""
@@ -71,7 +73,7 @@ PROFILES: dict[str, BenchProfile] = {
         max_seq_len=_LONG_TAIL_TOKENS, slo_ms=50.0, num_candidates=256,
         retrieval_ms=80.0, preprocessing_ms=40.0,
         sweep_lengths=(256, 512, 1024, 2048, 4096, 8192), sweep_qps=4.0,
-        mixed_source="synthetic"),
+        mixed_source="synthetic", limit_prefix_len=2048),
     "dlrmv3": BenchProfile(
         name="dlrmv3", model_size={"dim": 512, "num_layers": 5, "num_heads": 4},
         max_seq_len=16384, slo_ms=80.0, num_candidates=2048,

@@ -55,8 +55,9 @@ class LimitReport:
     suffix_tokens: int
     candidates: int
     cached_rank_ms_isolated: float | None
-    low_load_p50_ms: float
-    low_load_p99_ms: float
+    low_load_p50_ms: float                # over the low-load requests that took the relay path
+    low_load_p99_ms: float                # over all of the point's requests
+    low_load_relayed_share: float
     relay_overhead_ratio: float | None    # low-load P50 / isolated cached ranking
     matmul_peak_gflops: float | None
     achieved_gflops: float | None         # cached-ranking FLOPs / isolated latency

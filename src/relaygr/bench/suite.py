@@ -193,7 +193,7 @@ class BenchSuite:
             extra[wp.name] = {"source": wp.source, "workload": builder.describe(),
                               "slo_throughput_qps": {m: r.best_qps for m, r in found.items()},
                               "searches": found}
-        limit = await self.limit(prefix_len)
+        limit = await self.limit(cfg.limit.prefix_len or prefix_len if cfg.limit else prefix_len)
         exactness = await self.exactness(mixed_builder)
         modes = {m: self._mode_report(m, sweep, throughput, mixed) for m in self.systems}
         ratios = compute_ratios(modes)

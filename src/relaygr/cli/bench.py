@@ -134,7 +134,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         throughput=ThroughputConfig(search=search),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
                           search=search),
-        limit=LimitConfig(requests=30 if quick else 150, warmup_requests=5 if quick else 20),
+        limit=LimitConfig(requests=30 if quick else 150, warmup_requests=5 if quick else 20,
+                          prefix_len=profile.limit_prefix_len),
         exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
 
 
