@@ -218,3 +218,36 @@ def test_plots_and_console(bench: Bench) -> None:
     for mode in SERVICE:
         assert mode in printed
     assert "ratios:" in printed and "exactness: 12 requests" in printed
+
+
+def test_extra_workload_phase_measures_named_systems(tmp_path: Path) -> None:
+    """An extra workload phase searches SLO throughput for the systems it names, including
+    systems given only for it; its answers match the offline search over the same workload."""
+    from dataclasses import replace
+
+    from relaygr.bench.config import WorkloadPhaseConfig
+    from relaygr.errors import ConfigError
+
+    phase = WorkloadPhaseConfig("replay", "synthetic", MIXED, ("baseline", "relay-closed"),
+                                SEARCH)
+    config = replace(CONFIG, sweep=None, throughput=None, mixed=None, limit=None,
+                     exactness=None, workloads=(phase,))
+    report = run_benchmark({"baseline": factory("baseline")}, config, tmp_path,
+                           console=Console(file=io.StringIO()),
+                           extra_systems={"relay-closed": factory("relay")})
+    builder = workload_builder("synthetic", MIXED, CONFIG.seed)
+    got = report.workloads["replay"]["slo_throughput_qps"]
+    assert set(got) == {"baseline", "relay-closed"}
+    for system, mode in (("baseline", "baseline"), ("relay-closed", "relay")):
+        search = QpsSearch(SEARCH.start_qps, SEARCH.growth, SEARCH.rel_tol, SEARCH.max_trials,
+                           SEARCH.min_qps, SEARCH.max_qps)
+        while (qps := search.next_point()) is not None:
+            search.record(qps, *oracle(mode, builder, qps))
+        assert got[system] == search.result().best_qps
+    assert "relay-closed" not in report.modes                  # not a mode of the headline
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["workloads"]["replay"]["slo_throughput_qps"]["baseline"] == got["baseline"]
+    with pytest.raises(ConfigError, match="unknown systems"):
+        run_benchmark({"baseline": factory("baseline")},
+                      replace(config, workloads=(replace(phase, modes=("relay-x",)),)),
+                      tmp_path, console=Console(file=io.StringIO()))

@@ -136,3 +136,38 @@ def test_visit_appends_its_events_and_bad_config_is_rejected() -> None:
         SystemConfig(mode="relay-turbo")
     with pytest.raises(ConfigError):
         SystemConfig.from_dict({"instances": 2})
+
+
+def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
+    """Requests queued on an instance when it dies are answered elsewhere, correctly."""
+    plan = visits(seed=6, count=16)
+    baseline, _ = serve("baseline", plan)
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config("relay", num_instances=2), model, store,
+                         flops_cost_model(model.cfg))
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            # distinct users, all at once: both instances get queued work
+            first_visits: dict[int, Visit] = {}
+            for v in plan:
+                first_visits.setdefault(v.user_id, v)
+            tasks = [asyncio.ensure_future(system.recommend(v)) for v in first_visits.values()]
+            while not any(i.scheduler.rank_queue_depth for i in system.instances):
+                await asyncio.sleep(0.001)
+            victim = max(system.instances, key=lambda i: i.scheduler.rank_queue_depth)
+            await system.fail_instance(victim.name)
+            return list(await asyncio.gather(*tasks))
+        finally:
+            await system.stop()
+
+    out = asyncio.run(main())
+    want = {}
+    for v, rec in zip(plan, baseline, strict=True):
+        want.setdefault(v.user_id, rec)
+    assert len(out) == len(want)
+    for rec, expected in zip(out, want.values(), strict=True):
+        torch.testing.assert_close(rec.scores, expected.scores, atol=1e-4, rtol=1e-4)
+    assert system.counters.failovers >= 1

@@ -233,3 +233,29 @@ def test_truncation_fallback_is_labelled() -> None:
         assert_close(ranked.scores, model.rank(CANDIDATES, prefix_items=spec.items[-32:]))
 
     run(scenario, inst)
+
+
+def test_without_cross_request_reuse_a_prefix_serves_only_its_own_request() -> None:
+    model = make_model(8)
+    store = store_with({1: 200})
+    spec = spec_from_store(store, 1)
+    cost = flops_cost_model(model.cfg)
+    inst = RankingInstance(InstanceConfig("rank-0", device_budget_bytes=4 * MiB,
+                                          host_budget_bytes=16 * MiB, page_tokens=16,
+                                          cross_request_reuse=False), model,
+                           make_trigger("sequence-aware", cost, TriggerConfig(slo_ms=1e-3)))
+
+    async def scenario(inst: RankingInstance) -> None:
+        assert inst.residency is not None and inst.residency.host is None
+        inst.preinfer(spec, 0, 40)
+        first = await inst.rank(RankJob(spec, CANDIDATES))
+        assert first.path in (RankPath.DEVICE_HIT, RankPath.PENDING_WAIT)
+        await idle(inst)
+        assert inst.residency.resident(spec.pid) is None          # freed after its ranking
+        again = await inst.rank(RankJob(spec, CANDIDATES))        # no pre-infer this time
+        assert again.path is RankPath.FULL
+        await idle(inst)
+        assert inst.residency.resident(spec.pid) is None          # and no fill at ranking
+        assert_close(again.scores, first.scores)
+
+    run(scenario, inst)

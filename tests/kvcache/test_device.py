@@ -315,3 +315,18 @@ def test_commit_without_lease_is_idle_and_evictable_at_once() -> None:
     assert pool.begin(PrefixId(2, 4, 0), timed=False) is not None   # evicts it
     assert pool.lookup(1) is None and pool.stats.evictions == 1
     pool.check_integrity()
+
+
+def test_discard_frees_only_a_complete_unheld_entry() -> None:
+    pool = make_pool(10, FakeClock())
+    pid = PrefixId(user_id=3, num_tokens=10, version=5)
+    assert not pool.discard(pid)                              # absent
+    fill(pool, pid)
+    assert not pool.discard(pid)                              # READY: leased to its request
+    assert pool.acquire(pid) is not None
+    assert not pool.discard(pid)                              # in use
+    pool.release(pid)
+    assert not pool.discard(PrefixId(user_id=3, num_tokens=10, version=6))   # other version
+    assert pool.discard(pid)                                  # IDLE and unheld: freed
+    assert pool.lookup(3) is None and free_runs(pool) == [PageRun(0, 10)]
+    pool.check_integrity()

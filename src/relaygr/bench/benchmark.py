@@ -28,12 +28,15 @@ from relaygr.bench.suite import BenchSuite
 
 def run_benchmark(systems: Mapping[str, SystemFactory], config: BenchConfig, out_dir: Path,
                   probe: LimitProbe | None = None, *, json_path: Path | None = None,
-                  show_progress: bool = True, console: Console | None = None) -> BenchReport:
+                  show_progress: bool = True, console: Console | None = None,
+                  extra_systems: Mapping[str, SystemFactory] | None = None) -> BenchReport:
     """Measure every mode in ``systems`` under ``config``; write and print the results.
 
     ``probe`` times the isolated cached ranking pass (the physical limit); without it the
-    limit's isolated latency and overhead ratio are null. Raises ``ConfigError`` for a bad
-    config and ``BenchProtocolError`` when a system returns inconsistent records.
+    limit's isolated latency and overhead ratio are null. ``extra_systems`` are measured only
+    in the extra workload phases that name them (``config.workloads``). Raises
+    ``ConfigError`` for a bad config and ``BenchProtocolError`` when a system returns
+    inconsistent records.
     """
     console = console or Console()
     peak = matmul_peak_gflops(config.device) if config.measure_matmul_peak else None
@@ -41,7 +44,8 @@ def run_benchmark(systems: Mapping[str, SystemFactory], config: BenchConfig, out
         progress: Progress = NullProgress()
         if show_progress:
             progress = stack.enter_context(RichProgress(console=console))
-        suite = BenchSuite(systems, config, probe, progress, peak_gflops=peak)
+        suite = BenchSuite(systems, config, probe, progress, peak_gflops=peak,
+                           extra_systems=extra_systems)
         report = asyncio.run(suite.run())
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(report, json_path or out_dir / "bench.json")

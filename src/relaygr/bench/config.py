@@ -101,6 +101,8 @@ class LimitConfig:
     qps: float = 1.0
     requests: int = 100
     warmup_requests: int = 10
+    # None: the throughput phase's prefix length.
+    prefix_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,21 @@ class ExactnessConfig:
     candidate: str = "relay"
     requests: int = 32
     qps: float = 1.0
+
+
+@dataclass(frozen=True)
+class WorkloadPhaseConfig:
+    """SLO-compliant throughput of a few systems on one more workload (by source name).
+
+    ``modes`` name factories given to ``run_benchmark`` either as modes or as extra systems
+    (e.g. a relay without cross-request reuse, for MLPerf's closed rules).
+    """
+
+    name: str
+    source: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    modes: tuple[str, ...] = ("baseline", "relay")
+    search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
 
 
 _NESTED: dict[str, type] = {"budget": PointBudget, "sweep": SweepConfig,
@@ -139,6 +156,7 @@ class BenchConfig:
     exactness: ExactnessConfig | None = field(default_factory=ExactnessConfig)
     model: HSTUConfig | None = None
     measure_matmul_peak: bool = True
+    workloads: tuple[WorkloadPhaseConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.slo_ms > 0:

@@ -29,6 +29,10 @@ class Progress(Protocol):
 
     def end_point(self) -> None: ...
 
+    def note(self, text: str) -> None:
+        """A one-line result, kept on screen (and in a log when output is not a terminal)."""
+        ...
+
 
 class NullProgress:
     """Shows nothing (tests, scripted runs)."""
@@ -40,6 +44,9 @@ class NullProgress:
         pass
 
     def end_point(self) -> None:
+        pass
+
+    def note(self, text: str) -> None:
         pass
 
 
@@ -74,3 +81,6 @@ class RichProgress:
 
     def end_point(self) -> None:
         self._bar.advance(self._points, 1)
+
+    def note(self, text: str) -> None:
+        self._bar.console.print(text, highlight=False)

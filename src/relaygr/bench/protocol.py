@@ -43,6 +43,8 @@ class RankingPath:
 
     # Served from device K/V computed ahead of ranking (ready, or awaited while running).
     DEVICE_SERVED = (DEVICE_HIT, PENDING_WAIT)
+    # Ranked from a cached prefix, wherever it came from: the relay path.
+    RELAYED = (DEVICE_HIT, PENDING_WAIT, HOST_HIT)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ ratio over a zero baseline or an infinite P99, is ``null``)::
               "relay_vs_reactive_throughput", "relay_vs_baseline_throughput_mixed"},
    "limit": {"cached_rank_ms_isolated", "relay_overhead_ratio", "matmul_peak_gflops", ...},
    "exactness": {"requests_compared", "max_abs_score_diff", ...},
-   "checks": {...the issue's bar, true/false/null...}, "points": [...every point...], "meta"}
+   "checks": {...the issue's bar, true/false/null...},
+   "workloads": {"<name>": {"source", "workload", "slo_throughput_qps": {"<system>": qps},
+                            "searches"}},
+   "points": [...every point...], "meta"}
 
 A mode's latency, hit and byte figures come from its *reference point*: its highest passing QPS
 in the fixed-length throughput search, else in the mixed search, else its longest passing sweep
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +55,9 @@ class LimitReport:
     suffix_tokens: int
     candidates: int
     cached_rank_ms_isolated: float | None
-    low_load_p50_ms: float
-    low_load_p99_ms: float
+    low_load_p50_ms: float                # over the low-load requests that took the relay path
+    low_load_p99_ms: float                # over all of the point's requests
+    low_load_relayed_share: float
     relay_overhead_ratio: float | None    # low-load P50 / isolated cached ranking
     matmul_peak_gflops: float | None
     achieved_gflops: float | None         # cached-ranking FLOPs / isolated latency
@@ -89,6 +93,9 @@ class BenchReport:
     checks: dict[str, bool | None]
     points: tuple[PointStats, ...]
     meta: dict[str, Any]
+    # Extra workload phases: name -> {"source", "workload", "slo_throughput_qps": {system: qps},
+    # "searches": {system: QpsSearchResult}}.
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
         out = {"slo_ms": self.slo_ms, "device": self.device, "model": self.model,
@@ -98,6 +105,7 @@ class BenchReport:
                                             for m, r in self.modes.items()},
                "ratios": self.ratios, "limit": _limit_json(self.limit),
                "exactness": _exactness_json(self.exactness), "checks": self.checks,
+               "workloads": self.workloads,
                "points": [p.to_dict() for p in self.points], "meta": self.meta}
         return jsonable(out)
 
@@ -200,6 +208,10 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
     console.print(table)
     console.print("ratios: " + ", ".join(f"{k} {_fmt(v, '.2f')}x"
                                          for k, v in report.ratios.items()))
+    for name, phase in report.workloads.items():
+        qps = phase["slo_throughput_qps"]
+        console.print(f"workload {name} ({phase['source']}): SLO throughput " + ", ".join(
+            f"{system} {_fmt(value)} QPS" for system, value in qps.items()))
     if report.limit is not None:
         lim = report.limit
         console.print(f"limit: isolated cached ranking {_fmt(lim.cached_rank_ms_isolated, '.2f')}"

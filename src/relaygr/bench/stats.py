@@ -106,6 +106,8 @@ class PointStats:
     stopped_early: bool
     ranking: LatencySummary
     e2e: LatencySummary
+    # Ranking latency of the requests that took the relay path (ranked from a cached prefix).
+    ranking_relayed: LatencySummary
     path_counts: dict[str, int]
     trigger_reasons: dict[str, int]
     errors: dict[str, int]
@@ -151,6 +153,9 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
         timed_out=result.timed_out, not_sent=result.not_sent,
         stopped_early=result.stopped_early,
         ranking=LatencySummary.of(ranking_s, unserved), e2e=LatencySummary.of(e2e_s, unserved),
+        ranking_relayed=LatencySummary.of(
+            np.array([r.ranking_latency_s for r in records if r.path in RankingPath.RELAYED]),
+            0),
         path_counts=dict(sorted(paths.items())), trigger_reasons=dict(sorted(reasons.items())),
         errors=dict(result.errors),
         hit_rate_device=device_served / done, hit_rate_host=paths[RankingPath.HOST_HIT] / done,

@@ -4,8 +4,10 @@ Phases, in order (each skipped when its config is None):
 1. length sweep at fixed QPS -> ``max_seq_len_under_slo`` per mode;
 2. QPS search at a fixed prefix length -> ``slo_throughput_qps``;
 3. QPS search on the mixed workload -> ``slo_throughput_qps_mixed``;
-4. the physical limit (low-load point of one mode + the isolated probe + matmul peak);
-5. exactness (the same requests through two modes).
+4. QPS searches on each extra workload (``config.workloads``: ML-1M replay, DLRMv3 with and
+   without cross-request reuse, ...) for the systems it names;
+5. the physical limit (low-load point of one mode + the isolated probe + matmul peak);
+6. exactness (the same requests through two modes).
 Every measured point builds a fresh system from the mode's factory; every mode at one point sees
 the identical workload (same seed, QPS and size).
 """
@@ -52,10 +54,17 @@ class BenchSuite:
 
     def __init__(self, systems: Mapping[str, SystemFactory], config: BenchConfig,
                  probe: LimitProbe | None = None, progress: Progress | None = None,
-                 peak_gflops: float | None = None) -> None:
+                 peak_gflops: float | None = None,
+                 extra_systems: Mapping[str, SystemFactory] | None = None) -> None:
         if not systems:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
+        self.extra_systems = dict(extra_systems or {})
+        for phase in config.workloads:
+            unknown = set(phase.modes) - set(self.systems) - set(self.extra_systems)
+            if unknown:
+                raise ConfigError(f"workload phase {phase.name!r} names unknown systems "
+                                  f"{sorted(unknown)}")
         self.progress = progress or NullProgress()
         self.peak_gflops = peak_gflops
         self.points: list[PointStats] = []
@@ -89,12 +98,16 @@ class BenchSuite:
             drain_timeout_s=budget.drain_timeout_s, slo_ms=self.config.slo_ms,
             stop_when_failed=budget.stop_when_failed)
         length = "" if prefix_len is None else f" len {prefix_len}"
-        self.progress.start_point(f"{phase} {mode}{length} @ {qps:.3g} QPS",
-                                  len(workload.requests))
-        result = await run_point(self.systems[mode], workload, options, self.progress)
+        label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
+        self.progress.start_point(label, len(workload.requests))
+        factory = self.systems.get(mode) or self.extra_systems[mode]
+        result = await run_point(factory, workload, options, self.progress)
         self.progress.end_point()
         stats = point_stats(result, mode, phase, qps, prefix_len)
         self.points.append(stats)
+        verdict = "meets" if stats.meets_slo(self.config.slo_ms) else "misses"
+        self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
+                           f"{stats.ranking.p99_ms:.1f} ms, {verdict} SLO")
         return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:
@@ -112,10 +125,11 @@ class BenchSuite:
         return {m: s.result() for m, s in searches.items()}
 
     async def qps_search(self, phase: str, builder: WorkloadBuilder, cfg: QpsSearchConfig,
-                         prefix_len: int | None) -> dict[str, QpsSearchResult]:
+                         prefix_len: int | None, modes: tuple[str, ...] | None = None
+                         ) -> dict[str, QpsSearchResult]:
         searches = {
             m: QpsSearch(cfg.start_qps, cfg.growth, cfg.rel_tol, cfg.max_trials, cfg.min_qps,
-                         cfg.max_qps) for m in self.systems}
+                         cfg.max_qps) for m in (modes or tuple(self.systems))}
 
         async def measure(mode: str, qps: float) -> tuple[float, bool]:
             stats = await self.measure(mode, phase, builder, qps, prefix_len)
@@ -172,7 +186,14 @@ class BenchSuite:
                          if cfg.mixed else SyntheticWorkload(cfg.population, cfg.seed))
         mixed = (await self.qps_search("mixed", mixed_builder, cfg.mixed.search, None)
                  if cfg.mixed else None)
-        limit = await self.limit(prefix_len)
+        extra: dict[str, dict[str, object]] = {}
+        for wp in cfg.workloads:
+            builder = workload_builder(wp.source, wp.params, cfg.seed)
+            found = await self.qps_search(wp.name, builder, wp.search, None, wp.modes)
+            extra[wp.name] = {"source": wp.source, "workload": builder.describe(),
+                              "slo_throughput_qps": {m: r.best_qps for m, r in found.items()},
+                              "searches": found}
+        limit = await self.limit(cfg.limit.prefix_len or prefix_len if cfg.limit else prefix_len)
         exactness = await self.exactness(mixed_builder)
         modes = {m: self._mode_report(m, sweep, throughput, mixed) for m in self.systems}
         ratios = compute_ratios(modes)
@@ -188,6 +209,7 @@ class BenchSuite:
             model={} if cfg.model is None else cfg.model.to_dict(), workload=workload,
             modes=modes, ratios=ratios, limit=limit, exactness=exactness,
             checks=compute_checks(modes, ratios, limit, exactness), points=tuple(self.points),
+            workloads=extra,
             meta={"seed": cfg.seed, "started_at": started.isoformat(),
                   "duration_s": time.perf_counter() - t0, "modes": list(self.systems),
                   "budget": cfg.budget, "cpu_count": os.cpu_count(),

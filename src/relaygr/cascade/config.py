@@ -42,8 +42,10 @@ class SystemConfig:
     retrieval_history: int = 64
     # Affinity router: spill to the next choice when the owner's queue is deeper than this.
     spill_queue_depth: int = 8
-    # Trigger: at-risk threshold and bounds (see relaygr.relay.trigger.TriggerConfig).
-    risk_fraction: float = 0.5
+    # Trigger: at-risk threshold and bounds (see relaygr.relay.trigger.TriggerConfig). A full
+    # pass that takes a quarter of the budget already costs the requests queued behind it;
+    # pre-inferring it moves that work off the critical path, so it counts as at risk.
+    risk_fraction: float = 0.25
     max_pool_fraction: float = 0.9
     max_preinfer_tokens_per_s: float = 200_000.0
     burst_tokens: float = 32_768.0
@@ -54,6 +56,9 @@ class SystemConfig:
     # bound. Pre-infer is shed first because ranking still answers without it.
     shed_preinfer_queue_depth: int = 8
     max_rank_queue_depth: int = 64
+    # False: the relay works only within one request (MLPerf's closed rules): no host tier, no
+    # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
+    cross_request_reuse: bool = True
 
     def __post_init__(self) -> None:
         Mode.parse(self.mode)

@@ -53,12 +53,14 @@ class EarlierStages:
         return torch.from_numpy(np.ascontiguousarray(fresh[:num_candidates]))   # ... truncate
 
     async def run(self, history: np.ndarray, num_candidates: int) -> Tensor:
-        """Both stages, each at least its configured duration."""
+        """Both stages: done no earlier than their configured total after the call, and no
+        later than that plus timer granularity (one absolute deadline, not two sleeps)."""
         loop = asyncio.get_running_loop()
-        retrieval = loop.run_in_executor(self._fleet, self.candidates, history, num_candidates)
-        await asyncio.gather(retrieval, asyncio.sleep(self.retrieval_delay_s))
-        await asyncio.sleep(self.preprocess_delay_s)
-        return retrieval.result()
+        deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
+        candidates = await loop.run_in_executor(self._fleet, self.candidates, history,
+                                                num_candidates)
+        await asyncio.sleep(max(0.0, deadline - loop.time()))
+        return candidates
 
     def shutdown(self) -> None:
         self._fleet.shutdown(wait=True)

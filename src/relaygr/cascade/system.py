@@ -285,4 +285,5 @@ def build_instance(config: SystemConfig, name: str, device: str, model: HSTU,
         host_budget_bytes=config.host_budget_bytes if spec.host_tier else 0,
         page_tokens=config.page_tokens, lease_s=config.lease_s, host_ttl_s=config.host_ttl_s,
         batch=BatchPolicy(max_requests=config.batch_max_requests),
-        truncate_to_tokens=config.truncate_to_tokens), model.eval(), trigger)
+        truncate_to_tokens=config.truncate_to_tokens,
+        cross_request_reuse=config.cross_request_reuse), model.eval(), trigger)

@@ -58,6 +58,8 @@ class InstanceConfig:
     # None: recompute the whole prefix on a miss (exact). N: keep only the last N prefix events
     # (what production does today; scores then differ, and the path says "truncated").
     truncate_to_tokens: int | None = None
+    # False: a prefix serves only the request it was pre-inferred for (see SystemConfig).
+    cross_request_reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.device_budget_bytes < 0 or self.host_budget_bytes < 0:
@@ -94,7 +96,8 @@ class RankingInstance:
                 host = HostKVTier(layout, cfg.host_budget_bytes, cfg.host_ttl_s,
                                   page_tokens=cfg.page_tokens,
                                   pin_memory=self.device.type == "cuda")
-            self.residency = Residency(self.model, pool, host, self.scheduler, self.copier)
+            self.residency = Residency(self.model, pool, host, self.scheduler, self.copier,
+                                       reuse=cfg.cross_request_reuse)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
@@ -112,6 +115,8 @@ class RankingInstance:
             await asyncio.gather(*self.residency.background, return_exceptions=True)
         self.executor.shutdown()
         self.copier.shutdown()
+        if self.residency is not None and self.residency.expander is not None:
+            self.residency.expander.close()
 
     async def fail(self) -> None:
         """Simulate losing the device: stop, and forget every cached prefix."""

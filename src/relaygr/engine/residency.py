@@ -52,11 +52,13 @@ class Residency:
     """Device pool + optional host tier of one instance (see the module docstring)."""
 
     def __init__(self, model: HSTU, pool: DeviceKVPool, host: HostKVTier | None,
-                 scheduler: InstanceScheduler, copier: ComputeExecutor) -> None:
+                 scheduler: InstanceScheduler, copier: ComputeExecutor,
+                 reuse: bool = True) -> None:
         self.model = model
         self.pool = pool
-        self.host = host
-        self.expander = Expander(pool, host) if host is not None else None
+        self.host = host if reuse else None
+        self.reuse = reuse
+        self.expander = Expander(pool, self.host) if self.host is not None else None
         self.scheduler = scheduler
         self.copier = copier
         self.counters = ResidencyCounters()
@@ -190,6 +192,8 @@ class Residency:
             del self._from_host[pid.user_id]
         if self.expander is None:
             self.pool.release(pid)
+            if not self.reuse:
+                self.pool.discard(pid)
             return
         extended = ExtendedPrefix(grown, computed) if grown is not None and computed else None
         await self.expander.release(pid, extended=extended)
@@ -197,6 +201,8 @@ class Residency:
     async def fill(self, pid: PrefixId, kv: PrefixKV) -> None:
         """Keep the K/V a full pass computed as ``pid``: IDLE on the device (no one waits for
         it), and on the host. Copies run on the copier thread, bookkeeping on the loop."""
+        if not self.reuse:
+            return
         if self.resident(pid) is None:
             pending = self.pool.begin(pid, timed=kv.has_timestamps)
             if pending is None:

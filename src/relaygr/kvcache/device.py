@@ -189,6 +189,16 @@ class DeviceKVPool:
         the entry the most recently used."""
         self.store.index.unpin(self.store.in_use_entry(pid))
 
+    def discard(self, pid: PrefixId) -> bool:
+        """Free exactly ``pid`` now if it is complete and nobody holds it (IDLE, unpinned):
+        for systems that must not reuse a prefix beyond the request it was computed for.
+        Returns whether it was freed; anything else is left as it was."""
+        entry = self.store.index.get(pid.user_id)
+        if entry is None or entry.pid != pid or not entry.evictable:
+            return False
+        self.store.index.remove(entry)
+        return True
+
     def expire_leases(self) -> int:
         """READY entries past their lease (and not in use) become IDLE; returns how many."""
         expired = self.store.index.expire_leases(self.clock())

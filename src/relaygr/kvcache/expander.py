@@ -116,6 +116,10 @@ class Expander:
     def stats(self) -> ExpanderStats:
         return self._stats.snapshot()
 
+    def close(self) -> None:
+        """Release the copy thread (CPU); call when the instance stops."""
+        self.transfer.close()
+
     def loading(self, user_id: int) -> PrefixId | None:
         """The target being reloaded for ``user_id`` right now, if any."""
         load = self._inflight.get(user_id)
@@ -163,9 +167,8 @@ class Expander:
         pending, base, target = load.pending, load.base, load.target
         host_pinned = True
         try:
-            with self.transfer.side() as non_blocking:
-                self.pool.write(pending, load.source, 0, non_blocking=non_blocking)
-            await self.transfer.finished()
+            await self.transfer.copy(
+                lambda nb: self.pool.write(pending, load.source, 0, non_blocking=nb))
             self._stats.reload_copies += 1
             self._stats.reload_bytes += load.source.nbytes
             self.host.release(base)
@@ -228,12 +231,13 @@ class Expander:
             self._stats.demotion_refusals += 1
             return False
         try:
-            with self.transfer.side() as non_blocking:
+            def write_parts(non_blocking: bool) -> None:
                 start = 0
                 for part in parts:
                     self.host.write(pending, part, start, non_blocking=non_blocking)
                     start += part.num_tokens
-            await self.transfer.finished()     # holds ``parts``: no tensor freed under the copy
+
+            await self.transfer.copy(write_parts)   # holds ``parts``: none freed under the copy
         except BaseException:
             self.host.abort(pending)
             raise

@@ -18,24 +18,58 @@ stops at 65504, is not supported).
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 # Time buckets: floor(log_{1.5}(1 + |dt| seconds)), so gaps from a second to decades each get
-# a bucket of roughly constant relative width.
+# a bucket of roughly constant relative width. Computed exactly, in integers: bucket b starts at
+# the gap ceil(1.5^b - 1), so one binary search per pair replaces a chain of float passes and
+# every device agrees on every boundary.
 _TIME_BUCKET_LOG_BASE = 1.5
 
 
+@functools.lru_cache(maxsize=16)
+def _bucket_starts(num_buckets: int, device: torch.device) -> Tensor:
+    starts = [math.ceil(_TIME_BUCKET_LOG_BASE ** b - 1) for b in range(1, num_buckets)]
+    return torch.tensor(starts, dtype=torch.int64, device=device)
+
+
 def time_buckets(query_ts: Tensor, key_ts: Tensor, num_buckets: int) -> Tensor:
-    """Bucket index of every (query, key) gap: ``[*query_ts.shape, *key_ts.shape]`` int64.
+    """Bucket index of every (query, key) gap: ``[*query_ts.shape, *key_ts.shape]`` int32.
 
     ``query_ts`` and ``key_ts`` are int64 seconds; the broadcast is ``query[..., None] - key``.
     A token attending to itself (gap 0) always lands in bucket 0.
     """
-    gap = (query_ts.unsqueeze(-1) - key_ts).abs_().to(torch.float32)
-    bucket = torch.log1p_(gap).div_(torch.log(torch.tensor(_TIME_BUCKET_LOG_BASE)).item())
-    return bucket.floor_().clamp_(max=num_buckets - 1).long()
+    gap = (query_ts.unsqueeze(-1) - key_ts).abs_()
+    return torch.bucketize(gap, _bucket_starts(num_buckets, gap.device), out_int32=True,
+                           right=True)
+
+
+def time_buckets_sorted(query_ts: Tensor, key_ts: Tensor, num_buckets: int) -> Tensor:
+    """``time_buckets`` for ``[n]`` queries over ``[e]`` keys in time order, ~4x faster.
+
+    Exact wherever a key is not later than the query (``key_ts[j] <= query_ts[i]``: every pair
+    a causal history with non-decreasing timestamps attends to); other entries are 0, which is
+    fine for keys a query cannot see. Row i's bucket falls by one at each key where the gap
+    crosses a bucket start, so the row is a reversed cumulative sum of those crossings, found by
+    binary search over the sorted keys (``searchsorted``) instead of one search per pair.
+    """
+    starts = _bucket_starts(num_buckets, key_ts.device)
+    n, e = query_ts.shape[0], key_ts.shape[0]
+    # crossing[i, b]: keys with key_ts <= query_ts[i] - starts[b] have a gap >= starts[b]
+    crossing = torch.searchsorted(key_ts, query_ts[:, None] - starts, right=True)
+    steps = torch.zeros(n, e + 1, dtype=torch.int32, device=key_ts.device)
+    steps.scatter_add_(1, crossing, torch.ones_like(crossing, dtype=torch.int32))
+    return steps.flip(1).cumsum(1, dtype=torch.int32).flip(1)[:, 1:]
+
+
+def is_time_ordered(ts: Tensor) -> bool:
+    """Whether ``ts`` is non-decreasing (the fast time-bucket path's condition)."""
+    return ts.numel() < 2 or bool((ts[1:] >= ts[:-1]).all())
 
 
 # A bias that SiLU turns into exactly zero: how a future key is masked without a mask pass.

@@ -27,8 +27,12 @@ class FitGrid:
     prefix_tokens: tuple[int, ...] = (64, 256, 512, 1024)
     # Two suffix lengths so the cached model's suffix terms are measured, not borrowed.
     suffix_tokens: tuple[int, ...] = (0, 32)
-    # Two candidate counts separate per-candidate cost from the fixed cost.
-    candidates: tuple[int, ...] = (16, 128)
+    # Two candidate counts separate per-candidate cost from the fixed cost; the larger one is
+    # what serving uses (hundreds), so predictions interpolate rather than extrapolate.
+    candidates: tuple[int, ...] = (32, 256)
+    # Time the histories with timestamps (production histories are timed; the time-bucket bias
+    # is a real share of the cost of small models).
+    timed: bool = True
     repeats: int = 3
     seed: int = 0
 
@@ -55,22 +59,29 @@ def measure_samples(model: HSTU, device: torch.device | str,
     def ids(n: int) -> torch.Tensor:
         return torch.randint(1, cfg.num_items + 1, (n,), generator=gen).to(device)
 
+    def times(n: int, start: int) -> torch.Tensor | None:
+        # one event a minute, from `start` on: any realistic spacing costs the same
+        return (start + 60 * torch.arange(n, dtype=torch.int64)).to(device) if grid.timed \
+            else None
+
     samples = []
     for n in grid.prefix_tokens:
         shapes = [(s, c) for s in grid.suffix_tokens for c in grid.candidates
                   if n + s <= cfg.max_seq_len]
         if not shapes:
             continue
-        prefix = ids(n)
-        prefill = time_call(partial(model.prefill, prefix), device, grid.repeats)
-        kv = model.prefill(prefix)
+        prefix, prefix_ts = ids(n), times(n, 1_600_000_000)
+        prefill = time_call(partial(model.prefill, prefix, prefix_ts), device, grid.repeats)
+        kv = model.prefill(prefix, prefix_ts)
         for s, c in shapes:
             suffix = ids(s) if s else None
+            suffix_ts = times(s, 1_600_000_000 + 60 * n) if s else None
             cands = ids(c)
             full = time_call(partial(model.rank, cands, prefix_items=prefix,
-                                     suffix_items=suffix), device, grid.repeats)
-            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix),
-                               device, grid.repeats)
+                                     prefix_timestamps=prefix_ts, suffix_items=suffix,
+                                     suffix_timestamps=suffix_ts), device, grid.repeats)
+            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix,
+                                       suffix_timestamps=suffix_ts), device, grid.repeats)
             samples.append(LatencySample(n, s, c, prefill.median_ms, full.median_ms,
                                          cached.median_ms))
     if len(samples) < 2:

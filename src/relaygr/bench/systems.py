@@ -1,0 +1,121 @@
+"""The relay system under the benchmark: a ``RankingSystem`` per mode, fresh for every point.
+
+``CascadeUnderTest`` adapts ``RelaySystem.recommend`` to the benchmark protocol: a visit goes
+through the whole cascade (pre-infer signal, retrieval, pre-processing, ranking) and comes back
+as a ``RequestRecord`` on the run's clock. Ranking latency runs from the moment pre-processing
+hands the ranking request over (the ranking stage cannot start earlier) to its scores: queueing
+and compute at the ranking instance. End-to-end latency runs from the visit's *scheduled* send
+time, so any lateness (a late dispatch, an earlier stage finishing after its configured delay,
+an event loop kept busy) is charged there rather than hidden.
+
+``mode_factories`` builds one factory per mode; all modes share the model, the fitted latency
+cost model and the retrieval index (built once), and each point gets a fresh history store from
+the point's workload, so no mode inherits another's caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relaygr.bench.protocol import (
+    BenchRequest,
+    RequestRecord,
+    RunClock,
+    SystemContext,
+    SystemFactory,
+    SystemSnapshot,
+)
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.system import RelaySystem, Visit
+from relaygr.model import HSTU
+from relaygr.relay.costmodel import LatencyCostModel
+
+
+class CascadeUnderTest:
+    """One mode of the relay as the benchmark drives it (see the module docstring)."""
+
+    def __init__(self, system: RelaySystem, clock: RunClock, keep_scores: bool) -> None:
+        self.system = system
+        self.clock = clock
+        self.keep_scores = keep_scores
+
+    async def start(self) -> None:
+        await self.system.start()
+
+    async def stop(self) -> None:
+        await self.system.stop()
+
+    async def handle(self, request: BenchRequest) -> RequestRecord:
+        rec = await self.system.recommend(Visit(
+            request.user_id, request.recent_items, request.recent_timestamps,
+            request.request_ts, request.num_candidates))
+        offset = self.clock.now_s() - time.perf_counter()     # perf_counter -> run clock
+        done = rec.ranking_done_s + offset
+        due = min(max(rec.ranking_due_s + offset, request.send_s), done)
+        pre = rec.preinfer
+        return RequestRecord(
+            request_id=request.request_id, user_id=request.user_id, ranking_due_s=due,
+            ranking_done_s=done, e2e_done_s=max(done, self.clock.now_s()),
+            path=rec.path.value, prefix_tokens=rec.prefix_tokens,
+            suffix_tokens=rec.suffix_tokens, candidates=int(rec.candidates.numel()),
+            preinfer_tokens=0 if pre is None else pre.tokens,
+            trigger_reason=None if pre is None or pre.reason is None else pre.reason.value,
+            scores=tuple(rec.scores.tolist()) if self.keep_scores else None)
+
+    def snapshot(self) -> SystemSnapshot:
+        device = host = 0
+        counters: dict[str, float] = {}
+
+        def add(name: str, value: float) -> None:
+            counters[name] = counters.get(name, 0.0) + value
+
+        for inst in self.system.instances:
+            res = inst.residency
+            if res is not None:
+                device += res.pool.used_bytes
+                if res.host is not None:
+                    host += res.host.store.used_bytes
+                add("device_evictions", res.pool.stats.evictions)
+                add("admission_refused", res.counters.admission_refused)
+                if res.expander is not None:
+                    add("reload_copies", res.expander.stats.reload_copies)
+                    add("demotion_copies", res.expander.stats.demotion_copies)
+            if inst.trigger is not None:
+                for reason, count in inst.trigger.counts.items():
+                    add(f"trigger_{reason.value}", count)
+        add("shed_preinfer", self.system.counters.shed_preinfer)
+        add("shed_rank", self.system.counters.shed_rank)
+        add("failovers", self.system.counters.failovers)
+        return SystemSnapshot(device, host, counters)
+
+
+@dataclass(frozen=True)
+class SharedParts:
+    """What every mode's systems share: built once per benchmark run."""
+
+    model: HSTU
+    cost_model: LatencyCostModel
+    retriever: Retriever
+
+
+def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
+                   ) -> dict[str, SystemFactory]:
+    """A factory per mode building a ``CascadeUnderTest`` over the point's workload."""
+
+    def factory_for(mode: str) -> SystemFactory:
+        def build(ctx: SystemContext) -> CascadeUnderTest:
+            delays = ctx.workload.stage_delays
+            config = base.with_(mode=mode, retrieval_delay_ms=delays.retrieval_ms,
+                                preprocess_delay_ms=delays.preprocessing_ms)
+            store = InMemoryHistoryStore.from_sequences(
+                {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
+                num_items=ctx.workload.num_items)
+            system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retriever)
+            return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)
+        return build
+
+    return {mode: factory_for(mode) for mode in modes}

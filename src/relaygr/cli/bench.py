@@ -1,0 +1,158 @@
+"""``relaygr bench``: every serving mode side by side on one model, machine and workload.
+
+Measures, per mode: the longest prefix whose ranking P99 meets the SLO at a fixed load, the
+highest SLO-compliant Poisson QPS at a fixed long prefix and on the mixed workload, the relay's
+overhead over the isolated cached ranking pass, and score exactness against the baseline.
+Writes bench.json and PNG plots into --out and prints the table (see docs/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from relaygr.bench.benchmark import run_benchmark
+from relaygr.bench.config import (
+    BenchConfig,
+    ExactnessConfig,
+    LimitConfig,
+    MixedConfig,
+    PointBudget,
+    QpsSearchConfig,
+    SweepConfig,
+    ThroughputConfig,
+    WorkloadPhaseConfig,
+)
+from relaygr.bench.limit import ModelLimitProbe
+from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
+from relaygr.bench.systems import SharedParts, mode_factories
+from relaygr.bench.workload import SyntheticConfig
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.modes import Mode
+from relaygr.cascade.retrieval import Retriever
+from relaygr.model import HSTU, HSTUConfig
+from relaygr.relay.measure import fit_on_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure relay against baseline, reactive and ablations",
+                       description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a smoke run (minutes, not an hour)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                   help="default: dlrmv3 on CUDA, cpu otherwise")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--instances", type=int, default=None,
+                   help="ranking instances (default: one per GPU, 2 on CPU)")
+    p.add_argument("--slo-ms", type=float, default=None, help="ranking P99 SLO (profile's)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated modes, measured in this order (default: all six; "
+                        "--quick: baseline, reactive, relay)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("out/bench"))
+    p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
+    p.set_defaults(func=run)
+
+
+def _instances(args: argparse.Namespace, device: torch.device) -> tuple[int, tuple[str, ...]]:
+    if device.type == "cuda":
+        count = args.instances or torch.cuda.device_count()
+        return count, tuple(f"cuda:{i % torch.cuda.device_count()}" for i in range(count))
+    return args.instances or 2, ("cpu",)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(width=max(Console().width, 120))
+    device = torch.device(args.device)
+    profile = profile_named(args.profile or ("dlrmv3" if device.type == "cuda" else "cpu"))
+    default_modes = QUICK_MODES if args.quick else tuple(m.value for m in Mode)
+    names = args.modes.split(",") if args.modes else default_modes
+    modes = [Mode.parse(m.strip()).value for m in names if m.strip()]
+    num_instances, devices = _instances(args, device)
+    if device.type == "cpu":
+        # One core per instance: instances compute in parallel without oversubscribing.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_instances))
+    slo_ms = args.slo_ms or profile.slo_ms
+    torch.manual_seed(args.seed)
+    model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
+                           **profile.model_size)
+    model = HSTU(model_cfg).to(device=device, dtype=getattr(torch, profile.dtype)).eval()
+    console.print(f"[bold]relaygr bench[/] profile {profile.name}: {model_cfg.num_layers} "
+                  f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, {profile.dtype} "
+                  f"on {device} "
+                  f"({torch.get_num_threads()} threads), {num_instances} instances, "
+                  f"SLO {slo_ms:g} ms, modes {', '.join(modes)}")
+    console.print("fitting the latency cost model on this machine ...")
+    parts = SharedParts(model, fit_on_model(model, device), Retriever.from_model(model))
+    system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
+                          num_candidates=profile.num_candidates,
+                          retrieval_k=4 * profile.num_candidates,
+                          device_budget_bytes=profile.device_budget_bytes,
+                          host_budget_bytes=profile.host_budget_bytes)
+    config = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg)
+    factories = mode_factories(modes, system, parts)
+    closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
+    run_benchmark(factories, config, args.out, ModelLimitProbe(model), json_path=args.json,
+                  console=console, extra_systems={"relay-closed": closed["relay"]})
+    return 0
+
+
+# The quick run's modes: today's production path, its best cache-only peer, and the relay.
+QUICK_MODES = ("baseline", "reactive", "relay")
+
+
+def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, device: str,
+             model: HSTUConfig) -> BenchConfig:
+    """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
+
+    Full: 300-800 measured requests per point after 40 warm-up (P99 is then among the top 3-8
+    samples; ``points`` in the JSON keep each P99's confidence interval), all six modes in
+    every headline phase, 5-trial QPS searches, and the extra workloads: ML-1M replay and the
+    DLRMv3 profile with and without cross-request reuse. Quick: 40-150 requests per point,
+    3-trial searches, no extra workloads: a smoke figure of the same shape.
+    """
+    population = SyntheticConfig.from_dict(profile.population_params())
+    if quick:
+        budget = PointBudget(measured_requests=150, min_measured_requests=40,
+                             warmup_requests=10, max_point_s=4.0)
+        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3)
+        lengths = profile.sweep_lengths[1::2]
+    else:
+        budget = PointBudget(measured_requests=800, min_measured_requests=300,
+                             warmup_requests=40, max_point_s=25.0)
+        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.15,
+                                 max_trials=5)
+        lengths = profile.sweep_lengths
+    extra = () if quick else extra_workloads(profile, replace(search, max_trials=4))
+    return BenchConfig(
+        slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
+        budget=budget, sweep=SweepConfig(lengths=lengths, qps=profile.sweep_qps),
+        throughput=ThroughputConfig(search=search),
+        mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
+                          search=search),
+        limit=LimitConfig(requests=30 if quick else 150, warmup_requests=5 if quick else 20,
+                          prefix_len=profile.limit_prefix_len),
+        exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
+
+
+def extra_workloads(profile: BenchProfile, search: QpsSearchConfig
+                    ) -> tuple[WorkloadPhaseConfig, ...]:
+    """ML-1M replay (real ids and lengths) and DLRMv3 without / with cross-request reuse."""
+    delays = {"retrieval_ms": profile.retrieval_ms, "preprocessing_ms": profile.preprocessing_ms}
+    phases = [WorkloadPhaseConfig(
+        "ml1m", "ml1m", {"num_candidates": profile.num_candidates, "stage_delays": delays},
+        ("baseline", "reactive", "relay"), search)]
+    if profile.mixed_source != "dlrmv3":
+        phases.append(WorkloadPhaseConfig(
+            "dlrmv3", "dlrmv3", {**DLRMV3_CPU_SCALE, "num_items": profile.num_items,
+                                 "stage_delays": delays},
+            ("baseline", "relay-closed", "relay"), search))
+    else:
+        phases.append(WorkloadPhaseConfig(
+            "dlrmv3", "dlrmv3", profile.mixed_workload_params(),
+            ("baseline", "relay-closed", "relay"), search))
+    return tuple(phases)

@@ -1,0 +1,58 @@
+"""``relaygr bench``: the plan it measures, and (slow) the quick run end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relaygr.bench.profiles import PROFILES, profile_named
+from relaygr.cli.bench import QUICK_MODES, run_plan
+from relaygr.cli.main import main
+from relaygr.errors import ConfigError
+from relaygr.model import HSTUConfig
+
+
+def test_plans_measure_every_phase_within_their_budgets() -> None:
+    profile = profile_named("cpu")
+    model = HSTUConfig(num_items=profile.num_items, **profile.model_size)
+    full = run_plan(profile, False, 50.0, 0, "cpu", model)
+    quick = run_plan(profile, True, 50.0, 0, "cpu", model)
+    assert full.sweep is not None and quick.sweep is not None
+    assert full.sweep.lengths == profile.sweep_lengths
+    assert set(quick.sweep.lengths) < set(full.sweep.lengths)
+    assert full.budget.min_measured_requests >= 300 > quick.budget.measured_requests
+    assert [w.name for w in full.workloads] == ["ml1m", "dlrmv3"]
+    assert "relay-closed" in full.workloads[1].modes and quick.workloads == ()
+    assert full.limit is not None and full.limit.prefix_len == profile.limit_prefix_len
+    assert QUICK_MODES == ("baseline", "reactive", "relay")
+    for name in PROFILES:
+        assert profile_named(name).name == name
+    with pytest.raises(ConfigError):
+        profile_named("tpu")
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--out", str(out)]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    for key in ("slo_ms", "device", "model", "workload", "modes", "ratios", "limit",
+                "exactness"):
+        assert key in data
+    assert set(data["modes"]) == set(QUICK_MODES)
+    for mode in data["modes"].values():
+        for key in ("max_seq_len_under_slo", "slo_throughput_qps", "p99_ms", "hit_rate_device",
+                    "hit_rate_host"):
+            assert key in mode
+    for key in ("relay_vs_baseline_seq_len", "relay_vs_baseline_throughput",
+                "relay_vs_reactive_throughput"):
+        assert key in data["ratios"]
+    for key in ("cached_rank_ms_isolated", "relay_overhead_ratio", "matmul_peak_gflops"):
+        assert data["limit"][key] is not None
+    assert data["exactness"]["requests_compared"] > 0
+    assert data["exactness"]["max_abs_score_diff"] <= 1e-4
+    assert data["modes"]["baseline"]["hit_rate_device"] == 0.0
+    assert {p.name for p in out.glob("*.png")} == {"p99_vs_prefix_len.png", "p99_vs_qps.png",
+                                                   "hit_rates.png"}
