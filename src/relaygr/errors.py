@@ -37,3 +37,33 @@ class IncompatiblePrefixError(InvalidInputError):
 
 class ConfigError(RelayGRError, ValueError):
     """A configuration value is invalid or unknown."""
+
+
+class DataError(InvalidInputError):
+    """A dataset cannot be used. ``path`` and ``line`` (1-based, when known) locate the cause."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        where = "" if path is None else (f"{path}:{line}: " if line is not None else f"{path}: ")
+        super().__init__(where + message)
+
+
+class DataFormatError(DataError):
+    """A row of a dataset file is malformed (wrong field count, a non-integer id, ...)."""
+
+
+class EmptyDatasetError(DataError):
+    """A dataset file (or what is left of it after filtering) holds no interactions."""
+
+
+class UnknownFormatError(DataError):
+    """A dataset name or file format is not one relaygr can read."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
+    """The files a dataset needs are not where the caller said they are."""
+
+
+class CheckpointError(RelayGRError):
+    """A training run directory is missing, incomplete, or does not match what it is used with."""
