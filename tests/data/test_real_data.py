@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaygr.data import leave_one_out, load_sequences
+from relaygr.data import UserSequences, leave_one_out, load_sequences
 
 DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 ML1M = DATASETS / "ml-1m"
@@ -22,13 +22,21 @@ def test_ml1m_shared_table_and_original_ratings_dat_agree() -> None:
     original = load_sequences("ratings-dat", ML1M / "ratings_users_1-2999.dat.gz")
     assert (original.num_users, original.num_events) == (2999, 487650)
     assert original.all_timed
-    for user in range(original.num_users):
-        a, b = ordered.history(user), original.history(user)
-        assert a.user_id == b.user_id == user + 1
-        # same events, same timestamps in the same order (ties among equal times may differ)
-        assert a.timestamps is not None and b.timestamps is not None
-        assert np.array_equal(a.timestamps, b.timestamps)
-        assert sorted(a.original_items.tolist()) == sorted(b.original_items.tolist())
+    # same events with the same timestamps in the same order, user by user (ratings given in
+    # the same second may be listed in another order, so items are compared per user as sets)
+    end = int(ordered.offsets[original.num_users])
+    assert np.array_equal(ordered.offsets[:original.num_users + 1], original.offsets)
+    assert np.array_equal(ordered.timestamps[:end], original.timestamps)
+    assert np.array_equal(ordered.user_ids[:original.num_users], original.user_ids)
+    assert original.user_ids.tolist() == list(range(1, 3000))
+    users = np.repeat(np.arange(original.num_users), original.lengths)
+
+    def per_user_sorted(seqs: UserSequences, dense: np.ndarray) -> np.ndarray:
+        items = seqs.id_map.original_ids(dense).astype(np.int64)
+        return items[np.lexsort((items, users))]
+
+    assert np.array_equal(per_user_sorted(ordered, ordered.items[:end]),
+                          per_user_sorted(original, original.items))
     split = leave_one_out(ordered)
     assert len(split.test) == len(split.valid) == 6040
     assert int(split.train_lengths.sum()) == 1000209 - 2 * 6040

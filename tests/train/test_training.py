@@ -175,3 +175,27 @@ def test_saved_model_loads_to_the_same_function(tmp_path: Path) -> None:
         load_trained(tmp_path / "run")
     with pytest.raises(CheckpointError, match="not a training run"):
         load_trained(tmp_path)
+
+
+def test_learning_rate_halves_on_a_plateau_and_early_stopping_counts(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    config = TINY.with_(lr_decay=0.5, lr_decay_patience=2, patience=3)
+    trainer = Trainer(config, seqs, tmp_path / "run", dataset="d", progress_bar=False)
+    progress = trainer._start(resume=False)
+    losses = {"loss": 1.0, "retrieval": 1.0, "ranking": 0.0}
+
+    def validate(ndcg: float) -> None:
+        metrics = RankingMetrics(hr={10: 0.0, 50: 0.0, 200: 0.0},
+                                 ndcg={10: ndcg, 50: 0.0, 200: 0.0}, mrr=0.0, num_cases=1)
+        progress.epoch += 1
+        trainer._after_validation(progress, metrics, losses)
+
+    lrs = []
+    for ndcg in (0.3, 0.2, 0.2, 0.4, 0.1, 0.1, 0.1):
+        validate(ndcg)
+        lrs.append(trainer.optimizer.param_groups[0]["lr"] / config.learning_rate)
+    assert lrs == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]
+    assert (progress.best_ndcg, progress.best_epoch, progress.evals_since_best) == (0.4, 4, 3)
+    assert trainer._stop_reason(progress, 0.0).startswith("early stop")
+    assert [h["lr"] for h in progress.history][:4] == [config.learning_rate] * 3 + \
+        [config.learning_rate / 2]

@@ -61,7 +61,7 @@ def _heads(text: str) -> tuple[str, ...]:
 
 def _table(results: dict[str, RankingMetrics], title: str) -> Table:
     table = Table(title=title)
-    table.add_column("head")
+    table.add_column("head", no_wrap=True)
     columns = [f"HR@{k}" for k in CUTOFFS] + [f"NDCG@{k}" for k in CUTOFFS] + ["MRR"]
     for column in columns:
         table.add_column(column, justify="right")

@@ -173,6 +173,8 @@ class TrainProgress:
     best_ndcg: float = -1.0      # best validation NDCG@10 so far (-1: none yet)
     best_epoch: int = 0
     evals_since_best: int = 0
+    evals_since_decay: int = 0   # validations since the best score or the last lr decay
+    lr_scale: float = 1.0        # current learning rate / TrainConfig.learning_rate
     elapsed_s: float = 0.0       # training wall time over all sessions of the run
     stopped: str = ""            # why the run ended ("" while it may continue)
     history: list[dict[str, Any]] = field(default_factory=list)

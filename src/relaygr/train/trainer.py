@@ -44,7 +44,7 @@ from relaygr.train.metrics import CUTOFFS, RankingMetrics
 Log = Callable[[str], None]
 
 # TrainConfig fields a resumed run may change: how long it goes on, not what it trains.
-SCHEDULE_FIELDS = ("max_epochs", "patience", "time_budget_s")
+SCHEDULE_FIELDS = ("max_epochs", "patience", "time_budget_s", "lr_decay", "lr_decay_patience")
 
 
 def _print(message: str) -> None:
@@ -135,6 +135,7 @@ class Trainer:
             if saved != self.run:  # a new schedule: record it, keep the best weights
                 write_run_config(self.run_dir, self.run)
             progress.stopped = self._stop_reason(progress, 0.0)
+            self._set_lr(progress)
             return progress
         if (self.run_dir / CONFIG_FILE).exists():
             raise CheckpointError(f"{self.run_dir} already holds a run; pass resume to continue "
@@ -145,18 +146,28 @@ class Trainer:
     def _after_validation(self, progress: TrainProgress, metrics: RankingMetrics,
                           losses: dict[str, float]) -> None:
         ndcg = metrics.ndcg[10]
+        record = {"epoch": progress.epoch, "step": progress.step,
+                  "lr": self.cfg.learning_rate * progress.lr_scale,
+                  "elapsed_s": round(progress.elapsed_s, 1), **losses,
+                  **{f"valid_{k}": v for k, v in metrics.to_dict().items()}}
         if ndcg > progress.best_ndcg:
-            progress.best_ndcg, progress.best_epoch, progress.evals_since_best = \
-                ndcg, progress.epoch, 0
+            progress.best_ndcg, progress.best_epoch = ndcg, progress.epoch
+            progress.evals_since_best = progress.evals_since_decay = 0
             save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
         else:
             progress.evals_since_best += 1
-        record = {"epoch": progress.epoch, "step": progress.step,
-                  "elapsed_s": round(progress.elapsed_s, 1), **losses,
-                  **{f"valid_{k}": v for k, v in metrics.to_dict().items()}}
+            progress.evals_since_decay += 1
+            if self.cfg.lr_decay < 1 and progress.evals_since_decay >= self.cfg.lr_decay_patience:
+                progress.lr_scale *= self.cfg.lr_decay
+                progress.evals_since_decay = 0
+                self._set_lr(progress)
         progress.history.append(record)
         with (self.run_dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    def _set_lr(self, progress: TrainProgress) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate * progress.lr_scale
 
     def _stop_reason(self, progress: TrainProgress, epoch_s: float) -> str:
         if progress.evals_since_best >= self.cfg.patience:
@@ -175,7 +186,9 @@ class Trainer:
             started = time.perf_counter()
             losses = self.train_epoch(progress)
             progress.epoch += 1
-            line = (f"epoch {progress.epoch} step {progress.step} loss {losses['loss']:.4f} "
+            lr = self.cfg.learning_rate * progress.lr_scale
+            line = (f"epoch {progress.epoch} step {progress.step} lr {lr:.2g} "
+                    f"loss {losses['loss']:.4f} "
                     f"(retrieval {losses['retrieval']:.4f} ranking {losses['ranking']:.4f})")
             if progress.epoch % self.cfg.eval_every_epochs == 0:
                 metrics = self.validate()
