@@ -112,6 +112,10 @@ def test_tiny_run_lowers_loss_and_beats_random_and_popularity(tmp_path: Path) ->
     # the serving path (prefill + last_hidden) and the training path (encode_padded) agree
     padded = retrieval_ranks_padded(trained.model, seqs, split.test, config.max_seq_len, False)
     assert (padded - ranks["retrieval"]).abs().max() <= 1
+    # batches are formed by length; ranks still come back in case order
+    small = retrieval_ranks_padded(trained.model, seqs, split.test, config.max_seq_len, False,
+                                   batch_size=7)
+    assert (small - padded).abs().max() <= 1
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:

@@ -71,14 +71,18 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
                            progress: bool = False) -> Tensor:
     """Ranks of the retrieval head computed with ``encode_padded`` (model put in eval mode)."""
     model.eval()
-    ranks = []
-    for rows in _chunks(len(cases), batch_size, "validate", progress):
+    # cases in order of length, so each batch is padded to about its own width
+    by_length = np.argsort(np.minimum(cases.history_lengths, max_seq_len), kind="stable")
+    ranks = torch.empty(len(cases), dtype=torch.long)
+    for chunk in _chunks(len(cases), batch_size, "validate", progress):
+        rows = by_length[chunk]
         w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps)
         ts = None if w.timestamps is None else w.timestamps.to(model.device)
         hidden = model.encode_padded(w.items.to(model.device), ts)
         last = hidden[torch.arange(len(rows)), w.lengths.to(model.device) - 1]   # [b, d]
-        ranks.append(target_ranks(model.retrieval_scores(last), w.targets, w.histories))
-    return torch.cat(ranks)
+        ranks[torch.from_numpy(rows)] = target_ranks(model.retrieval_scores(last), w.targets,
+                                                     w.histories)
+    return ranks
 
 
 @torch.inference_mode()

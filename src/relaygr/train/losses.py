@@ -37,8 +37,9 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
                    gen: torch.Generator) -> Tensor:
     """Sampled softmax of next-item prediction at every non-padding position of ``batch``.
 
-    ``sharing`` is "position" (negatives drawn per position) or "sequence" (one draw per row,
-    used by all its positions). Negatives are drawn on the CPU from ``gen`` for reproducibility.
+    ``sharing`` is "position" (negatives drawn per position), "sequence" (one draw per row,
+    used by all its positions) or "catalogue" (every other item is a negative: the exact
+    softmax, ``num_negatives`` unused). Negatives are drawn on the CPU from ``gen``.
     """
     device = model.device
     hidden = model.encode_padded(batch.inputs, batch.timestamps)          # [B, T, d]
@@ -47,6 +48,9 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     targets = batch.targets[valid]                                        # [N]
     pos_logits = (query[valid] * model.item_vectors(targets)).sum(-1)     # [N]
     high = model.cfg.num_items + 1
+    if sharing == "catalogue":                                            # the exact softmax
+        logits = query[valid] @ model.item_embeddings().t()               # [N, num_items]
+        return F.cross_entropy(logits, targets - 1)
     if sharing == "position":
         neg_ids = torch.randint(1, high, (len(targets), num_negatives), generator=gen)
         neg_ids = neg_ids.to(device)
