@@ -63,3 +63,33 @@ class OverloadedError(RelayGRError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class DataError(InvalidInputError):
+    """A dataset cannot be used. ``path`` and ``line`` (1-based, when known) locate the cause."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        where = "" if path is None else (f"{path}:{line}: " if line is not None else f"{path}: ")
+        super().__init__(where + message)
+
+
+class DataFormatError(DataError):
+    """A row of a dataset file is malformed (wrong field count, a non-integer id, ...)."""
+
+
+class EmptyDatasetError(DataError):
+    """A dataset file (or what is left of it after filtering) holds no interactions."""
+
+
+class UnknownFormatError(DataError):
+    """A dataset name or file format is not one relaygr can read."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
+    """The files a dataset needs are not where the caller said they are."""
+
+
+class CheckpointError(RelayGRError):
+    """A training run directory is missing, incomplete, or does not match what it is used with."""

@@ -78,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_instances))
     slo_ms = args.slo_ms or profile.slo_ms
     torch.manual_seed(args.seed)
+    size = profile.model_size
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
-                           **profile.model_size)
+                           dim=size["dim"], num_layers=size["num_layers"],
+                           num_heads=size["num_heads"])
     model = HSTU(model_cfg).to(device=device, dtype=getattr(torch, profile.dtype)).eval()
     console.print(f"[bold]relaygr bench[/] profile {profile.name}: {model_cfg.num_layers} "
                   f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, {profile.dtype} "

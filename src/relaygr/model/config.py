@@ -7,6 +7,8 @@ from typing import Any
 
 from relaygr.errors import ConfigError
 
+RETRIEVAL_SIMILARITIES = ("dot", "cosine")
+
 
 @dataclass(frozen=True)
 class HSTUConfig:
@@ -36,6 +38,11 @@ class HSTUConfig:
     score_block_elems: int = 1 << 20
     # Candidates per micro-batch in the candidate pass (bounds the score matrix at long prefixes).
     candidate_block: int = 512
+    # Retrieval head: "dot" scores the raw inner product of user representation and item
+    # embedding; "cosine" L2-normalises both first (the open-source HSTU recipe). Either is
+    # divided by retrieval_temperature (the HSTU ML-1M recipe uses cosine / 0.05; 1.0 = no-op).
+    retrieval_similarity: str = "dot"
+    retrieval_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("num_items", "dim", "num_layers", "num_heads", "max_seq_len",
@@ -52,10 +59,20 @@ class HSTUConfig:
             raise ConfigError(f"HSTUConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.attention_normalizer is not None and not self.attention_normalizer > 0:
             raise ConfigError("HSTUConfig.attention_normalizer must be > 0 when given")
+        if self.retrieval_similarity not in RETRIEVAL_SIMILARITIES:
+            raise ConfigError(f"HSTUConfig.retrieval_similarity must be one of "
+                              f"{RETRIEVAL_SIMILARITIES}, got {self.retrieval_similarity!r}")
+        if not self.retrieval_temperature > 0:
+            raise ConfigError("HSTUConfig.retrieval_temperature must be > 0, got "
+                              f"{self.retrieval_temperature!r}")
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
+
+    @property
+    def cosine_retrieval(self) -> bool:
+        return self.retrieval_similarity == "cosine"
 
     @property
     def normalizer(self) -> float:
@@ -94,5 +111,5 @@ def config_for_size(size: str, num_items: int, max_seq_len: int = 8192,
     """The config of a named size (see ``MODEL_SIZES``) over a catalogue of ``num_items``."""
     if size not in MODEL_SIZES:
         raise ConfigError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
-    shape = MODEL_SIZES[size]
+    shape: dict[str, Any] = dict(MODEL_SIZES[size])
     return HSTUConfig(num_items=num_items, max_seq_len=max_seq_len, **shape, **overrides)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relaygr.errors import InvalidInputError, TimestampError
@@ -38,6 +39,9 @@ from relaygr.model.inputs import (
 from relaygr.model.kv import PrefixKV
 from relaygr.model.layers import HSTULayer
 from relaygr.model.passes import Pass, Track
+
+# Guards the L2 normalisation of cosine retrieval against a zero vector (the padding row).
+_L2_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,31 @@ class HSTU(nn.Module):
         pos = self.pos_emb.weight[position]
         return self.item_emb(items) * math.sqrt(self.cfg.dim) + pos + self.candidate_type
 
+    # ---- retrieval head: logits = retrieval_query(user) · item vector -----------------------
+
+    def _retrieval_vectors(self, emb: Tensor) -> Tensor:
+        if self.cfg.cosine_retrieval:
+            return F.normalize(emb, dim=-1, eps=_L2_EPS)
+        return emb
+
+    def item_vectors(self, ids: Tensor) -> Tensor:
+        """``[...]`` item ids → ``[..., d]`` the vectors retrieval scores users against
+        (the item embeddings, L2-normalised under cosine similarity)."""
+        return self._retrieval_vectors(self.item_emb(ids))
+
     def item_embeddings(self) -> Tensor:
-        """``[num_items, d]``: embeddings of ids 1..num_items (row i is id i + 1)."""
-        return self.item_emb.weight[1:]
+        """``[num_items, d]``: retrieval vectors of ids 1..num_items (row i is id i + 1), so
+        ``retrieval_query(user) @ item_embeddings().T`` are the logits of every item."""
+        return self._retrieval_vectors(self.item_emb.weight[1:])
+
+    def retrieval_query(self, user: Tensor) -> Tensor:
+        """``[..., d]`` user representations (``PrefixKV.last_hidden``, ``encode_padded``
+        outputs) → ``[..., d]`` query vectors, normalised and divided by the temperature."""
+        return self._retrieval_vectors(user) / self.cfg.retrieval_temperature
 
     def retrieval_scores(self, user: Tensor) -> Tensor:
         """``[..., d]`` user representations → ``[..., num_items + 1]`` logits (column 0 unused)."""
-        return user @ self.item_emb.weight.t()
+        return self.retrieval_query(user) @ self._retrieval_vectors(self.item_emb.weight).t()
 
     # ---- serving: prefill and rank -----------------------------------------------------------
 

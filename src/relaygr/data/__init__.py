@@ -1,0 +1,33 @@
+"""Interaction data: file readers, time-ordered user sequences, dense ids, leave-one-out split.
+
+Layers (lower never import upper): ``table`` (raw columns) <- ``readers`` (one per file format)
+<- ``sequences`` (ordering, ``IdMap``) <- ``split`` <- ``sources`` (dataset names -> files).
+
+Public names: ``iter_histories`` and ``load_sequences`` (a dataset directory -> per-user
+histories), ``IdMap``, ``UserHistory``, ``UserSequences``, ``leave_one_out``,
+``LeaveOneOutSplit``, ``EvalCases``, ``TableSpec``, the readers ``read_ratings_dat``,
+``read_ml100k``, ``read_table``, and ``resolve`` / ``DATASET_FILES``.
+"""
+
+from relaygr.data.readers import (
+    ORDERED_ML1M_SPEC,
+    TableSpec,
+    read_ml100k,
+    read_ratings_dat,
+    read_table,
+)
+from relaygr.data.sequences import IdMap, UserHistory, UserSequences, build_sequences
+from relaygr.data.sources import (
+    DATASET_FILES,
+    DatasetSource,
+    iter_histories,
+    load_sequences,
+    resolve,
+)
+from relaygr.data.split import EvalCases, LeaveOneOutSplit, leave_one_out
+from relaygr.data.table import InteractionTable
+
+__all__ = ["DATASET_FILES", "ORDERED_ML1M_SPEC", "DatasetSource", "EvalCases", "IdMap",
+           "InteractionTable", "LeaveOneOutSplit", "TableSpec", "UserHistory", "UserSequences",
+           "build_sequences", "iter_histories", "leave_one_out", "load_sequences",
+           "read_ml100k", "read_ratings_dat", "read_table", "resolve"]

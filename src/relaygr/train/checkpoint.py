@@ -1,0 +1,229 @@
+"""Run directories: the trained model (safetensors + JSON config + id map) and resumable state.
+
+Layout of ``RUN_DIR``::
+
+    config.json        RunConfig: model config, training config, dataset summary, seed
+    model.safetensors  weights of the best validation epoch (what serving loads)
+    id_map.json        original item id of every dense id (relaygr.data.IdMap)
+    metrics.jsonl      one line per validation (written by the trainer)
+    last/state.safetensors  weights, optimizer moments and RNG states after the last epoch
+    last/progress.json      epoch counters, best score, patience, elapsed time
+
+Only safetensors and JSON: nothing is unpickled. Files are written to a temporary name and
+renamed, so an interrupted save leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from relaygr.data.sequences import IdMap, UserSequences
+from relaygr.errors import CheckpointError, ConfigError
+from relaygr.model import HSTU, HSTUConfig
+from relaygr.train.config import TrainConfig
+
+RUN_FORMAT = "relaygr-run/1"
+CONFIG_FILE, MODEL_FILE, ID_MAP_FILE = "config.json", "model.safetensors", "id_map.json"
+STATE_FILE, PROGRESS_FILE = "last/state.safetensors", "last/progress.json"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model was trained on (checked when it is evaluated on a dataset again)."""
+
+    name: str
+    source: str
+    num_users: int
+    num_items: int
+    num_events: int
+
+    @classmethod
+    def of(cls, name: str, seqs: UserSequences) -> DatasetInfo:
+        return cls(name, seqs.source, seqs.num_users, seqs.num_items, seqs.num_events)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything needed to rebuild a run's model and to know how it was trained."""
+
+    model: HSTUConfig
+    train: TrainConfig
+    dataset: DatasetInfo
+    seed: int
+    preset: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RUN_FORMAT, "model": self.model.to_dict(),
+                "train": self.train.to_dict(), "dataset": asdict(self.dataset),
+                "seed": self.seed, "preset": self.preset}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        if data.get("format") != RUN_FORMAT:
+            raise CheckpointError(f"not a relaygr run config (format {data.get('format')!r})")
+        try:
+            return cls(HSTUConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"]),
+                       DatasetInfo(**data["dataset"]), int(data["seed"]), str(data["preset"]))
+        except (KeyError, TypeError, ConfigError) as exc:
+            raise CheckpointError(f"invalid run config: {exc}") from None
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _cpu_state(model: HSTU) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def write_run_config(run_dir: Path, run: RunConfig) -> None:
+    _write_atomic(Path(run_dir) / CONFIG_FILE,
+                  lambda p: p.write_text(json.dumps(run.to_dict(), indent=2)))
+
+
+def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> None:
+    """Write the servable part of a run: config, weights, id map."""
+    run_dir = Path(run_dir)
+    if id_map.num_items != model.cfg.num_items:
+        raise CheckpointError(f"id map has {id_map.num_items} items, model {model.cfg.num_items}")
+    write_run_config(run_dir, run)
+    _write_atomic(run_dir / ID_MAP_FILE, id_map.save)
+    _write_atomic(run_dir / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
+
+
+def _load_weights(model: HSTU, path: Path) -> dict[str, torch.Tensor]:
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    weights = {k: v for k, v in tensors.items() if "/" not in k}
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path} does not fit the configured model: {exc}") from None
+    return tensors
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} is not a training run (no {CONFIG_FILE})")
+    try:
+        return RunConfig.from_dict(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise CheckpointError(f"cannot parse {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A trained HSTU ready to serve (eval mode, on its device), with its id map.
+
+    Feed it dense ids (``dense_items``); pass timestamps to ``prefill`` / ``rank`` exactly when
+    ``uses_timestamps`` (the convention it was trained with).
+    """
+
+    model: HSTU
+    id_map: IdMap
+    run: RunConfig
+
+    @property
+    def uses_timestamps(self) -> bool:
+        return self.run.train.use_timestamps
+
+    def dense_items(self, originals: np.ndarray | list[Any]) -> np.ndarray:
+        """Dense ids of original item ids; an unknown id raises ``CheckpointError``."""
+        dense = self.id_map.dense_ids(np.asarray(originals))
+        if (dense == 0).any():
+            unknown = np.asarray(originals)[dense == 0][0]
+            raise CheckpointError(f"item {unknown!r} is not in this model's id map")
+        return dense
+
+
+def load_trained(run_dir: Path, device: torch.device | str = "cpu") -> TrainedModel:
+    """Load ``RUN_DIR``'s best model and id map (see the module doc) for serving or evaluation."""
+    run_dir = Path(run_dir)
+    run = read_run_config(run_dir)
+    id_map = IdMap.load(run_dir / ID_MAP_FILE)
+    if id_map.num_items != run.model.num_items:
+        raise CheckpointError(f"{run_dir}: id map has {id_map.num_items} items, config "
+                              f"{run.model.num_items}")
+    model = HSTU(run.model)
+    _load_weights(model, run_dir / MODEL_FILE)
+    return TrainedModel(model.to(device).eval(), id_map, run)
+
+
+@dataclass
+class TrainProgress:
+    """Mutable counters of a run, saved with every checkpoint."""
+
+    epoch: int = 0               # epochs completed
+    step: int = 0                # optimizer steps taken
+    best_ndcg: float = -1.0      # best validation NDCG@10 so far (-1: none yet)
+    best_epoch: int = 0
+    evals_since_best: int = 0
+    evals_since_decay: int = 0   # validations since the best score or the last lr decay
+    lr_scale: float = 1.0        # current learning rate / TrainConfig.learning_rate
+    elapsed_s: float = 0.0       # training wall time over all sessions of the run
+    stopped: str = ""            # why the run ended ("" while it may continue)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def save_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimizer,
+                     progress: TrainProgress, sample_gen: torch.Generator) -> None:
+    """Everything ``load_train_state`` needs to continue exactly where this epoch ended."""
+    tensors = _cpu_state(model)
+    for name, param in model.named_parameters():
+        for key, value in optimizer.state.get(param, {}).items():
+            tensors[f"opt/{name}/{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["rng/cpu"] = torch.get_rng_state()
+    tensors["rng/sample"] = sample_gen.get_state()
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda{i}"] = state
+    run_dir = Path(run_dir)
+    _write_atomic(run_dir / STATE_FILE, lambda p: save_file(tensors, str(p)))
+    _write_atomic(run_dir / PROGRESS_FILE,
+                  lambda p: p.write_text(json.dumps(asdict(progress), indent=1)))
+
+
+def has_train_state(run_dir: Path) -> bool:
+    return (Path(run_dir) / STATE_FILE).is_file() and (Path(run_dir) / PROGRESS_FILE).is_file()
+
+
+def load_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimizer,
+                     sample_gen: torch.Generator) -> TrainProgress:
+    """Restore model, optimizer moments and RNG states; return the saved progress."""
+    run_dir = Path(run_dir)
+    if not has_train_state(run_dir):
+        raise CheckpointError(f"{run_dir} has no resumable state ({STATE_FILE})")
+    tensors = _load_weights(model, run_dir / STATE_FILE)
+    device = model.device
+    for name, param in model.named_parameters():
+        prefix = f"opt/{name}/"
+        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if state:
+            optimizer.state[param] = {k: (v if k == "step" else v.to(device))
+                                      for k, v in state.items()}
+    torch.set_rng_state(tensors["rng/cpu"])
+    sample_gen.set_state(tensors["rng/sample"])
+    if torch.cuda.is_available():
+        cuda_states = [tensors[f"rng/cuda{i}"] for i in range(torch.cuda.device_count())
+                       if f"rng/cuda{i}" in tensors]
+        if cuda_states:
+            torch.cuda.set_rng_state_all(cuda_states)
+    try:
+        return TrainProgress(**json.loads((run_dir / PROGRESS_FILE).read_text()))
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"cannot parse {run_dir / PROGRESS_FILE}: {exc}") from None

@@ -1,0 +1,220 @@
+"""The training loop: epochs of joint retrieval + ranking loss, validation, early stopping.
+
+Per batch: the retrieval sampled softmax over every position (``losses.retrieval_loss``) plus
+``rank_weight`` times the ranking-head softmax at a random cut of ``rank_users`` users
+(``losses.ranking_loss``), one AdamW step. After every ``eval_every_epochs`` epochs the retrieval
+head is validated on the leave-one-out validation items (NDCG@10 decides); a better score
+overwrites ``model.safetensors``, and ``patience`` validations without one stop the run. Every
+epoch ends with a resumable checkpoint (``checkpoint.save_train_state``), so ``resume`` continues
+bit-for-bit where the last completed epoch ended (same device and thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from relaygr.data.sequences import UserSequences
+from relaygr.data.split import LeaveOneOutSplit, leave_one_out
+from relaygr.errors import CheckpointError, ConfigError
+from relaygr.model import HSTU
+from relaygr.train.batches import BATCH_ORDERS, BatchOrder, RankBatch, TrainingData
+from relaygr.train.checkpoint import (
+    CONFIG_FILE,
+    DatasetInfo,
+    RunConfig,
+    TrainProgress,
+    load_train_state,
+    read_run_config,
+    save_model,
+    save_train_state,
+    write_run_config,
+)
+from relaygr.train.config import TrainConfig
+from relaygr.train.evaluate import retrieval_ranks_padded
+from relaygr.train.losses import ranking_loss, retrieval_loss
+from relaygr.train.metrics import CUTOFFS, RankingMetrics
+
+Log = Callable[[str], None]
+
+# TrainConfig fields a resumed run may change: how long it goes on, not what it trains.
+SCHEDULE_FIELDS = ("max_epochs", "patience", "time_budget_s", "lr_decay", "lr_decay_patience")
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a run ended: its directory, final progress, and the best validation metrics."""
+
+    run_dir: Path
+    progress: TrainProgress
+    best_valid: RankingMetrics | None
+
+
+class Trainer:
+    """One training run of ``config`` on ``sequences`` into ``run_dir`` (see the module doc)."""
+
+    def __init__(self, config: TrainConfig, sequences: UserSequences, run_dir: Path, *,
+                 dataset: str, preset: str = "custom", seed: int = 0,
+                 device: torch.device | str = "cpu", progress_bar: bool = True,
+                 log: Log = _print) -> None:
+        if config.use_timestamps and not sequences.all_timed:
+            raise ConfigError(f"use_timestamps needs a timestamp on every event; "
+                              f"{int((~sequences.timed).sum())} users of {sequences.source} "
+                              "have none")
+        self.cfg, self.seqs, self.run_dir = config, sequences, Path(run_dir)
+        self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
+        self.split: LeaveOneOutSplit = leave_one_out(sequences)
+        self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
+        torch.manual_seed(seed)
+        self.model = HSTU(config.model_config(sequences.num_items)).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order: BatchOrder = BATCH_ORDERS[config.batch_order]()
+        self.run = RunConfig(self.model.cfg, config, DatasetInfo.of(dataset, sequences), seed,
+                             preset)
+
+    # ---- one epoch ---------------------------------------------------------------------------
+
+    def _rank_batch_on_device(self, rank: RankBatch) -> RankBatch:
+        ts = None if rank.timestamps is None else rank.timestamps.to(self.device)
+        return RankBatch(rank.history.to(self.device), rank.candidates.to(self.device), ts)
+
+    def train_epoch(self, progress: TrainProgress) -> dict[str, float]:
+        """One pass over the training users; returns the mean losses."""
+        cfg, model = self.cfg, self.model
+        model.train()
+        batches = self.data.epoch(self.order, cfg.batch_size, self.gen)
+        sums = {"loss": 0.0, "retrieval": 0.0, "ranking": 0.0}
+        bar = tqdm(batches, desc=f"epoch {progress.epoch + 1}", unit="batch", leave=False,
+                   disable=not self.progress_bar, mininterval=2.0)
+        for rows in bar:
+            batch = self.data.batch(rows).to(self.device)
+            retrieval = retrieval_loss(model, batch, cfg.num_negatives, cfg.negative_sharing,
+                                       self.gen)
+            loss, ranking = retrieval, torch.zeros(())
+            if cfg.rank_weight > 0:
+                rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
+                ranking = ranking_loss(model, self._rank_batch_on_device(rank),
+                                       cfg.rank_temperature)
+                loss = retrieval + cfg.rank_weight * ranking
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            progress.step += 1
+            for key, value in (("loss", loss), ("retrieval", retrieval), ("ranking", ranking)):
+                sums[key] += float(value.detach())
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
+        return {k: v / len(batches) for k, v in sums.items()}
+
+    def validate(self) -> RankingMetrics:
+        ranks = retrieval_ranks_padded(self.model, self.seqs, self.split.valid,
+                                       self.cfg.max_seq_len, self.cfg.use_timestamps)
+        return RankingMetrics.from_ranks(ranks)
+
+    # ---- the run -----------------------------------------------------------------------------
+
+    def _start(self, resume: bool) -> TrainProgress:
+        if resume:
+            saved = read_run_config(self.run_dir)
+            if _resumable(saved) != _resumable(self.run):
+                raise CheckpointError(f"{self.run_dir} was trained with a different config, "
+                                      "dataset or seed; resume with the same arguments (only "
+                                      f"{', '.join(SCHEDULE_FIELDS)} may change)")
+            progress = load_train_state(self.run_dir, self.model, self.optimizer, self.gen)
+            if saved != self.run:  # a new schedule: record it, keep the best weights
+                write_run_config(self.run_dir, self.run)
+            progress.stopped = self._stop_reason(progress, 0.0)
+            self._set_lr(progress)
+            return progress
+        if (self.run_dir / CONFIG_FILE).exists():
+            raise CheckpointError(f"{self.run_dir} already holds a run; pass resume to continue "
+                                  "it or choose another directory")
+        save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
+        return TrainProgress()
+
+    def _after_validation(self, progress: TrainProgress, metrics: RankingMetrics,
+                          losses: dict[str, float]) -> None:
+        ndcg = metrics.ndcg[10]
+        record = {"epoch": progress.epoch, "step": progress.step,
+                  "lr": self.cfg.learning_rate * progress.lr_scale,
+                  "elapsed_s": round(progress.elapsed_s, 1), **losses,
+                  **{f"valid_{k}": v for k, v in metrics.to_dict().items()}}
+        if ndcg > progress.best_ndcg:
+            progress.best_ndcg, progress.best_epoch = ndcg, progress.epoch
+            progress.evals_since_best = progress.evals_since_decay = 0
+            save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
+        else:
+            progress.evals_since_best += 1
+            progress.evals_since_decay += 1
+            if self.cfg.lr_decay < 1 and progress.evals_since_decay >= self.cfg.lr_decay_patience:
+                progress.lr_scale *= self.cfg.lr_decay
+                progress.evals_since_decay = 0
+                self._set_lr(progress)
+        progress.history.append(record)
+        with (self.run_dir / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _set_lr(self, progress: TrainProgress) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate * progress.lr_scale
+
+    def _stop_reason(self, progress: TrainProgress, epoch_s: float) -> str:
+        if progress.evals_since_best >= self.cfg.patience:
+            return f"early stop: no better validation NDCG@10 in {self.cfg.patience} validations"
+        if progress.epoch >= self.cfg.max_epochs:
+            return f"reached max_epochs ({self.cfg.max_epochs})"
+        if progress.elapsed_s + epoch_s > self.cfg.time_budget_s:
+            return f"time budget ({self.cfg.time_budget_s:.0f} s) would be exceeded"
+        return ""
+
+    def fit(self, resume: bool = False) -> TrainResult:
+        progress = self._start(resume)
+        if progress.stopped:
+            self.log(f"run already finished: {progress.stopped}")
+        while not progress.stopped:
+            started = time.perf_counter()
+            losses = self.train_epoch(progress)
+            progress.epoch += 1
+            lr = self.cfg.learning_rate * progress.lr_scale
+            line = (f"epoch {progress.epoch} step {progress.step} lr {lr:.2g} "
+                    f"loss {losses['loss']:.4f} "
+                    f"(retrieval {losses['retrieval']:.4f} ranking {losses['ranking']:.4f})")
+            if progress.epoch % self.cfg.eval_every_epochs == 0:
+                metrics = self.validate()
+                progress.elapsed_s += time.perf_counter() - started
+                self._after_validation(progress, metrics, losses)
+                line += f" | valid {metrics.summary()}"
+            else:
+                progress.elapsed_s += time.perf_counter() - started
+            epoch_s = time.perf_counter() - started
+            progress.stopped = self._stop_reason(progress, epoch_s)
+            save_train_state(self.run_dir, self.model, self.optimizer, progress, self.gen)
+            self.log(f"{line} | {epoch_s:.0f} s/epoch, {progress.elapsed_s / 60:.1f} min total")
+        self.log(f"stopped: {progress.stopped}; best validation NDCG@10 "
+                 f"{progress.best_ndcg:.4f} at epoch {progress.best_epoch}")
+        best = next((h for h in progress.history if h["epoch"] == progress.best_epoch), None)
+        best_metrics = None if best is None else _metrics_from_record(best)
+        return TrainResult(self.run_dir, progress, best_metrics)
+
+
+def _resumable(run: RunConfig) -> RunConfig:
+    """What must not change between the sessions of a run (the schedule may)."""
+    return replace(run, train=run.train.with_(**{f: getattr(TrainConfig(), f)
+                                                 for f in SCHEDULE_FIELDS}))
+
+
+def _metrics_from_record(record: dict[str, float]) -> RankingMetrics:
+    return RankingMetrics(hr={k: record[f"valid_hr@{k}"] for k in CUTOFFS},
+                          ndcg={k: record[f"valid_ndcg@{k}"] for k in CUTOFFS},
+                          mrr=record["valid_mrr"], num_cases=int(record["valid_num_cases"]))

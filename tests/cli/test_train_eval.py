@@ -1,0 +1,70 @@
+"""``relaygr train`` and ``relaygr eval`` end to end on a generated dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from relaygr.cli import eval as eval_cli
+from relaygr.cli import train as train_cli
+from relaygr.errors import ConfigError, DataFormatError
+from tests.train.helpers import write_cyclic_udata
+
+TINY_SETTINGS = ["dim=16", "num_layers=1", "num_heads=2", "max_seq_len=24", "batch_size=16",
+                 "num_negatives=16", "rank_users=4", "rank_negatives=7", "max_epochs=2",
+                 "dropout=0.0"]
+
+
+def _run(argv: list[str]) -> int:
+    # the lead registers these in relaygr.cli.main.COMMANDS; here they run on their own parser
+    parser = argparse.ArgumentParser(prog="relaygr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train_cli.register(sub)
+    eval_cli.register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    write_cyclic_udata(tmp_path / "u.data", num_users=40)
+    run_dir = tmp_path / "run"
+    settings = [arg for s in TINY_SETTINGS for arg in ("--set", s)]
+    assert _run(["train", "--dataset", "ml-100k", "--data-dir", str(tmp_path), "--out",
+                 str(run_dir), "--preset", "quick", "--no-progress", *settings]) == 0
+    out = capsys.readouterr().out
+    assert "40 users" in out and "test (retrieval head" in out
+    for name in ("config.json", "model.safetensors", "id_map.json", "metrics.jsonl",
+                 "last/state.safetensors", "last/progress.json"):
+        assert (run_dir / name).is_file(), name
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["preset"] == "quick" and config["train"]["dim"] == 16
+    assert config["dataset"]["num_users"] == 40
+    report_path = tmp_path / "eval.json"
+    assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+                 str(tmp_path), "--json", str(report_path), "--no-progress"]) == 0
+    report = json.loads(report_path.read_text())
+    assert set(report["heads"]) == {"retrieval", "ranking", "popularity"}
+    assert report["num_cases"] == 40 and report["split"] == "test"
+    for metrics in report["heads"].values():
+        assert set(metrics) == {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200",
+                                "mrr", "num_cases"}
+        assert 0.0 <= metrics["ndcg@10"] <= metrics["hr@10"] <= metrics["hr@50"] <= 1.0
+    assert "popularity" in capsys.readouterr().out
+
+
+def test_bad_input_is_a_typed_error(tmp_path: Path) -> None:
+    (tmp_path / "u.data").write_text("1\t2\t3\t4\n1\t2\t3\n")
+    with pytest.raises(DataFormatError, match=r"u\.data:2:"):
+        _run(["train", "--dataset", "ml-100k", "--data-dir", str(tmp_path), "--out",
+              str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match="unknown TrainConfig keys"):
+        _run(["train", "--dataset", "ml-100k", "--data-dir", str(tmp_path), "--out",
+              str(tmp_path / "run"), "--set", "colour=3"])
+    with pytest.raises(ConfigError, match="key=value"):
+        train_cli.parse_overrides(["dim"])
+    assert train_cli.parse_overrides(["dim=8", "similarity=dot"]) == {"dim": 8,
+                                                                     "similarity": "dot"}

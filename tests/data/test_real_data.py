@@ -1,0 +1,42 @@
+"""The loaders on the shared MovieLens files (skipped when ../shared/datasets is absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaygr.data import UserSequences, leave_one_out, load_sequences
+
+DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+ML1M = DATASETS / "ml-1m"
+pytestmark = pytest.mark.skipif(not ML1M.is_dir(), reason="shared datasets not present")
+
+
+def test_ml1m_shared_table_and_original_ratings_dat_agree() -> None:
+    ordered = load_sequences("ml-1m", ML1M)
+    assert (ordered.num_users, ordered.num_items, ordered.num_events) == (6040, 3706, 1000209)
+    # users 3000-6040 have no timestamps in the shared table
+    assert ordered.timed.tolist() == [u < 3000 for u in ordered.user_ids.tolist()]
+    original = load_sequences("ratings-dat", ML1M / "ratings_users_1-2999.dat.gz")
+    assert (original.num_users, original.num_events) == (2999, 487650)
+    assert original.all_timed
+    # same events with the same timestamps in the same order, user by user (ratings given in
+    # the same second may be listed in another order, so items are compared per user as sets)
+    end = int(ordered.offsets[original.num_users])
+    assert np.array_equal(ordered.offsets[:original.num_users + 1], original.offsets)
+    assert np.array_equal(ordered.timestamps[:end], original.timestamps)
+    assert np.array_equal(ordered.user_ids[:original.num_users], original.user_ids)
+    assert original.user_ids.tolist() == list(range(1, 3000))
+    users = np.repeat(np.arange(original.num_users), original.lengths)
+
+    def per_user_sorted(seqs: UserSequences, dense: np.ndarray) -> np.ndarray:
+        items = seqs.id_map.original_ids(dense).astype(np.int64)
+        return items[np.lexsort((items, users))]
+
+    assert np.array_equal(per_user_sorted(ordered, ordered.items[:end]),
+                          per_user_sorted(original, original.items))
+    split = leave_one_out(ordered)
+    assert len(split.test) == len(split.valid) == 6040
+    assert int(split.train_lengths.sum()) == 1000209 - 2 * 6040
