@@ -13,6 +13,8 @@ import torch
 from relaygr.data import leave_one_out
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.model import HSTU
+from relaygr.server.build import load_model
+from relaygr.server.config import ModelSource
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
@@ -172,6 +174,12 @@ def test_saved_model_loads_to_the_same_function(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
     known = list(seqs.id_map.items[:2])
     assert trained.dense_items(known).tolist() == [1, 2]
+    # what `relaygr serve --checkpoint` loads: the same weights, in eval mode
+    served = load_model(ModelSource(checkpoint=tmp_path / "run"))
+    assert not served.training
+    for (name, a), (_, b) in zip(trainer.model.state_dict().items(),
+                                 served.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
     with pytest.raises(CheckpointError, match="not in this model's id map"):
         trained.dense_items([10_000])
     (tmp_path / "run" / "model.safetensors").write_bytes(b"garbage")

@@ -14,6 +14,7 @@ from relaygr.train.checkpoint import (
     RunConfig,
     TrainedModel,
     TrainProgress,
+    load_checkpoint,
     load_trained,
     read_run_config,
 )
@@ -23,6 +24,7 @@ from relaygr.train.metrics import CUTOFFS, RankingMetrics, target_ranks
 from relaygr.train.trainer import Trainer, TrainResult
 
 __all__ = ["CUTOFFS", "PRESETS", "DatasetInfo", "RankingMetrics", "RunConfig", "TrainConfig",
-           "TrainProgress", "TrainResult", "TrainedModel", "Trainer", "load_trained",
+           "TrainProgress", "TrainResult", "TrainedModel", "Trainer", "load_checkpoint",
+           "load_trained",
            "popularity_ranks", "preset", "read_run_config", "retrieval_ranks_padded",
            "serving_ranks", "target_ranks"]

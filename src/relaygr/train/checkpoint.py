@@ -164,6 +164,11 @@ def load_trained(run_dir: Path, device: torch.device | str = "cpu") -> TrainedMo
     return TrainedModel(model.to(device).eval(), id_map, run)
 
 
+def load_checkpoint(run_dir: Path, device: torch.device | str = "cpu") -> HSTU:
+    """Only the model of ``RUN_DIR`` (what ``relaygr serve --checkpoint`` loads)."""
+    return load_trained(run_dir, device).model
+
+
 @dataclass
 class TrainProgress:
     """Mutable counters of a run, saved with every checkpoint."""
