@@ -74,6 +74,10 @@ class CascadeUnderTest:
             counters[name] = counters.get(name, 0.0) + value
 
         for inst in self.system.instances:
+            sched = inst.scheduler.stats       # worker compute time: what queueing is not
+            add("rank_batches", sched.rank_batches)
+            add("rank_compute_s", sched.rank_compute_s)
+            add("prefill_compute_s", sched.prefill_compute_s)
             res = inst.residency
             if res is not None:
                 device += res.pool.used_bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -28,26 +29,37 @@ class ComputeExecutor:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relaygr-{name}")
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._busy = threading.Event()
+        self.busy_s = 0.0          # total seconds the worker spent computing
+        self.calls = 0
 
     @property
     def busy(self) -> bool:
         return self._busy.is_set()
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
         self._busy.set()
+        started = time.perf_counter()
         try:
             with torch.inference_mode():
                 if self._stream is None:
-                    return fn()
-                with torch.cuda.stream(self._stream):
                     result = fn()
-                self._stream.synchronize()
-                return result
+                else:
+                    with torch.cuda.stream(self._stream):
+                        result = fn()
+                    self._stream.synchronize()
+                return result, time.perf_counter() - started
         finally:
+            self.busy_s += time.perf_counter() - started
+            self.calls += 1
             self._busy.clear()
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""
+        result, _ = await self.run_timed(fn)
+        return result
+
+    async def run_timed(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """``run``, also returning the seconds ``fn`` computed (the worker's time, no queueing)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._call, fn)
 

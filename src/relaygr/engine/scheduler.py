@@ -88,6 +88,8 @@ class SchedulerStats:
     prefill_rounds: int = 0
     prefill_jobs_done: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    rank_compute_s: float = 0.0       # worker seconds spent in ranking batches
+    prefill_compute_s: float = 0.0    # worker seconds spent in pre-infer rounds
 
 
 class InstanceScheduler:
@@ -160,13 +162,14 @@ class InstanceScheduler:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
         try:
-            results = await self.executor.run(lambda: self.run_batch(payloads))
+            results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
         except Exception as exc:  # a failed batch fails its own requests, nothing else
             for w in batch:
                 if not w.future.done():
                     w.future.set_exception(exc)
             return
         self.stats.rank_batches += 1
+        self.stats.rank_compute_s += seconds
         self.stats.rank_requests += len(batch)
         self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
         for w, result in zip(batch, results, strict=True):
@@ -186,13 +189,14 @@ class InstanceScheduler:
             return False, None
 
         try:
-            finished, result = await self.executor.run(one_round)
+            (finished, result), seconds = await self.executor.run_timed(one_round)
         except Exception as exc:
             self._prefills.remove(work)
             if not work.future.done():
                 work.future.set_exception(exc)
             return
         work.rounds += 1
+        self.stats.prefill_compute_s += seconds
         self.stats.prefill_rounds += 1
         if finished:
             self._prefills.remove(work)
