@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.data import leave_one_out
+from relaygr.data import iter_histories, leave_one_out
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.model import HSTU
-from relaygr.server.build import load_model
+from relaygr.server.build import load_model, load_store
 from relaygr.server.config import ModelSource
 from relaygr.train import (
     PRESETS,
@@ -211,3 +211,22 @@ def test_learning_rate_halves_on_a_plateau_and_early_stopping_counts(tmp_path: P
     assert trainer._stop_reason(progress, 0.0).startswith("early stop")
     assert [h["lr"] for h in progress.history][:4] == [config.learning_rate] * 3 + \
         [config.learning_rate / 2]
+
+
+def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)          # tmp_path/u.data: timed events
+    Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "run", dataset="ml-100k",
+            progress_bar=False, log=lambda _: None).fit()
+    source = ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k", data_dir=tmp_path)
+    model = load_model(source)
+    store = load_store(source, model)
+    room = model.cfg.max_seq_len - model.cfg.max_seq_len // 4   # visits can still append
+    for user in iter_histories("ml-100k", tmp_path, id_map=seqs.id_map):
+        served = store.get(int(user.user_id))
+        assert served.timestamps is None                     # the run trained position-only
+        assert served.items.tolist() == user.items[-room:].tolist()
+    synthetic = load_store(ModelSource(checkpoint=tmp_path / "run", num_users=3), model)
+    assert all(synthetic.get(u).timestamps is None and len(synthetic.get(u).items) <= room
+               for u in (1, 2, 3))
+    with pytest.raises(ConfigError, match="needs --checkpoint"):
+        ModelSource(dataset="ml-100k", data_dir=tmp_path)

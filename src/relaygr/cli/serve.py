@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = p.add_argument_group("model and users")
     m.add_argument("--checkpoint", type=Path, default=None,
                    help="trained checkpoint directory (else --size with random weights)")
+    m.add_argument("--dataset", default=None,
+                   help="serve this dataset's users (with --checkpoint and --data-dir), e.g. ml-1m")
+    m.add_argument("--data-dir", type=Path, default=None, help="where --dataset's files are")
     m.add_argument("--size", choices=sorted(MODEL_SIZES), default="small")
     m.add_argument("--num-items", type=int, default=10_000)
     m.add_argument("--max-seq-len", type=int, default=4096)
@@ -88,7 +91,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     system = SystemConfig.from_dict(system_fields)
     model = ModelSource(size=args.size, num_items=args.num_items, max_seq_len=args.max_seq_len,
                         checkpoint=args.checkpoint, num_users=args.num_users,
-                        max_events=min(args.max_events, args.max_seq_len), seed=args.seed)
+                        max_events=min(args.max_events, args.max_seq_len), seed=args.seed,
+                        dataset=args.dataset, data_dir=args.data_dir)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()

@@ -3,8 +3,11 @@
 ``load_model`` builds the model of a ``ModelSource``: a trained checkpoint through the training
 package's loader when ``checkpoint`` is set, else a named size with seeded random weights (the
 same seed gives bit-identical weights in every process; ``model_digest`` checks that). The
-histories are seeded synthetic users over the model's catalogue. The latency cost model (the
-trigger's predictions) is loaded from a file or fitted by timing the model at start-up.
+histories are a dataset's real users (with a checkpoint and ``dataset``), else seeded synthetic
+users over the model's catalogue; either way timed exactly when the served model was trained
+with time, and each history keeps its latest events, a quarter of ``max_seq_len`` short of it
+so visits can append. The latency cost model (the trigger's predictions) is loaded from a file
+or fitted by timing the model at start-up.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import importlib
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from relaygr.cascade.config import SystemConfig
@@ -26,7 +30,8 @@ from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.config import ModelSource, ServerConfig
 from relaygr.server.service import RelayService
 
-# Where the training issue's checkpoint loader lives: ``load_checkpoint(path, device) -> HSTU``.
+# Where the checkpoint loader lives: ``load_checkpoint(path, device) -> HSTU`` (imported when
+# needed: a server without checkpoints never loads the training package).
 CHECKPOINT_LOADER = ("relaygr.train", "load_checkpoint")
 
 
@@ -55,12 +60,40 @@ def _load_checkpoint(path: Path, device: str) -> HSTU:
 
 
 def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
-    """Seeded synthetic users over the model's catalogue, within its sequence length."""
-    max_events = min(source.max_events, model.cfg.max_seq_len)
+    """The served users (see the module docstring)."""
+    room = model.cfg.max_seq_len - max(1, model.cfg.max_seq_len // 4)
+    timed = True
+    if source.checkpoint is not None:
+        from relaygr.train import read_run_config
+        timed = read_run_config(source.checkpoint).train.use_timestamps
+    if source.dataset is not None and source.data_dir is not None:
+        return _dataset_store(source, model, room, timed)
+    max_events = min(source.max_events, room)
     return InMemoryHistoryStore.synthetic(SyntheticHistories(
         num_users=source.num_users, num_items=model.cfg.num_items,
         min_events=min(source.min_events, max_events), max_events=max_events,
-        seed=source.seed))
+        seed=source.seed, timed=timed))
+
+
+def _dataset_store(source: ModelSource, model: HSTU, room: int,
+                   timed: bool) -> InMemoryHistoryStore:
+    from relaygr.data import IdMap, iter_histories
+    from relaygr.train.checkpoint import ID_MAP_FILE
+
+    assert source.checkpoint is not None and source.dataset is not None
+    assert source.data_dir is not None
+    id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
+    users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    for h in iter_histories(source.dataset, source.data_dir, id_map=id_map,
+                            drop_unknown_items=True):
+        if len(h.items) == 0 or (timed and h.timestamps is None):
+            continue          # a timed model cannot serve an untimed user
+        ts = None if not timed or h.timestamps is None else h.timestamps[-room:]
+        users[int(h.user_id)] = (h.items[-room:], ts)
+    if not users:
+        raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
+                          "serve")
+    return InMemoryHistoryStore.from_sequences(users, model.cfg.num_items)
 
 
 def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostModel:

@@ -88,6 +88,10 @@ class ModelSource:
     min_events: int = 32
     max_events: int = 2048
     seed: int = 0
+    # Real users instead of synthetic ones: a dataset relaygr.data reads (``--dataset``,
+    # ``--data-dir``), mapped through the checkpoint's id map; needs ``checkpoint``.
+    dataset: str | None = None
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
@@ -96,10 +100,15 @@ class ModelSource:
                 raise ConfigError(f"ModelSource.{name} must be a positive int, got {value!r}")
         if not self.min_events <= self.max_events <= self.max_seq_len:
             raise ConfigError("ModelSource needs min_events <= max_events <= max_seq_len")
+        if (self.dataset is None) != (self.data_dir is None):
+            raise ConfigError("ModelSource.dataset and data_dir go together")
+        if self.dataset is not None and self.checkpoint is None:
+            raise ConfigError("serving a dataset's users needs --checkpoint (its id map)")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSource:
         values = dict(data)
-        if values.get("checkpoint") is not None:
-            values["checkpoint"] = Path(values["checkpoint"])
+        for key in ("checkpoint", "data_dir"):
+            if values.get(key) is not None:
+                values[key] = Path(values[key])
         return _from_dict(cls, values)
