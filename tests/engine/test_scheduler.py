@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 import pytest
@@ -164,3 +165,28 @@ def test_stop_fails_queued_work_and_rejects_new_work() -> None:
         assert trace.events == []
 
     asyncio.run(scenario())
+
+
+def test_worker_compute_time_is_accounted_per_kind() -> None:
+    class Slow(Trace):
+        def run_batch(self, payloads: list[str]) -> list[str]:
+            deadline = time.perf_counter() + 0.02      # busy, not sleeping: it is compute
+            while time.perf_counter() < deadline:
+                pass
+            return super().run_batch(payloads)
+
+    async def scenario() -> InstanceScheduler:
+        trace = Slow()
+        sched = make(trace, max_requests=1)
+        job = sched.submit_prefill(*trace.prefill("p", 2))
+        sched.start()
+        assert await sched.submit_rank("a", 1) == "A" and await job.future == "p-done"
+        await sched.stop()
+        return sched
+
+    sched = asyncio.run(scenario())
+    stats, executor = sched.stats, sched.executor
+    assert stats.rank_batches == 1 and stats.rank_compute_s >= 0.02
+    assert stats.prefill_rounds == 2 and 0 < stats.prefill_compute_s < stats.rank_compute_s
+    assert executor.calls == 3
+    assert executor.busy_s == pytest.approx(stats.rank_compute_s + stats.prefill_compute_s)

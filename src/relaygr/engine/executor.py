@@ -47,11 +47,12 @@ class ComputeExecutor:
                     with torch.cuda.stream(self._stream):
                         result = fn()
                     self._stream.synchronize()
-                return result, time.perf_counter() - started
         finally:
-            self.busy_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.busy_s += elapsed
             self.calls += 1
             self._busy.clear()
+        return result, elapsed
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""
