@@ -82,11 +82,17 @@ class RankingInstance:
         self._build()
 
     def _build(self) -> None:
+        self._install(self._make_parts())
+
+    def _make_parts(self) -> tuple[ComputeExecutor, ComputeExecutor, InstanceScheduler,
+                                   Residency | None]:
+        """A fresh executor, copier, scheduler and (when budgeted) cache tiers. Touches no
+        state of ``self``, so a restart can allocate the arenas off the event loop."""
         cfg = self.config
-        self.executor = ComputeExecutor(cfg.name, self.device)
-        self.copier = ComputeExecutor(f"{cfg.name}-copy", self.device)
-        self.scheduler = InstanceScheduler(self.executor, self.model.rank_batch_outputs, cfg.batch)
-        self.residency: Residency | None = None
+        executor = ComputeExecutor(cfg.name, self.device)
+        copier = ComputeExecutor(f"{cfg.name}-copy", self.device)
+        scheduler = InstanceScheduler(executor, self.model.rank_batch_outputs, cfg.batch)
+        residency: Residency | None = None
         if cfg.device_budget_bytes:
             layout = KVLayout.for_model(self.model.cfg, self.model.dtype)
             pool = DeviceKVPool(layout, cfg.device_budget_bytes, page_tokens=cfg.page_tokens,
@@ -96,8 +102,13 @@ class RankingInstance:
                 host = HostKVTier(layout, cfg.host_budget_bytes, cfg.host_ttl_s,
                                   page_tokens=cfg.page_tokens,
                                   pin_memory=self.device.type == "cuda")
-            self.residency = Residency(self.model, pool, host, self.scheduler, self.copier,
-                                       reuse=cfg.cross_request_reuse)
+            residency = Residency(self.model, pool, host, scheduler, copier,
+                                  reuse=cfg.cross_request_reuse)
+        return executor, copier, scheduler, residency
+
+    def _install(self, parts: tuple[ComputeExecutor, ComputeExecutor, InstanceScheduler,
+                                    Residency | None]) -> None:
+        self.executor, self.copier, self.scheduler, self.residency = parts
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
@@ -124,8 +135,9 @@ class RankingInstance:
         self.residency = None
 
     async def restart(self) -> None:
-        """Come back with empty caches (a replacement device)."""
-        self._build()
+        """Come back with empty caches (a replacement device). The new arenas (hundreds of MB
+        of zeroed memory) are allocated on a helper thread, so serving goes on meanwhile."""
+        self._install(await asyncio.to_thread(self._make_parts))
         await self.start()
 
     @property
