@@ -21,6 +21,7 @@ from relaygr.train import (
     TrainConfig,
     Trainer,
     load_trained,
+    losses,
     popularity_ranks,
     retrieval_ranks_padded,
     serving_ranks,
@@ -88,6 +89,31 @@ def test_retrieval_loss_matches_a_direct_computation(tmp_path: Path) -> None:
                                          for n in negs[b].tolist()]
             terms.append(-torch.log_softmax(torch.stack(logits), 0)[0])
     torch.testing.assert_close(loss, torch.stack(terms).mean(), rtol=1e-5, atol=1e-5)
+
+
+def test_catalogue_softmax_in_blocks_equals_the_whole_softmax(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=8)
+    data = TrainingData(leave_one_out(seqs), max_seq_len=24, use_timestamps=False)
+    torch.manual_seed(0)
+    model = HSTU(TINY.model_config(seqs.num_items)).eval()
+    batch = data.batch(torch.arange(4))
+    gen = torch.Generator().manual_seed(0)
+    hidden = model.encode_padded(batch.inputs)
+    valid = batch.targets != 0
+    whole = torch.nn.functional.cross_entropy(
+        torch.stack([model.retrieval_scores(h) for h in hidden[valid]])[:, 1:],
+        batch.targets[valid] - 1)
+    grads = []
+    for block_bytes in (1 << 30, 3 * 4 * seqs.num_items):     # one block; blocks of 3 positions
+        monkeypatch.setattr(losses, "_CATALOGUE_BLOCK_BYTES", block_bytes)
+        model.zero_grad()
+        loss = retrieval_loss(model, batch, 1, "catalogue", gen)
+        torch.testing.assert_close(loss, whole, rtol=1e-5, atol=1e-5)
+        loss.backward()
+        grads.append(model.item_emb.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
 def test_tiny_run_lowers_loss_and_beats_random_and_popularity(tmp_path: Path) -> None:
