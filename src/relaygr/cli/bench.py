@@ -114,13 +114,14 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     Full: 300-800 measured requests per point after 40 warm-up (P99 is then among the top 3-8
     samples; ``points`` in the JSON keep each P99's confidence interval), all six modes in
     every headline phase, 5-trial QPS searches, and the extra workloads: ML-1M replay and the
-    DLRMv3 profile with and without cross-request reuse. Quick: 40-150 requests per point,
+    DLRMv3 profile with and without cross-request reuse. Quick: 40-150 requests per point after
+    8 warm-up, a 20-request limit point,
     3-trial searches, no extra workloads: a smoke figure of the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     if quick:
         budget = PointBudget(measured_requests=150, min_measured_requests=40,
-                             warmup_requests=10, max_point_s=4.0)
+                             warmup_requests=8, max_point_s=4.0)
         search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3)
         lengths = profile.sweep_lengths[1::2]
     else:
@@ -136,7 +137,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         throughput=ThroughputConfig(search=search),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
                           search=search),
-        limit=LimitConfig(requests=30 if quick else 150, warmup_requests=5 if quick else 20,
+        limit=LimitConfig(requests=20 if quick else 150, warmup_requests=3 if quick else 20,
                           prefix_len=profile.limit_prefix_len),
         exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
 
