@@ -9,7 +9,6 @@ on the instance's own stream and waits for it, so a result handed back to the lo
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,31 +27,17 @@ class ComputeExecutor:
         self.device = device
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relaygr-{name}")
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._busy = threading.Event()
-        self.busy_s = 0.0          # total seconds the worker spent computing
-        self.calls = 0
-
-    @property
-    def busy(self) -> bool:
-        return self._busy.is_set()
 
     def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
-        self._busy.set()
         started = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                if self._stream is None:
+        with torch.inference_mode():
+            if self._stream is None:
+                result = fn()
+            else:
+                with torch.cuda.stream(self._stream):
                     result = fn()
-                else:
-                    with torch.cuda.stream(self._stream):
-                        result = fn()
-                    self._stream.synchronize()
-        finally:
-            elapsed = time.perf_counter() - started
-            self.busy_s += elapsed
-            self.calls += 1
-            self._busy.clear()
-        return result, elapsed
+                self._stream.synchronize()
+        return result, time.perf_counter() - started
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""

@@ -13,7 +13,6 @@ or fitted by timing the model at start-up.
 from __future__ import annotations
 
 import hashlib
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +29,6 @@ from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.config import ModelSource, ServerConfig
 from relaygr.server.service import RelayService
 
-# Where the checkpoint loader lives: ``load_checkpoint(path, device) -> HSTU`` (imported when
-# needed: a server without checkpoints never loads the training package).
-CHECKPOINT_LOADER = ("relaygr.train", "load_checkpoint")
-
 
 def load_model(source: ModelSource, device: str = "cpu") -> HSTU:
     """The served model, in eval mode on ``device`` (see the module docstring)."""
@@ -47,16 +42,8 @@ def load_model(source: ModelSource, device: str = "cpu") -> HSTU:
 def _load_checkpoint(path: Path, device: str) -> HSTU:
     if not path.is_dir():
         raise ConfigError(f"checkpoint {path} is not a directory")
-    module_name, func_name = CHECKPOINT_LOADER
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--checkpoint needs {module_name} (the training package), which "
-                          "this installation lacks; use --size/--num-items") from exc
-    model = getattr(module, func_name)(path, device=device)
-    if not isinstance(model, HSTU):
-        raise ConfigError(f"{module_name}.{func_name} returned {type(model).__name__}, not HSTU")
-    return model.to(device).eval()
+    from relaygr.train import load_checkpoint  # only a server of a trained run needs it
+    return load_checkpoint(path, device=device)
 
 
 def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
