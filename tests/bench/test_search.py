@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relaygr.bench.alternate import interleave, rotated, run_lockstep
+from relaygr.bench.config import SweepConfig
 from relaygr.bench.search import LengthSweep, QpsSearch, bracket_width
 from relaygr.errors import ConfigError
 
@@ -83,6 +84,41 @@ def test_length_sweep_keeps_going_when_the_curve_dips() -> None:
     assert [t.point for t in result.trials] == [256, 512, 1024, 2048]
     assert result.max_seq_len == 2048 and not result.monotone
     assert result.first_failing_len == 1024
+
+
+def test_length_sweep_from_a_start_walks_up_or_down() -> None:
+    grid = (256, 384, 512, 768, 1024, 1536)
+    p99 = {256: 10.0, 384: 20.0, 512: 30.0, 768: 45.0, 1024: 70.0, 1536: 120.0}
+    up = LengthSweep(grid, start=512)
+    while (length := up.next_point()) is not None:
+        up.record(length, p99[length], p99[length] <= 50.0)
+    assert [t.point for t in up.result().trials] == [512, 768, 1024]
+    assert up.result().max_seq_len == 768
+
+    down = LengthSweep(grid, start=512)   # the start fails: walk down until a length passes
+    while (length := down.next_point()) is not None:
+        down.record(length, p99[length], p99[length] <= 25.0)
+    assert [t.point for t in down.result().trials] == [512, 384]
+    assert down.result().max_seq_len == 384 and down.result().first_failing_len == 512
+
+    nothing = LengthSweep(grid, start=384)
+    while (length := nothing.next_point()) is not None:
+        nothing.record(length, p99[length], False)
+    assert [t.point for t in nothing.result().trials] == [384, 256]
+    assert nothing.result().max_seq_len == 0
+    with pytest.raises(ConfigError):
+        LengthSweep(grid, start=300)
+
+
+def test_sweep_config_gives_coarse_modes_every_other_length_through_the_start() -> None:
+    grid = (256, 384, 512, 768, 1024, 1536, 2048)
+    cfg = SweepConfig(lengths=grid, start=512, coarse_modes=("relay-no-expander",))
+    assert cfg.grid("relay") == grid
+    assert cfg.grid("relay-no-expander") == (256, 512, 1024, 2048)
+    assert SweepConfig(lengths=grid, start=384, coarse_modes=("x",)).grid("x") == (384, 768,
+                                                                                   1536)
+    with pytest.raises(ConfigError):
+        SweepConfig(lengths=grid, start=300)
 
 
 def test_length_sweep_validates_grid() -> None:

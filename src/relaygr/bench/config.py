@@ -64,11 +64,32 @@ class QpsSearchConfig:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """Max sequence length under SLO: the length grid and the fixed offered load."""
+    """Max sequence length under SLO: the length grid and the fixed offered load.
+
+    Every mode's sweep starts at ``start`` (None: the shortest length; see ``LengthSweep``).
+    ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
+    ``start`` is among): the ablations, whose bar is on throughput, at a fraction of the cost.
+    """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     qps: float = 2.0
     monotone_tolerance: float = 0.05
+    start: int | None = None
+    coarse_modes: tuple[str, ...] = ()
+    coarse_stride: int = 2
+
+    def __post_init__(self) -> None:
+        if self.start is not None and self.start not in self.lengths:
+            raise ConfigError(f"sweep start {self.start} is not on the grid {self.lengths}")
+        if self.coarse_stride < 1:
+            raise ConfigError("coarse_stride must be >= 1")
+
+    def grid(self, mode: str) -> tuple[int, ...]:
+        """The lengths ``mode`` is swept over."""
+        if mode not in self.coarse_modes:
+            return self.lengths
+        anchor = 0 if self.start is None else self.lengths.index(self.start)
+        return self.lengths[anchor % self.coarse_stride::self.coarse_stride]
 
 
 @dataclass(frozen=True)
@@ -203,6 +224,7 @@ def _nested(kind: type, data: Mapping[str, Any]) -> Any:
     params = dict(data)
     if isinstance(params.get("search"), Mapping):
         params["search"] = _nested(QpsSearchConfig, params["search"])
-    if "lengths" in params:
-        params["lengths"] = tuple(params["lengths"])
+    for name in ("lengths", "coarse_modes"):
+        if name in params:
+            params[name] = tuple(params[name])
     return kind(**params)

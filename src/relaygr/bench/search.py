@@ -5,10 +5,13 @@ and says when it is done. Measuring is someone else's job, which is what lets se
 searches advance in lock-step (``relaygr.bench.alternate``).
 
 - ``LengthSweep``: over an ascending length grid at fixed QPS, the longest length whose ranking
-  P99 <= SLO. It stops after the first failing length only while the P99 curve measured so far is
-  monotone non-decreasing (each P99 >= the previous one x (1 - ``monotone_tolerance``)): then
-  every longer length would fail too. A curve that dips keeps the sweep going over the whole grid,
-  and the answer is the longest passing length, flagged ``monotone=False``.
+  P99 <= SLO. It starts at ``start`` (default: the shortest length) and walks up the grid; when
+  the start itself fails it walks down until a length passes. Going up, it stops after the first
+  failing length only while the P99 curve measured so far (ordered by length) is monotone
+  non-decreasing (each P99 >= the previous one x (1 - ``monotone_tolerance``)): then every
+  longer length would fail too. A curve that dips keeps the sweep going over the whole grid, and
+  the answer is the longest passing length, flagged ``monotone=False``. Starting above the
+  shortest length skips points every mode passes (the full run's budget goes to the knee).
 - ``QpsSearch``: the highest Poisson QPS whose ranking P99 <= SLO, as MLPerf's server-scenario
   search does: an exponential ramp from ``start_qps`` (x ``growth`` while passing, / ``growth``
   while failing) until the answer is bracketed, then bisection until the bracket is within
@@ -56,27 +59,36 @@ class LengthSweepResult:
 class LengthSweep:
     """Longest passing length of an ascending grid (see the module docstring)."""
 
-    def __init__(self, lengths: tuple[int, ...], monotone_tolerance: float = 0.05) -> None:
+    def __init__(self, lengths: tuple[int, ...], monotone_tolerance: float = 0.05,
+                 start: int | None = None) -> None:
         if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1:
             raise ConfigError(f"length grid must be ascending, distinct and >= 1: {lengths}")
+        if start is not None and start not in lengths:
+            raise ConfigError(f"sweep start {start} is not on the length grid {lengths}")
         self._lengths, self._tolerance = lengths, monotone_tolerance
+        self._start = 0 if start is None else lengths.index(start)
         self._trials: list[Trial[int]] = []
-        self._done = False
 
     def next_point(self) -> int | None:
-        if self._done or len(self._trials) == len(self._lengths):
+        if not self._trials:
+            return self._lengths[self._start]
+        measured = sorted(self._lengths.index(t.point) for t in self._trials)
+        if not any(t.passed for t in self._trials):   # walking down from a failing start
+            return self._lengths[measured[0] - 1] if measured[0] > 0 else None
+        highest_pass = max(t.point for t in self._trials if t.passed)
+        failed_above = any(not t.passed and t.point > highest_pass for t in self._trials)
+        if failed_above and self.monotone:
             return None
-        return self._lengths[len(self._trials)]
+        above = measured[-1] + 1
+        return self._lengths[above] if above < len(self._lengths) else None
 
     def record(self, point: int, p99_ms: float, passed: bool) -> None:
-        assert point == self.next_point(), "LengthSweep records points in grid order"
+        assert point == self.next_point(), "LengthSweep records the point it proposed"
         self._trials.append(Trial(point, p99_ms, passed))
-        if not passed and self.monotone:
-            self._done = True
 
     @property
     def monotone(self) -> bool:
-        p99 = [t.p99_ms for t in self._trials]
+        p99 = [t.p99_ms for t in sorted(self._trials, key=lambda t: t.point)]
         return all(b >= a * (1 - self._tolerance) for a, b in itertools.pairwise(p99))
 
     def result(self) -> LengthSweepResult:

@@ -113,7 +113,8 @@ class BenchSuite:
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
         assert cfg is not None
-        searches = {m: LengthSweep(cfg.lengths, cfg.monotone_tolerance) for m in self.systems}
+        searches = {m: LengthSweep(cfg.grid(m), cfg.monotone_tolerance, cfg.start)
+                    for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
         async def measure(mode: str, length: int) -> tuple[float, bool]:

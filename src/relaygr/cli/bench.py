@@ -111,35 +111,46 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
              model: HSTUConfig) -> BenchConfig:
     """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
 
-    Full: 300-800 measured requests per point after 40 warm-up (P99 is then among the top 3-8
-    samples; ``points`` in the JSON keep each P99's confidence interval), all six modes in
-    every headline phase, 5-trial QPS searches, and the extra workloads: ML-1M replay and the
-    DLRMv3 profile with and without cross-request reuse. Quick: 40-150 requests per point after
-    8 warm-up, a 20-request limit point,
-    3-trial searches, no extra workloads: a smoke figure of the same shape.
+    Full: 250-800 measured requests per point after 25 warm-up (at the sweep's 4 QPS, 250: P99
+    is the 3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
+    six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
+    with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
+    third grid length (512 on the cpu profile; it walks down if that fails), the three ablations
+    sweep every other length, and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
+    workloads). Quick: 40-150 requests per point after 8 warm-up, three modes, every other
+    length, 3-trial searches, a 20-request limit point, no extra workloads: a smoke figure of
+    the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
+    extra: tuple[WorkloadPhaseConfig, ...] = ()
     if quick:
         budget = PointBudget(measured_requests=150, min_measured_requests=40,
                              warmup_requests=8, max_point_s=4.0)
         search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3)
-        lengths = profile.sweep_lengths[1::2]
+        sweep = SweepConfig(lengths=profile.sweep_lengths[1::2], qps=profile.sweep_qps)
+        mixed_search = search
     else:
-        budget = PointBudget(measured_requests=800, min_measured_requests=300,
-                             warmup_requests=40, max_point_s=25.0)
+        budget = PointBudget(measured_requests=800, min_measured_requests=250,
+                             warmup_requests=25, max_point_s=25.0)
         search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.15,
                                  max_trials=5)
         lengths = profile.sweep_lengths
-    extra = () if quick else extra_workloads(profile, replace(search, max_trials=4))
+        sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
+                            start=lengths[min(2, len(lengths) - 1)], coarse_modes=ABLATIONS)
+        mixed_search = replace(search, max_trials=4)
+        extra = extra_workloads(profile, replace(search, max_trials=3))
     return BenchConfig(
         slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
-        budget=budget, sweep=SweepConfig(lengths=lengths, qps=profile.sweep_qps),
-        throughput=ThroughputConfig(search=search),
+        budget=budget, sweep=sweep, throughput=ThroughputConfig(search=search),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
-                          search=search),
-        limit=LimitConfig(requests=20 if quick else 150, warmup_requests=3 if quick else 20,
+                          search=mixed_search),
+        limit=LimitConfig(requests=20 if quick else 100, warmup_requests=3 if quick else 10,
                           prefix_len=profile.limit_prefix_len),
         exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
+
+
+ABLATIONS = tuple(m.value for m in (Mode.RELAY_NO_TRIGGER, Mode.RELAY_NO_AFFINITY,
+                                    Mode.RELAY_NO_EXPANDER))
 
 
 def extra_workloads(profile: BenchProfile, search: QpsSearchConfig
