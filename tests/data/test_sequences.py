@@ -13,11 +13,12 @@ from relaygr.data import (
     IdMap,
     InteractionTable,
     build_sequences,
+    hold_out_validation_of,
     iter_histories,
     leave_one_out,
     load_sequences,
 )
-from relaygr.errors import CheckpointError, DataFormatError
+from relaygr.errors import CheckpointError, ConfigError, DataFormatError
 
 
 def _table(users: list[object], items: list[object], stamps: list[int | None] | None = None,
@@ -101,6 +102,27 @@ def test_leave_one_out_split_is_exact() -> None:
     assert split.valid.targets.tolist() == [4, 9]
     assert split.test.history_lengths.tolist() == [4, 2]
     assert split.test.targets.tolist() == [5, 10]
+
+
+def test_holding_out_only_some_validation_items_trains_the_rest() -> None:
+    # users 0, 2, 3 are evaluated (>= 3 events); user 1 has 2 events and only trains
+    seqs = build_sequences(_table([0] * 5 + [1] * 2 + [2] * 3 + [3] * 4,
+                                  list(range(1, 15)), list(range(14))))
+    base = leave_one_out(seqs)
+    split = hold_out_validation_of(base, 1, seed=3)
+    held = split.valid.users.tolist()
+    assert len(held) == 1 and held[0] in (0, 2, 3)
+    for user in (0, 2, 3):   # all but the test item trains, except for the held-out user
+        expected = base.train_lengths[user] + (0 if user == held[0] else 1)
+        assert split.train_lengths[user] == expected
+        assert split.train_lengths[user] < seqs.lengths[user]   # the test item never trains
+    assert split.train_lengths[1] == 2
+    j = base.valid.users.tolist().index(held[0])
+    assert split.valid.targets.tolist() == [base.valid.targets[j]]
+    assert split.test == base.test
+    assert hold_out_validation_of(base, 1, seed=3).valid.users.tolist() == held  # seeded
+    with pytest.raises(ConfigError):
+        hold_out_validation_of(base, 4, seed=0)
 
 
 @settings(max_examples=50, deadline=None)

@@ -28,6 +28,7 @@ from relaygr.train import (
 )
 from relaygr.train.batches import LengthBucketOrder, RandomOrder, TrainingData
 from relaygr.train.losses import retrieval_loss
+from relaygr.train.trainer import cosine_factor
 from tests.train.helpers import NUM_ITEMS, TINY, cyclic_sequences
 
 
@@ -237,6 +238,36 @@ def test_learning_rate_halves_on_a_plateau_and_early_stopping_counts(tmp_path: P
     assert trainer._stop_reason(progress, 0.0).startswith("early stop")
     assert [h["lr"] for h in progress.history][:4] == [config.learning_rate] * 3 + \
         [config.learning_rate / 2]
+
+
+def test_cosine_schedule_decays_per_step_to_its_floor(tmp_path: Path) -> None:
+    assert cosine_factor(0, 10, 0.1) == 1.0
+    assert cosine_factor(5, 10, 0.1) == pytest.approx(0.55)
+    assert cosine_factor(10, 10, 0.1) == cosine_factor(99, 10, 0.1) == pytest.approx(0.1)
+    seqs = cyclic_sequences(tmp_path, num_users=32)
+    config = TINY.with_(lr_schedule="cosine", lr_min_ratio=0.0, max_epochs=2)
+    trainer = Trainer(config, seqs, tmp_path / "run", dataset="d", progress_bar=False)
+    progress = trainer._start(resume=False)
+    trainer.train_epoch(progress)          # half the schedule: the last step ran below 1/2
+    steps = progress.step
+    last_lr = trainer.optimizer.param_groups[0]["lr"]
+    expected = config.learning_rate * cosine_factor(steps - 1, 2 * steps, 0.0)
+    assert last_lr == pytest.approx(expected) and last_lr > config.learning_rate / 2
+    with pytest.raises(ConfigError):
+        TINY.with_(lr_schedule="linear")
+
+
+def test_valid_users_trains_the_other_users_validation_items(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=32)
+    trainer = Trainer(TINY.with_(valid_users=8), seqs, tmp_path / "run", dataset="d",
+                      progress_bar=False)
+    assert len(trainer.split.valid) == 8
+    held = set(trainer.split.valid.users.tolist())
+    full = leave_one_out(seqs)
+    for user in range(len(seqs.lengths)):
+        extra = 0 if user in held else 1
+        assert trainer.split.train_lengths[user] == full.train_lengths[user] + extra
+    assert trainer.data.lengths.sum() == (trainer.split.train_lengths - 1).sum()
 
 
 def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 ``matmul_peak_gflops`` is the best dense-matmul rate this device reaches in the benchmark's
 dtype: the denominator of every "achieved fraction of peak". ``time_call`` is the one timing
 primitive the profiler and benchmark use (median of repeats, CUDA-synchronised).
+``cpu_times`` / ``steal_fraction``: the share of CPU time the hypervisor gave to other guests
+during a point (Linux ``/proc/stat``), so a point a noisy neighbour spoiled can be told apart.
 """
 
 from __future__ import annotations
@@ -76,3 +78,32 @@ def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = 
         timing = time_call(lambda: a @ b, device, repeats=repeats, warmup=2)  # noqa: B023
         best = max(best, 2 * n**3 / (timing.min_ms * 1e-3) / 1e9)
     return best
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Cumulative jiffies of all CPUs: ``steal`` (time the hypervisor ran someone else while
+    this guest wanted to run) and ``total``."""
+
+    steal: int
+    total: int
+
+
+def cpu_times(stat: Path = Path("/proc/stat")) -> CpuTimes | None:
+    """The aggregate ``cpu`` line of ``/proc/stat``; None where there is none (not Linux)."""
+    try:
+        first = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user and nice)
+    ticks = [int(x) for x in first[1:9]]
+    return CpuTimes(steal=ticks[7] if len(ticks) > 7 else 0, total=sum(ticks))
+
+
+def steal_fraction(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    """Stolen share of the CPU time between two ``cpu_times`` readings (None if unknown)."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    return (after.steal - before.steal) / (after.total - before.total)

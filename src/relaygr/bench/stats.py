@@ -125,6 +125,10 @@ class PointStats:
     dispatch_lag_p99_ms: float
     dispatch_lag_max_ms: float
     duration_s: float
+    # Share of CPU time stolen by the hypervisor during the point (None: not measurable), and
+    # which attempt at this point it was (a failing point with heavy steal is measured again).
+    steal_fraction: float | None = None
+    attempt: int = 1
 
     def meets_slo(self, slo_ms: float) -> bool:
         """Ranking P99 within the SLO over a complete run."""

@@ -20,12 +20,13 @@ import platform
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
-from relaygr.bench.hardware import describe_device
+from relaygr.bench.hardware import cpu_times, describe_device, steal_fraction
 from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import SystemFactory
@@ -99,15 +100,26 @@ class BenchSuite:
             stop_when_failed=budget.stop_when_failed)
         length = "" if prefix_len is None else f" len {prefix_len}"
         label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
-        self.progress.start_point(label, len(workload.requests))
         factory = self.systems.get(mode) or self.extra_systems[mode]
-        result = await run_point(factory, workload, options, self.progress)
-        self.progress.end_point()
-        stats = point_stats(result, mode, phase, qps, prefix_len)
-        self.points.append(stats)
-        verdict = "meets" if stats.meets_slo(self.config.slo_ms) else "misses"
-        self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
-                           f"{stats.ranking.p99_ms:.1f} ms, {verdict} SLO")
+        for attempt in range(1, budget.max_remeasures + 2):
+            self.progress.start_point(label, len(workload.requests))
+            before = cpu_times()
+            result = await run_point(factory, workload, options, self.progress)
+            steal = steal_fraction(before, cpu_times())
+            self.progress.end_point()
+            stats = replace(point_stats(result, mode, phase, qps, prefix_len),
+                            steal_fraction=steal, attempt=attempt)
+            self.points.append(stats)
+            meets = stats.meets_slo(self.config.slo_ms)
+            stolen = "" if steal is None else f", {steal:.0%} of CPU stolen"
+            self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
+                               f"{stats.ranking.p99_ms:.1f} ms, "
+                               f"{'meets' if meets else 'misses'} SLO{stolen}")
+            if meets or steal is None or steal <= budget.remeasure_steal:
+                break
+            if attempt <= budget.max_remeasures:
+                self.progress.note(f"{label}: measuring again (the host took "
+                                   f"{steal:.0%} of the CPU time during the point)")
         return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:

@@ -24,10 +24,10 @@ from relaygr.data.sources import (
     load_sequences,
     resolve,
 )
-from relaygr.data.split import EvalCases, LeaveOneOutSplit, leave_one_out
+from relaygr.data.split import EvalCases, LeaveOneOutSplit, hold_out_validation_of, leave_one_out
 from relaygr.data.table import InteractionTable
 
 __all__ = ["DATASET_FILES", "ORDERED_ML1M_SPEC", "DatasetSource", "EvalCases", "IdMap",
            "InteractionTable", "LeaveOneOutSplit", "TableSpec", "UserHistory", "UserSequences",
-           "build_sequences", "iter_histories", "leave_one_out", "load_sequences",
-           "read_ml100k", "read_ratings_dat", "read_table", "resolve"]
+           "build_sequences", "hold_out_validation_of", "iter_histories", "leave_one_out",
+           "load_sequences", "read_ml100k", "read_ratings_dat", "read_table", "resolve"]

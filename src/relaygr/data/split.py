@@ -4,6 +4,10 @@ before it the validation target, and everything earlier is training data.
 A user with fewer than ``MIN_EVAL_LENGTH`` events has no room for both targets and a history:
 all of its events train, and it is not evaluated (none such exist in MovieLens, whose users have
 20 or more ratings).
+
+``hold_out_validation_of``: the reference HSTU code trains on everything but the test item. This
+keeps that protocol and still validates honestly: only a seeded sample of users keeps its
+validation item out of training (and is validated on it); every other user trains on it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaygr.data.sequences import UserSequences
-from relaygr.errors import EmptyDatasetError
+from relaygr.errors import ConfigError, EmptyDatasetError
 
 MIN_EVAL_LENGTH = 3
 
@@ -60,3 +64,23 @@ def leave_one_out(sequences: UserSequences) -> LeaveOneOutSplit:
         sequences=sequences, train_lengths=train_lengths,
         valid=cases(lengths[users] - 2, last - 1),
         test=cases(lengths[users] - 1, last))
+
+
+def hold_out_validation_of(split: LeaveOneOutSplit, num_users: int, seed: int
+                           ) -> LeaveOneOutSplit:
+    """``split`` with the validation item held out for ``num_users`` seeded-random evaluated
+    users only: they alone are validated; every other evaluated user trains on its validation
+    item too (its training prefix is all but the test item). The test set is unchanged."""
+    evaluated = split.valid.users
+    if not 0 < num_users <= len(evaluated):
+        raise ConfigError(f"cannot hold out the validation item of {num_users} users: "
+                          f"{len(evaluated)} are evaluated")
+    keep = np.sort(np.random.default_rng(seed).choice(len(evaluated), num_users,
+                                                      replace=False))
+    train_lengths = split.train_lengths.copy()
+    train_lengths[evaluated] += 1
+    train_lengths[evaluated[keep]] -= 1
+    valid = EvalCases(users=evaluated[keep], history_lengths=split.valid.history_lengths[keep],
+                      targets=split.valid.targets[keep])
+    return LeaveOneOutSplit(sequences=split.sequences, train_lengths=train_lengths, valid=valid,
+                            test=split.test)

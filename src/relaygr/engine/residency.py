@@ -41,6 +41,7 @@ class ResidencyCounters:
     prefills_started: int = 0
     prefills_failed: int = 0
     reloads_started: int = 0
+    background_failed: int = 0
     admission_refused: int = 0
     fills: int = 0
     fill_refused: int = 0
@@ -67,10 +68,17 @@ class Residency:
         self.background: set[asyncio.Future[object]] = set()
 
     def spawn(self, work: Coroutine[object, object, object]) -> None:
-        """Run ``work`` in the background, keeping a reference until it ends."""
+        """Run ``work`` in the background, keeping a reference until it ends. A failure (e.g.
+        the instance stopped under a reload) is counted; whoever needs the result waits on
+        the entry, which the pool or the expander has already aborted."""
         task = asyncio.ensure_future(work)
         self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[object]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.counters.background_failed += 1
 
     # ---- lookups -----------------------------------------------------------------------------
     def resident(self, pid: PrefixId) -> EntryState | None:

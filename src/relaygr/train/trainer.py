@@ -2,7 +2,8 @@
 
 Per batch: the retrieval sampled softmax over every position (``losses.retrieval_loss``) plus
 ``rank_weight`` times the ranking-head softmax at a random cut of ``rank_users`` users
-(``losses.ranking_loss``), one AdamW step. After every ``eval_every_epochs`` epochs the retrieval
+(``losses.ranking_loss``), one AdamW step at the scheduled learning rate (constant or cosine,
+times the plateau scale). After every ``eval_every_epochs`` epochs the retrieval
 head is validated on the leave-one-out validation items (NDCG@10 decides); a better score
 overwrites ``model.safetensors``, and ``patience`` validations without one stop the run. Every
 epoch ends with a resumable checkpoint (``checkpoint.save_train_state``), so ``resume`` continues
@@ -12,6 +13,7 @@ bit-for-bit where the last completed epoch ended (same device and thread count).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from relaygr.data.sequences import UserSequences
-from relaygr.data.split import LeaveOneOutSplit, leave_one_out
+from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of, leave_one_out
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.model import HSTU
 from relaygr.train.batches import BATCH_ORDERS, BatchOrder, RankBatch, TrainingData
@@ -73,7 +75,10 @@ class Trainer:
                               "have none")
         self.cfg, self.seqs, self.run_dir = config, sequences, Path(run_dir)
         self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
-        self.split: LeaveOneOutSplit = leave_one_out(sequences)
+        split = leave_one_out(sequences)
+        if config.valid_users:
+            split = hold_out_validation_of(split, config.valid_users, seed)
+        self.split: LeaveOneOutSplit = split
         self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
         torch.manual_seed(seed)
         self.model = HSTU(config.model_config(sequences.num_items)).to(self.device)
@@ -98,7 +103,10 @@ class Trainer:
         sums = {"loss": 0.0, "retrieval": 0.0, "ranking": 0.0}
         bar = tqdm(batches, desc=f"epoch {progress.epoch + 1}", unit="batch", leave=False,
                    disable=not self.progress_bar, mininterval=2.0)
+        total_steps = cfg.max_epochs * len(batches)
         for rows in bar:
+            if cfg.lr_schedule == "cosine":
+                self._set_lr(progress, total_steps)
             batch = self.data.batch(rows).to(self.device)
             retrieval = retrieval_loss(model, batch, cfg.num_negatives, cfg.negative_sharing,
                                        self.gen)
@@ -147,7 +155,7 @@ class Trainer:
                           losses: dict[str, float]) -> None:
         ndcg = metrics.ndcg[10]
         record = {"epoch": progress.epoch, "step": progress.step,
-                  "lr": self.cfg.learning_rate * progress.lr_scale,
+                  "lr": self.optimizer.param_groups[0]["lr"],
                   "elapsed_s": round(progress.elapsed_s, 1), **losses,
                   **{f"valid_{k}": v for k, v in metrics.to_dict().items()}}
         if ndcg > progress.best_ndcg:
@@ -165,9 +173,12 @@ class Trainer:
         with (self.run_dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
-    def _set_lr(self, progress: TrainProgress) -> None:
+    def _set_lr(self, progress: TrainProgress, total_steps: int | None = None) -> None:
+        lr = self.cfg.learning_rate * progress.lr_scale
+        if self.cfg.lr_schedule == "cosine" and total_steps:
+            lr *= cosine_factor(progress.step, total_steps, self.cfg.lr_min_ratio)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.learning_rate * progress.lr_scale
+            group["lr"] = lr
 
     def _stop_reason(self, progress: TrainProgress, epoch_s: float) -> str:
         if progress.evals_since_best >= self.cfg.patience:
@@ -186,7 +197,7 @@ class Trainer:
             started = time.perf_counter()
             losses = self.train_epoch(progress)
             progress.epoch += 1
-            lr = self.cfg.learning_rate * progress.lr_scale
+            lr = self.optimizer.param_groups[0]["lr"]
             line = (f"epoch {progress.epoch} step {progress.step} lr {lr:.2g} "
                     f"loss {losses['loss']:.4f} "
                     f"(retrieval {losses['retrieval']:.4f} ranking {losses['ranking']:.4f})")
@@ -206,6 +217,12 @@ class Trainer:
         best = next((h for h in progress.history if h["epoch"] == progress.best_epoch), None)
         best_metrics = None if best is None else _metrics_from_record(best)
         return TrainResult(self.run_dir, progress, best_metrics)
+
+
+def cosine_factor(step: int, total_steps: int, min_ratio: float) -> float:
+    """Cosine decay from 1 at step 0 to ``min_ratio`` at ``total_steps`` (and after)."""
+    done = min(1.0, step / total_steps)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def _resumable(run: RunConfig) -> RunConfig:
