@@ -272,11 +272,19 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
         return CpuTimes(steal=int(total * steal["share"]), total=total)
 
     monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    waits: list[float] = []
+
+    async def no_wait(max_steal: float) -> bool:   # the real one polls for up to 2 minutes
+        waits.append(max_steal)
+        return True
+
+    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
     suite = BenchSuite({"baseline": factory("baseline")}, CONFIG)
     heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
     stats = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048))
     assert not stats.meets_slo(SLO_MS)
     assert [p.attempt for p in suite.points] == [1, 2, 3]
+    assert waits == [CONFIG.budget.remeasure_steal] * 2   # a quiet host is awaited each time
     assert all(p.steal_fraction == pytest.approx(0.10, abs=0.01) for p in suite.points)
 
     steal["share"] = 0.0
@@ -297,3 +305,17 @@ def test_cpu_times_reads_proc_stat(tmp_path: Path) -> None:
     assert steal_fraction(CpuTimes(40, 1000), CpuTimes(90, 2000)) == pytest.approx(0.05)
     assert steal_fraction(None, CpuTimes(1, 2)) is None
     assert cpu_times(tmp_path / "missing") is None
+
+
+def test_waiting_for_a_quiet_host_polls_steal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from relaygr.bench import suite as suite_module
+    from relaygr.bench.hardware import CpuTimes
+
+    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100), CpuTimes(50, 100), CpuTimes(51, 200)])
+    monkeypatch.setattr(suite_module, "cpu_times", lambda: next(readings))
+    assert asyncio.run(suite_module.wait_for_quiet_host(0.05, window_s=0.01, patience_s=1.0))
+    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 3)
+    assert not asyncio.run(suite_module.wait_for_quiet_host(0.05, window_s=0.01,
+                                                            patience_s=0.03))

@@ -14,6 +14,7 @@ the identical workload (same seed, QPS and size).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import platform
@@ -48,6 +49,21 @@ from relaygr.bench.workload import (
     workload_builder,
 )
 from relaygr.errors import ConfigError
+
+
+async def wait_for_quiet_host(max_steal: float, window_s: float = 5.0,
+                              patience_s: float = 120.0) -> bool:
+    """Wait until a ``window_s`` window with at most ``max_steal`` of the CPU time stolen (True),
+    or ``patience_s`` passed (False): a noisy neighbour's burst usually lasts minutes."""
+    waited = 0.0
+    while waited < patience_s:
+        before = cpu_times()
+        await asyncio.sleep(window_s)
+        waited += window_s
+        steal = steal_fraction(before, cpu_times())
+        if steal is None or steal <= max_steal:
+            return True
+    return False
 
 
 class BenchSuite:
@@ -120,6 +136,7 @@ class BenchSuite:
             if attempt <= budget.max_remeasures:
                 self.progress.note(f"{label}: measuring again (the host took "
                                    f"{steal:.0%} of the CPU time during the point)")
+                await wait_for_quiet_host(budget.remeasure_steal)
         return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:

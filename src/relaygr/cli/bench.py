@@ -117,9 +117,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
     third grid length (512 on the cpu profile; it walks down if that fails), the three ablations
     sweep every other length, and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
-    workloads). Quick: 40-150 requests per point after 8 warm-up, three modes, every other
-    length, 3-trial searches, a 20-request limit point, no extra workloads: a smoke figure of
-    the same shape.
+    workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
+    than half of it (2 QPS: below, the answer is reported as 0). Quick: 40-150 requests per
+    point after 8 warm-up, three modes, every other length, 3-trial searches, a 20-request
+    limit point, no extra workloads: a smoke figure of the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -132,8 +133,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     else:
         budget = PointBudget(measured_requests=800, min_measured_requests=250,
                              warmup_requests=25, max_point_s=25.0)
-        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.15,
-                                 max_trials=5)
+        # from twice the quick start, and never below half of it: a passing point at low QPS
+        # costs minutes (250 requests at 1 QPS), and below that the answer is "none" anyway
+        search = QpsSearchConfig(start_qps=2 * profile.search_start_qps, rel_tol=0.15,
+                                 max_trials=5, min_qps=profile.search_start_qps / 2)
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
                             start=lengths[min(2, len(lengths) - 1)], coarse_modes=ABLATIONS)
