@@ -22,7 +22,15 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     assert full.sweep is not None and quick.sweep is not None
     assert full.sweep.lengths == profile.sweep_lengths
     assert set(quick.sweep.lengths) < set(full.sweep.lengths)
-    assert full.budget.min_measured_requests >= 300 > quick.budget.measured_requests
+    assert full.budget.min_measured_requests >= 250 > quick.budget.measured_requests
+    # the full sweep starts at the third length; the ablations sweep every other length
+    assert full.sweep.start == profile.sweep_lengths[2] and quick.sweep.start is None
+    assert full.sweep.grid("relay") == profile.sweep_lengths
+    assert full.sweep.grid("relay-no-expander") == profile.sweep_lengths[::2]
+    assert full.throughput is not None and quick.throughput is not None
+    search = full.throughput.search
+    assert (search.start_qps, search.min_qps) == (2 * profile.search_start_qps,
+                                                  profile.search_start_qps / 2)
     assert [w.name for w in full.workloads] == ["ml1m", "dlrmv3"]
     assert "relay-closed" in full.workloads[1].modes and quick.workloads == ()
     assert full.limit is not None and full.limit.prefix_len == profile.limit_prefix_len
