@@ -268,6 +268,9 @@ def test_valid_users_trains_the_other_users_validation_items(tmp_path: Path) -> 
         extra = 0 if user in held else 1
         assert trainer.split.train_lengths[user] == full.train_lengths[user] + extra
     assert trainer.data.lengths.sum() == (trainer.split.train_lengths - 1).sum()
+    everyone = Trainer(TINY.with_(valid_users=10_000), seqs, tmp_path / "run2", dataset="d",
+                       progress_bar=False)   # more than are evaluated: the classic split
+    assert everyone.split.train_lengths.tolist() == full.train_lengths.tolist()
 
 
 def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_path: Path) -> None:

@@ -62,9 +62,10 @@ class TrainConfig:
     # lr_min_ratio x learning_rate over max_epochs, stepped every batch (times the plateau scale)
     lr_schedule: str = "constant"
     lr_min_ratio: float = 0.0
-    # 0: every user's validation item is held out (train on [:-2], validate all users). N > 0:
-    # only N seeded-random users hold it out and are validated; the others train on it, as the
-    # reference code does (it trains on everything but the test item).
+    # 0 (or at least the number of evaluated users): every user's validation item is held out
+    # (train on [:-2], validate all users). Else only N seeded-random users hold it out and are
+    # validated; the others train on it, as the reference code does (it trains on everything
+    # but the test item).
     valid_users: int = 0
     # time: off for ML-1M, whose shared table has no timestamps for users 3000-6040
     use_timestamps: bool = False

@@ -76,7 +76,7 @@ class Trainer:
         self.cfg, self.seqs, self.run_dir = config, sequences, Path(run_dir)
         self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
         split = leave_one_out(sequences)
-        if config.valid_users:
+        if 0 < config.valid_users < len(split.valid):   # else every user is validated
             split = hold_out_validation_of(split, config.valid_users, seed)
         self.split: LeaveOneOutSplit = split
         self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
