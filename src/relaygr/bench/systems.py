@@ -85,6 +85,7 @@ class CascadeUnderTest:
                     host += res.host.store.used_bytes
                 add("device_evictions", res.pool.stats.evictions)
                 add("admission_refused", res.counters.admission_refused)
+                add("background_failed", res.counters.background_failed)
                 if res.expander is not None:
                     add("reload_copies", res.expander.stats.reload_copies)
                     add("demotion_copies", res.expander.stats.demotion_copies)
