@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 import torch
 
-from relaygr.engine.executor import ComputeExecutor
+from relaygr.engine.executor import BusyMeter, ComputeExecutor
 from relaygr.engine.scheduler import (
     BatchPolicy,
     InstanceScheduler,
@@ -192,3 +192,22 @@ def test_worker_compute_time_is_accounted_per_kind() -> None:
     assert stats.prefill_rounds == 2 and 0 < stats.prefill_compute_s < stats.rank_compute_s
     # worker time only: the three calls ran one after another inside the scenario
     assert stats.rank_compute_s + stats.prefill_compute_s <= wall_s
+
+
+def test_busy_meter_counts_recent_and_running_compute() -> None:
+    now = [0.0]
+    meter = BusyMeter(window_s=2.0, clock=lambda: now[0])
+    assert meter.fraction() == 0.0
+    started = meter.start()
+    now[0] = 0.5
+    assert meter.fraction() == pytest.approx(0.25)     # the call in flight counts
+    assert meter.end(started) == pytest.approx(0.5)
+    now[0] = 1.5
+    meter.end(meter.start())                           # a zero-length call adds nothing
+    assert meter.fraction() == pytest.approx(0.25)
+    now[0] = 2.25                                      # the window now starts at 0.25
+    assert meter.fraction() == pytest.approx(0.125)
+    now[0] = 3.0                                       # the old call has left the window
+    assert meter.fraction() == 0.0
+    with pytest.raises(ValueError, match="window_s"):
+        BusyMeter(window_s=0.0)

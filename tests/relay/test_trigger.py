@@ -8,6 +8,7 @@ from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.relay import (
     TRIGGERS,
     CostModelSource,
+    InstanceLoad,
     LatencyCostModel,
     PoolUsage,
     TokenBucket,
@@ -53,7 +54,8 @@ def test_each_reason_in_order_and_counted() -> None:
     clock = FakeClock()
     trigger = make_trigger("sequence-aware", linear_model(), CONFIG, clock)
     assert trigger.decide(request(900), POOL) == TriggerDecision(
-        False, TriggerReason.NOT_AT_RISK, pytest.approx(10.0), pytest.approx(1.9))
+        False, TriggerReason.NOT_AT_RISK, pytest.approx(10.0), pytest.approx(1.9),
+        pytest.approx(10.0))
     assert trigger.decide(request(0), POOL).reason is TriggerReason.NOT_AT_RISK
     # At risk but the host tier holds it: reload, even when the pool is full.
     full_pool = PoolUsage(used_bytes=450, budget_bytes=1000)
@@ -61,7 +63,8 @@ def test_each_reason_in_order_and_counted() -> None:
     # 450 + 100 > 0.5 * 1000; 400 + 100 fits exactly.
     assert trigger.decide(request(1000), full_pool).reason is TriggerReason.FOOTPRINT_FULL
     assert trigger.decide(request(1000), PoolUsage(400, 1000)) == TriggerDecision(
-        True, TriggerReason.ADMITTED, pytest.approx(11.0), pytest.approx(2.0))
+        True, TriggerReason.ADMITTED, pytest.approx(11.0), pytest.approx(2.0),
+        pytest.approx(11.0))
     assert trigger.bucket.level_tokens == 1000.0
     assert trigger.decide(request(1000), POOL).admit
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND
@@ -74,6 +77,22 @@ def test_each_reason_in_order_and_counted() -> None:
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND
     clock.now_s += 0.5
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.ADMITTED
+
+
+def test_risk_is_judged_at_the_instance_load() -> None:
+    # 500 tokens: a 6-ms pass, within the 10-ms risk line on an idle instance; at 50 % busy
+    # the expected time in system doubles it (12 ms: at risk); at 40 %, 10 ms (the line itself).
+    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, FakeClock())
+    assert trigger.decide(request(500), POOL).reason is TriggerReason.NOT_AT_RISK
+    half_busy = trigger.decide(request(500), POOL, InstanceLoad(0.5))
+    assert half_busy.admit and half_busy.predicted_full_ms == pytest.approx(6.0)
+    assert half_busy.predicted_full_at_load_ms == pytest.approx(12.0)
+    assert not trigger.decide(request(500), POOL, InstanceLoad(1 - 0.6)).admit
+    # Saturation is capped at 90 % busy (x10), so a prediction stays finite.
+    assert InstanceLoad(0.95).latency_factor == InstanceLoad(1.0).latency_factor
+    assert InstanceLoad(1.0).latency_factor == pytest.approx(10.0)
+    with pytest.raises(InvalidInputError, match="busy_fraction"):
+        InstanceLoad(1.5)
 
 
 def test_preinfer_all_admits_every_prefix_that_fits() -> None:

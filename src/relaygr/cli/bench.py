@@ -35,6 +35,7 @@ from relaygr.bench.workload import SyntheticConfig
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.retrieval import Retriever
+from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.modes.split(",") if args.modes else default_modes
     modes = [Mode.parse(m.strip()).value for m in names if m.strip()]
     num_instances, devices = _instances(args, device)
+    tune_host_allocator()  # before the first model call: see relaygr.engine.hostmem
     if device.type == "cpu":
         # One core per instance: instances compute in parallel without oversubscribing.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_instances))

@@ -11,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
+from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import MODEL_SIZES
 
 
@@ -60,6 +61,7 @@ def render(result: ProfileResult) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    tune_host_allocator()  # the table must match what a serving process sees
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import MODEL_SIZES
 from relaygr.server.config import ModelSource, ServerConfig
 
@@ -103,6 +104,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
+    tune_host_allocator()  # see relaygr.engine.hostmem
     if options.ray:
         from relaygr.distributed.app import serve_forever  # Ray is only needed here
         return serve_forever(options)

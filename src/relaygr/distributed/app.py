@@ -34,6 +34,7 @@ from relaygr.cascade.modes import Mode, spec_for
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
+from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
 from relaygr.server.app import create_app
 from relaygr.server.build import load_cost_model, load_model, load_store, model_digest
@@ -62,6 +63,7 @@ class RelayIngress:
     """The ingress deployment (see ``relaygr.distributed.ingress``)."""
 
     def __init__(self, ranker: Any, spec: IngressSpec) -> None:
+        tune_host_allocator()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         model = load_model(spec.model)

@@ -36,6 +36,7 @@ from relaygr.distributed.calls import (
     ReplicaState,
 )
 from relaygr.distributed.ledger import LegLedger
+from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.types import PreinferAction, PreinferResult
 from relaygr.errors import ConfigError
 from relaygr.relay.costmodel import LatencyCostModel
@@ -71,6 +72,7 @@ class RankingReplica:
     """See the module docstring. One event loop (the replica's) drives it."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
+        tune_host_allocator()  # this actor's process serves tensors: see engine.hostmem
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         model = load_model(spec.model, spec.device)

@@ -37,7 +37,13 @@ from relaygr.engine.types import (
 from relaygr.errors import ConfigError
 from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout
 from relaygr.model import HSTU, PrefixKV, RankOutput, RankRequest
-from relaygr.relay.trigger import PoolUsage, Trigger, TriggerReason, TriggerRequest
+from relaygr.relay.trigger import (
+    InstanceLoad,
+    PoolUsage,
+    Trigger,
+    TriggerReason,
+    TriggerRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,8 @@ class RankingInstance:
         decision = self.trigger.decide(
             TriggerRequest(spec.pid.user_id, spec.num_tokens, suffix_tokens, candidates,
                            spec.num_tokens * per_token, host_has_prefix=base is not None),
-            PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes))
+            PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes),
+            InstanceLoad(self.executor.busy.fraction()))
         if decision.reason is TriggerReason.HOST_HIT and base is not None:
             res.start_reload(spec, base)
             return PreinferResult(PreinferAction.RELOAD, decision.reason,

@@ -3,7 +3,7 @@
 Public names: ``LatencyCostModel`` (+ ``LatencySample``, ``LatencyPrediction``,
 ``CostModelSource``), ``fit_on_model``, ``FitGrid``, ``Trigger``, ``SequenceAwareTrigger``,
 ``PreinferAll``, ``make_trigger``, ``TRIGGERS``, ``TriggerConfig``, ``TriggerRequest``,
-``PoolUsage``, ``TriggerDecision``, ``TriggerReason``, ``TokenBucket``.
+``PoolUsage``, ``InstanceLoad``, ``TriggerDecision``, ``TriggerReason``, ``TokenBucket``.
 
 Layers (lower never imports upper): ``fitting`` <- ``costmodel`` <- ``measure`` (times a model)
 and ``tokenbucket`` <- ``trigger``. The trigger sees the cache only through ``PoolUsage`` and the
@@ -20,6 +20,7 @@ from relaygr.relay.measure import FitGrid, fit_on_model
 from relaygr.relay.tokenbucket import TokenBucket
 from relaygr.relay.trigger import (
     TRIGGERS,
+    InstanceLoad,
     PoolUsage,
     PreinferAll,
     SequenceAwareTrigger,
@@ -31,7 +32,8 @@ from relaygr.relay.trigger import (
     make_trigger,
 )
 
-__all__ = ["TRIGGERS", "CostModelSource", "FitGrid", "LatencyCostModel", "LatencyPrediction",
-           "LatencySample", "PoolUsage", "PreinferAll", "SequenceAwareTrigger", "TokenBucket",
-           "Trigger", "TriggerConfig", "TriggerDecision", "TriggerReason", "TriggerRequest",
+__all__ = ["TRIGGERS", "CostModelSource", "FitGrid", "InstanceLoad", "LatencyCostModel",
+           "LatencyPrediction", "LatencySample", "PoolUsage", "PreinferAll",
+           "SequenceAwareTrigger", "TokenBucket", "Trigger", "TriggerConfig", "TriggerDecision",
+           "TriggerReason", "TriggerRequest",
            "fit_on_model", "make_trigger"]

@@ -1,7 +1,10 @@
 """The sequence-aware trigger: which requests get their prefix pre-inferred.
 
-A request is *at risk* when the cost model predicts that a full ranking pass over its history
-would take more than ``risk_fraction`` of the ranking budget. Only at-risk requests are worth
+A request is *at risk* when the cost model predicts that a full ranking pass over its history,
+at the routed instance's current load, would take more than ``risk_fraction`` of the ranking
+budget. The cost model gives the pass on an idle device; the load turns it into the latency the
+request would see (``InstanceLoad``): a pass that fits at 5 % busy misses once the instance is
+half busy and the request queues. Only at-risk requests are worth
 pre-inferring; a short history is ranked from scratch within budget and would only take device
 memory and compute from the requests that need them. Checks, in order (the first that fails is
 the reason):
@@ -111,13 +114,38 @@ class PoolUsage:
 
 
 @dataclass(frozen=True)
+class InstanceLoad:
+    """How busy the routed instance has been lately: the share of the last window its compute
+    worker was running (0 idle, 1 saturated; see ``relaygr.engine.executor.BusyMeter``).
+
+    ``latency_factor`` is the mean time in system of an M/M/1 queue over the service time,
+    ``1 / (1 - busy)``, capped at ``1 / (1 - MAX_BUSY)``: a pass predicted at ``t`` ms on an
+    idle device is expected to take ``t * latency_factor`` ms from arrival at this load.
+    """
+
+    busy_fraction: float = 0.0
+
+    MAX_BUSY: ClassVar[float] = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.busy_fraction <= 1.0:
+            raise InvalidInputError(f"busy_fraction must be in [0, 1], got {self.busy_fraction!r}")
+
+    @property
+    def latency_factor(self) -> float:
+        return 1.0 / (1.0 - min(self.busy_fraction, self.MAX_BUSY))
+
+
+@dataclass(frozen=True)
 class TriggerDecision:
-    """``admit``: pre-infer now. The predictions are the cost model's, for logging."""
+    """``admit``: pre-infer now. The predictions are the cost model's (idle device), for logging;
+    ``predicted_full_at_load_ms`` is what the risk test compared with the budget."""
 
     admit: bool
     reason: TriggerReason
     predicted_full_ms: float
     predicted_cached_ms: float
+    predicted_full_at_load_ms: float
 
 
 class Trigger(ABC):
@@ -137,19 +165,24 @@ class Trigger(ABC):
         """Decisions so far by reason (every reason present, zero if never taken)."""
         return {reason: self._counts[reason] for reason in TriggerReason}
 
-    def decide(self, request: TriggerRequest, pool: PoolUsage) -> TriggerDecision:
-        """Admit or refuse pre-inference of ``request``'s prefix; counts the reason."""
+    def decide(self, request: TriggerRequest, pool: PoolUsage,
+               load: InstanceLoad | None = None) -> TriggerDecision:
+        """Admit or refuse pre-inference of ``request``'s prefix; counts the reason. ``load``
+        defaults to an idle instance."""
         full_ms = self.cost_model.full_rank_ms(request.prefix_tokens, request.suffix_tokens,
                                                request.candidates)
         cached_ms = self.cost_model.cached_rank_ms(request.prefix_tokens, request.suffix_tokens,
                                                    request.candidates)
-        reason = self._reason(request, pool, full_ms)
+        at_load_ms = full_ms * (load or InstanceLoad()).latency_factor
+        reason = self._reason(request, pool, at_load_ms)
         self._counts[reason] += 1
-        return TriggerDecision(reason is TriggerReason.ADMITTED, reason, full_ms, cached_ms)
+        return TriggerDecision(reason is TriggerReason.ADMITTED, reason, full_ms, cached_ms,
+                               at_load_ms)
 
     @abstractmethod
     def _reason(self, request: TriggerRequest, pool: PoolUsage, full_ms: float) -> TriggerReason:
-        """The decision; only an ADMITTED answer may take tokens from the bucket."""
+        """The decision (``full_ms``: the full pass at the instance's load); only an ADMITTED
+        answer may take tokens from the bucket."""
 
     def _fits(self, request: TriggerRequest, pool: PoolUsage) -> bool:
         limit = self.config.max_pool_fraction * pool.budget_bytes

@@ -132,9 +132,11 @@ def _child_main(spec: LoopbackSpec, port: int, conn: Connection) -> None:
         import torch
         import uvicorn
 
+        from relaygr.engine.hostmem import tune_host_allocator
         from relaygr.server.app import create_app
         from relaygr.server.build import build_embedded, load_model
 
+        tune_host_allocator()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         cost = LatencyCostModel.from_dict(spec.cost_model) if spec.cost_model else None
