@@ -211,3 +211,32 @@ def test_busy_meter_counts_recent_and_running_compute() -> None:
     assert meter.fraction() == 0.0
     with pytest.raises(ValueError, match="window_s"):
         BusyMeter(window_s=0.0)
+
+
+def test_rank_busy_counts_ranking_batches_only() -> None:
+    # The trigger's load signal: 30 ms of ranking is counted, 60 ms of pre-infer rounds is not.
+    class Slow(Trace):
+        def run_batch(self, payloads: list[str]) -> list[str]:
+            time.sleep(0.03)
+            return super().run_batch(payloads)
+
+    async def scenario() -> tuple[float, float]:
+        trace = Slow()
+        sched = make(trace)
+        sched.start()
+        step, done, finish = trace.prefill("p", 2)
+
+        def slow_step() -> None:
+            time.sleep(0.03)
+            step()
+
+        await sched.submit_prefill(slow_step, done, finish).future
+        idle_after_prefill = sched.rank_busy.fraction()
+        await sched.submit_rank("a", 1)
+        busy = sched.rank_busy.fraction() * sched.rank_busy.window_s
+        await sched.stop()
+        return idle_after_prefill, busy
+
+    idle, busy_s = asyncio.run(scenario())
+    assert idle == 0.0
+    assert 0.03 <= busy_s < 0.5

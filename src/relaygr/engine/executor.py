@@ -4,7 +4,8 @@ The asyncio loop owns all bookkeeping (cache states, queues, routing); tensor wo
 instance's single worker thread, so instances compute concurrently (PyTorch releases the GIL
 inside ops) while each instance's work stays strictly ordered. On CUDA the worker runs every call
 on the instance's own stream and waits for it, so a result handed back to the loop is complete.
-``busy`` measures the share of recent time the worker computed (the trigger's load signal).
+``BusyMeter`` measures the share of recent time some kind of work ran (the scheduler keeps one
+for ranking: the trigger's load signal).
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ T = TypeVar("T")
 
 
 class BusyMeter:
-    """The share of the last ``window_s`` seconds a worker spent computing, counting the call in
-    flight. Calls are recorded as ``(start, end)`` on ``time.perf_counter``; intervals of one
-    worker never overlap, so the fraction is in [0, 1]. Written from the worker thread (``start``
-    / ``end``) and read from the loop: each write replaces one Python reference, so a reader sees
-    either state, never a torn one (deque appends and pops are atomic in CPython).
+    """The share of the last ``window_s`` seconds spent in one kind of work, counting the call
+    in flight. Calls are recorded as ``(start, end)`` on the clock; the caller runs them one at a
+    time (the instance's scheduler does), so intervals never overlap and the fraction is in
+    [0, 1]. Not thread-safe: one event loop records and reads.
     """
 
     def __init__(self, window_s: float = 2.0, clock: Callable[[], float] = time.perf_counter
@@ -66,23 +66,19 @@ class ComputeExecutor:
     def __init__(self, name: str, device: torch.device) -> None:
         self.name = name
         self.device = device
-        self.busy = BusyMeter()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relaygr-{name}")
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
-        started = self.busy.start()
-        try:
-            with torch.inference_mode():
-                if self._stream is None:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self._stream is None:
+                result = fn()
+            else:
+                with torch.cuda.stream(self._stream):
                     result = fn()
-                else:
-                    with torch.cuda.stream(self._stream):
-                        result = fn()
-                    self._stream.synchronize()
-        finally:
-            seconds = self.busy.end(started)
-        return result, seconds
+                self._stream.synchronize()
+        return result, time.perf_counter() - started
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""

@@ -172,7 +172,7 @@ class RankingInstance:
             TriggerRequest(spec.pid.user_id, spec.num_tokens, suffix_tokens, candidates,
                            spec.num_tokens * per_token, host_has_prefix=base is not None),
             PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes),
-            InstanceLoad(self.executor.busy.fraction()))
+            InstanceLoad(self.scheduler.rank_busy.fraction()))
         if decision.reason is TriggerReason.HOST_HIT and base is not None:
             res.start_reload(spec, base)
             return PreinferResult(PreinferAction.RELOAD, decision.reason,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaygr.engine.executor import ComputeExecutor
+from relaygr.engine.executor import BusyMeter, ComputeExecutor
 from relaygr.errors import RelayGRError
 
 
@@ -101,6 +101,9 @@ class InstanceScheduler:
         self.run_batch = run_batch
         self.batch_policy = batch_policy or BatchPolicy()
         self.stats = SchedulerStats()
+        # The share of recent time spent ranking: what a new ranking request queues behind
+        # (pre-infer yields to it after at most one chunk, so it is not counted).
+        self.rank_busy = BusyMeter()
         self._rank_queue: deque[RankWork] = deque()
         self._prefills: list[PrefillWork] = []
         self._seq = itertools.count()
@@ -161,13 +164,16 @@ class InstanceScheduler:
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
+        started = self.rank_busy.start()
         try:
             results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
         except Exception as exc:  # a failed batch fails its own requests, nothing else
+            self.rank_busy.end(started)
             for w in batch:
                 if not w.future.done():
                     w.future.set_exception(exc)
             return
+        self.rank_busy.end(started)
         self.stats.rank_batches += 1
         self.stats.rank_compute_s += seconds
         self.stats.rank_requests += len(batch)

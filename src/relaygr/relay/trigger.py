@@ -115,8 +115,10 @@ class PoolUsage:
 
 @dataclass(frozen=True)
 class InstanceLoad:
-    """How busy the routed instance has been lately: the share of the last window its compute
-    worker was running (0 idle, 1 saturated; see ``relaygr.engine.executor.BusyMeter``).
+    """How busy the routed instance has been lately: the share of the last window it spent on
+    ranking batches (0 idle, 1 saturated; ``InstanceScheduler.rank_busy``). Pre-infer work is
+    not counted: a ranking request waits behind at most one of its chunks, and counting it
+    would feed back (more pre-inference -> more "load" -> more requests at risk).
 
     ``latency_factor`` is the mean time in system of an M/M/1 queue over the service time,
     ``1 / (1 - busy)``, capped at ``1 / (1 - MAX_BUSY)``: a pass predicted at ``t`` ms on an
