@@ -95,6 +95,11 @@ def test_point_budget_scales_with_qps() -> None:
     assert [budget.measured_at(q) for q in (1.0, 20.0, 100.0)] == [1000, 1200, 2000]
     quick = BenchConfig.quick().budget
     assert [quick.measured_at(q) for q in (1.0, 10.0, 100.0)] == [60, 100, 300]
+    # warm-up: at least 25 requests and at least 2 s of the schedule
+    timed = PointBudget(warmup_requests=25, warmup_s=2.0)
+    assert [timed.warmup_at(q) for q in (4.0, 12.5, 48.0, 48.1)] == [25, 25, 96, 97]
+    with pytest.raises(ConfigError, match="warmup_s"):
+        PointBudget(warmup_s=-1.0)
 
 
 def test_jsonable() -> None:

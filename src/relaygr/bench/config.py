@@ -1,6 +1,7 @@
 """Configuration of a benchmark run: frozen dataclasses, validated, unknown keys rejected.
 
-Requests per point (``PointBudget``): a point sends ``warmup_requests`` + n measured requests with
+Requests per point (``PointBudget``): a point sends w warm-up + n measured requests with
+w = max(``warmup_requests``, QPS x ``warmup_s``) and
 n = clamp(QPS x ``max_point_s``, ``min_measured_requests``, ``measured_requests``). Full runs
 aim at 2,000 measured requests (the 95% order-statistic interval of P99 then spans the 98.55th to
 99.45th sample percentiles) and accept no fewer than 1,000 at low QPS; ``quick`` runs send at
@@ -34,6 +35,10 @@ class PointBudget:
     measured_requests: int = 2000
     min_measured_requests: int = 1000
     warmup_requests: int = 200
+    # Warm-up also lasts at least this long: every point starts a fresh system (empty caches,
+    # new worker threads), and at high QPS a fixed request count is over before the caches
+    # hold the returning users' prefixes, so the measurement would start inside the start-up.
+    warmup_s: float = 0.0
     max_point_s: float = 60.0
     max_in_flight: int = 256
     drain_timeout_s: float = 10.0
@@ -48,10 +53,15 @@ class PointBudget:
     def __post_init__(self) -> None:
         if not 1 <= self.min_measured_requests <= self.measured_requests:
             raise ConfigError("need 1 <= min_measured_requests <= measured_requests")
-        if self.warmup_requests < 0 or self.max_point_s <= 0 or self.max_in_flight < 1:
-            raise ConfigError("warmup_requests >= 0, max_point_s > 0, max_in_flight >= 1")
+        if self.warmup_requests < 0 or self.max_point_s <= 0 or self.max_in_flight < 1 \
+                or self.warmup_s < 0:
+            raise ConfigError("warmup_requests >= 0, warmup_s >= 0, max_point_s > 0, "
+                              "max_in_flight >= 1")
         if self.max_remeasures < 0 or not 0 <= self.remeasure_steal <= 1:
             raise ConfigError("max_remeasures >= 0 and remeasure_steal in [0, 1]")
+
+    def warmup_at(self, qps: float) -> int:
+        return max(self.warmup_requests, math.ceil(qps * self.warmup_s))
 
     def measured_at(self, qps: float) -> int:
         by_time = math.floor(qps * self.max_point_s)

@@ -97,7 +97,7 @@ class BenchSuite:
         key = (phase, prefix_len, qps)
         if key not in self._workloads:
             budget = self.config.budget
-            total = budget.warmup_requests + budget.measured_at(qps)
+            total = budget.warmup_at(qps) + budget.measured_at(qps)
             self._workloads[key] = builder.build(qps, total)
             self.summaries.setdefault(phase, summarize(self._workloads[key]).to_dict())
             while len(self._workloads) > 2:  # the lock-step round reuses only the latest
@@ -111,7 +111,7 @@ class BenchSuite:
         workload = self._workload(phase, builder, qps, prefix_len)
         budget = self.config.budget
         options = options or RunOptions(
-            warmup_requests=budget.warmup_requests, max_in_flight=budget.max_in_flight,
+            warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
             drain_timeout_s=budget.drain_timeout_s, slo_ms=self.config.slo_ms,
             stop_when_failed=budget.stop_when_failed)
         length = "" if prefix_len is None else f" len {prefix_len}"

@@ -113,7 +113,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
              model: HSTUConfig) -> BenchConfig:
     """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
 
-    Full: 250-800 measured requests per point after 25 warm-up (at the sweep's 4 QPS, 250: P99
+    Full: 250-800 measured requests per point after a warm-up of 25 requests or 2 s, whichever
+    is longer (at 48 QPS, 96: a fresh system's caches fill first), (at the sweep's 4 QPS, 250: P99
     is the 3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
     six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
     with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
@@ -134,7 +135,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         mixed_search = search
     else:
         budget = PointBudget(measured_requests=800, min_measured_requests=250,
-                             warmup_requests=25, max_point_s=25.0)
+                             warmup_requests=25, warmup_s=2.0, max_point_s=25.0)
         # from twice the quick start, and never below half of it: a passing point at low QPS
         # costs minutes (250 requests at 1 QPS), and below that the answer is "none" anyway
         search = QpsSearchConfig(start_qps=2 * profile.search_start_qps, rel_tol=0.15,
