@@ -122,7 +122,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     sweep every other length, and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
     workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
     than half of it (2 QPS: below, the answer is reported as 0). Quick: 40-150 requests per
-    point after 8 warm-up, three modes, every other length, 3-trial searches, a 20-request
+    point after 8 warm-up, three modes, every other length, 3-trial searches (not below half
+    their start), a 20-request
     limit point, no extra workloads: a smoke figure of the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
@@ -130,7 +131,9 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     if quick:
         budget = PointBudget(measured_requests=150, min_measured_requests=40,
                              warmup_requests=8, max_point_s=4.0)
-        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3)
+        # not below half the start (2 QPS on cpu): a 1-QPS point alone takes ~50 s
+        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3,
+                                 min_qps=profile.search_start_qps / 2)
         sweep = SweepConfig(lengths=profile.sweep_lengths[1::2], qps=profile.sweep_qps)
         mixed_search = search
     else:
