@@ -19,11 +19,9 @@ ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 @pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
 def test_tuning_applies_and_repeats() -> None:
-    first = tune_host_allocator()
-    again = tune_host_allocator()
-    assert first.applied and again.applied
-    assert first.mmap_threshold_bytes == MAX_MMAP_THRESHOLD_BYTES
-    assert first.trim_threshold_bytes == 1 << 30
+    assert tune_host_allocator() is True
+    assert tune_host_allocator() is True
+    assert tune_host_allocator(MAX_MMAP_THRESHOLD_BYTES, 1 << 30) is True
 
 
 def _probe_faults(mode: str) -> int:

@@ -9,9 +9,10 @@ from collections import deque
 import pytest
 import torch
 
-from relaygr.engine.executor import BusyMeter, ComputeExecutor
+from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.scheduler import (
     BatchPolicy,
+    BusyMeter,
     InstanceScheduler,
     InstanceStoppedError,
     RankWork,
@@ -198,12 +199,14 @@ def test_busy_meter_counts_recent_and_running_compute() -> None:
     now = [0.0]
     meter = BusyMeter(window_s=2.0, clock=lambda: now[0])
     assert meter.fraction() == 0.0
-    started = meter.start()
+    meter.start()
     now[0] = 0.5
     assert meter.fraction() == pytest.approx(0.25)     # the call in flight counts
-    assert meter.end(started) == pytest.approx(0.5)
+    meter.end()
+    assert meter.fraction() == pytest.approx(0.25)     # ... and once ended, the same 0.5 s
     now[0] = 1.5
-    meter.end(meter.start())                           # a zero-length call adds nothing
+    meter.start()
+    meter.end()                                        # a zero-length call adds nothing
     assert meter.fraction() == pytest.approx(0.25)
     now[0] = 2.25                                      # the window now starts at 0.25
     assert meter.fraction() == pytest.approx(0.125)

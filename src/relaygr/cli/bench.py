@@ -113,18 +113,18 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
              model: HSTUConfig) -> BenchConfig:
     """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
 
-    Full: 250-800 measured requests per point after a warm-up of 25 requests or 2 s, whichever
-    is longer (at 48 QPS, 96: a fresh system's caches fill first), (at the sweep's 4 QPS, 250: P99
-    is the 3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
+    Full: 250-800 measured requests per point (at the sweep's 4 QPS, 250: P99 is the
+    3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
     six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
     with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
     third grid length (512 on the cpu profile; it walks down if that fails), the three ablations
     sweep every other length, and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
     workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
-    than half of it (2 QPS: below, the answer is reported as 0). Quick: 40-150 requests per
-    point after 8 warm-up, three modes, every other length, 3-trial searches (not below half
-    their start), a 20-request
-    limit point, no extra workloads: a smoke figure of the same shape.
+    than half of it (2 QPS: below, the answer is reported as 0). Warm-up: 25 requests or 2 s of
+    the schedule, whichever is more (96 at 48 QPS: a fresh system's caches fill first). Quick:
+    40-150 requests per point after 8 warm-up, three modes, every other length, 3-trial searches
+    (not below half their start), a 20-request limit point, no extra workloads: a smoke figure of
+    the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
-from dataclasses import dataclass
 
 # mallopt parameter numbers from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1
@@ -35,31 +34,16 @@ _M_MMAP_THRESHOLD = -3
 MAX_MMAP_THRESHOLD_BYTES = 32 << 20
 
 
-@dataclass(frozen=True)
-class AllocatorTuning:
-    """What ``tune_host_allocator`` did; ``applied`` is False off glibc (nothing to tune)."""
-
-    applied: bool
-    mmap_threshold_bytes: int
-    trim_threshold_bytes: int
-    reason: str
-
-
 def tune_host_allocator(mmap_threshold_bytes: int = MAX_MMAP_THRESHOLD_BYTES,
-                        trim_threshold_bytes: int = 1 << 30) -> AllocatorTuning:
-    """Keep tensor-sized blocks in the heap (see the module docstring). Idempotent."""
+                        trim_threshold_bytes: int = 1 << 30) -> bool:
+    """Keep tensor-sized blocks in the heap (see the module docstring). Idempotent. False when
+    nothing was tuned: not glibc (the platform allocator is left as is), or glibc refused."""
     if not 0 < mmap_threshold_bytes <= MAX_MMAP_THRESHOLD_BYTES or trim_threshold_bytes <= 0:
         raise ValueError(f"thresholds must be in (0, {MAX_MMAP_THRESHOLD_BYTES}] and > 0, got "
                          f"{mmap_threshold_bytes} and {trim_threshold_bytes}")
     libc = _glibc()
-    if libc is None:
-        return AllocatorTuning(False, 0, 0, "not glibc: the platform allocator is left as is")
-    ok = (libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1
-          and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
-    if not ok:
-        return AllocatorTuning(False, 0, 0, "glibc refused the mallopt settings")
-    return AllocatorTuning(True, mmap_threshold_bytes, trim_threshold_bytes,
-                           "glibc: tensor buffers recycled from the heap")
+    return libc is not None and (libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1
+                                 and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
 
 
 def _glibc() -> ctypes.CDLL | None:

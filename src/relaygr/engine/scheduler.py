@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaygr.engine.executor import BusyMeter, ComputeExecutor
+from relaygr.engine.executor import ComputeExecutor
 from relaygr.errors import RelayGRError
 
 
@@ -79,6 +80,40 @@ class BatchPolicy:
             tokens += work.cost_tokens
             batch.append(work)
         return batch
+
+
+class BusyMeter:
+    """The share of the last ``window_s`` seconds spent in one kind of work, counting the call
+    in flight. The caller runs its calls one at a time (``start`` then ``end``), so intervals
+    never overlap and the fraction is in [0, 1]. Not thread-safe: one event loop drives it.
+    """
+
+    def __init__(self, window_s: float = 2.0, clock: Callable[[], float] = time.perf_counter
+                 ) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.window_s, self.clock = window_s, clock
+        self._done: deque[tuple[float, float]] = deque()
+        self._running_since: float | None = None
+
+    def start(self) -> None:
+        assert self._running_since is None, "BusyMeter.start while a call is running"
+        self._running_since = self.clock()
+
+    def end(self) -> None:
+        assert self._running_since is not None, "BusyMeter.end without start"
+        self._done.append((self._running_since, self.clock()))
+        self._running_since = None
+
+    def fraction(self) -> float:
+        now = self.clock()
+        horizon = now - self.window_s
+        while self._done and self._done[0][1] <= horizon:
+            self._done.popleft()
+        busy = sum(end - max(start, horizon) for start, end in self._done)
+        if self._running_since is not None:
+            busy += now - max(self._running_since, horizon)
+        return min(1.0, busy / self.window_s)
 
 
 @dataclass
@@ -164,16 +199,16 @@ class InstanceScheduler:
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
-        started = self.rank_busy.start()
+        self.rank_busy.start()
         try:
             results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
         except Exception as exc:  # a failed batch fails its own requests, nothing else
-            self.rank_busy.end(started)
             for w in batch:
                 if not w.future.done():
                     w.future.set_exception(exc)
             return
-        self.rank_busy.end(started)
+        finally:
+            self.rank_busy.end()
         self.stats.rank_batches += 1
         self.stats.rank_compute_s += seconds
         self.stats.rank_requests += len(batch)

@@ -182,8 +182,9 @@ class Trigger(ABC):
                                at_load_ms)
 
     @abstractmethod
-    def _reason(self, request: TriggerRequest, pool: PoolUsage, full_ms: float) -> TriggerReason:
-        """The decision (``full_ms``: the full pass at the instance's load); only an ADMITTED
+    def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
+                ) -> TriggerReason:
+        """The decision (``at_load_ms``: the full pass at the instance's load); only an ADMITTED
         answer may take tokens from the bucket."""
 
     def _fits(self, request: TriggerRequest, pool: PoolUsage) -> bool:
@@ -196,9 +197,10 @@ class SequenceAwareTrigger(Trigger):
 
     name = "sequence-aware"
 
-    def _reason(self, request: TriggerRequest, pool: PoolUsage, full_ms: float) -> TriggerReason:
+    def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
+                ) -> TriggerReason:
         if request.prefix_tokens == 0 or \
-                full_ms <= self.config.risk_fraction * self.config.slo_ms:
+                at_load_ms <= self.config.risk_fraction * self.config.slo_ms:
             return TriggerReason.NOT_AT_RISK
         if request.host_has_prefix:
             return TriggerReason.HOST_HIT
@@ -216,7 +218,8 @@ class PreinferAll(Trigger):
 
     name = "preinfer-all"
 
-    def _reason(self, request: TriggerRequest, pool: PoolUsage, full_ms: float) -> TriggerReason:
+    def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
+                ) -> TriggerReason:
         if request.prefix_tokens == 0:
             return TriggerReason.NOT_AT_RISK
         if request.host_has_prefix:
