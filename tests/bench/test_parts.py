@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,9 +15,16 @@ from relaygr.bench.protocol import RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
 from relaygr.bench.runner import RunResult
 from relaygr.bench.stats import point_stats
+from relaygr.bench.systems import SharedParts
+from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.stages import EarlierStages
 from relaygr.errors import BenchProtocolError, ConfigError
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
+from tests.engine.helpers import flops_cost_model
+from tests.model.helpers import make_model
 
 
 def rec(i: int, scores: tuple[float, ...] | None, path: str = "full") -> RequestRecord:
@@ -107,3 +115,33 @@ def test_jsonable() -> None:
     assert jsonable(value) == {"a": [1, None, None],
                                "2": {"device_bytes_in_use": 1, "host_bytes_in_use": 2,
                                      "counters": {"x": 1.0}}}
+
+
+def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
+    num_items = 300
+    model = make_model(0, num_items=num_items)
+    parts = SharedParts(model, flops_cost_model(model.cfg), Retriever.from_model(model))
+    population = SyntheticConfig(num_users=20, num_items=num_items, num_candidates=16,
+                                 prefix_len=FixedLength(40), short_gap_share=1.0,
+                                 short_gap_mean_s=0.5)
+    workload = SyntheticWorkload(population, seed=3).build(qps=20.0, num_requests=60)
+    system = SystemConfig(num_candidates=16, retrieval_k=48, retrieval_history=8)
+    book = parts.book_for(workload, system)
+    assert parts.book_for(workload, system) is book          # once per workload
+    stages = EarlierStages(model, parts.retriever, 48, 8, 0.0, 0.0)
+    grown = {u: h.items for u, h in workload.histories.items()}
+    previous: dict[int, tuple[float, np.ndarray]] = {}   # user -> (send, history before it)
+    races = 0
+    for r in workload.requests:
+        recent = np.asarray(r.recent_items, dtype=np.int64)
+        seen = np.concatenate([grown[r.user_id], recent])
+        assert torch.equal(book.get(r.user_id, seen, 16), stages.candidates(seen, 16))
+        last = previous.get(r.user_id)
+        if last is not None and r.send_s - last[0] < 2.0:   # may overtake the last append
+            races += 1
+            early = np.concatenate([last[1], recent])
+            assert torch.equal(book.get(r.user_id, early, 16), stages.candidates(early, 16))
+        previous[r.user_id] = (r.send_s, grown[r.user_id])
+        grown[r.user_id] = seen
+    stages.shutdown()
+    assert races > 0

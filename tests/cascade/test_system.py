@@ -10,6 +10,8 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
+from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import Recommendation, RelaySystem, Visit
 from relaygr.engine.types import RankPath
@@ -171,3 +173,58 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
     for rec, expected in zip(out, want.values(), strict=True):
         torch.testing.assert_close(rec.scores, expected.scores, atol=1e-4, rtol=1e-4)
     assert system.counters.failovers >= 1
+
+
+def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live() -> None:
+    model = make_model(0, num_items=NUM_ITEMS)
+    stages = EarlierStages(model, Retriever.from_model(model), 64, 16, 0.0, 0.0)
+    history = np.arange(1, 40, dtype=np.int64)
+    marker = torch.tensor([7, 8, 9])             # not what retrieval would return
+    book = CandidateBook()
+    book.add(3, history, 24, marker)
+    stages.book = book
+
+    async def main() -> list[torch.Tensor]:
+        return [await stages.run(history, 24, user_id=3),          # replayed
+                await stages.run(history, 24, user_id=4),          # another user: live
+                await stages.run(history[:-1], 24, user_id=3),     # another history: live
+                await stages.run(history, 12, user_id=3)]          # another count: live
+
+    try:
+        replayed, other_user, other_history, fewer = asyncio.run(main())
+    finally:
+        stages.shutdown()
+    assert replayed is marker
+    assert torch.equal(other_user, stages.candidates(history, 24))
+    assert torch.equal(other_history, stages.candidates(history[:-1], 24))
+    assert torch.equal(fewer, stages.candidates(history, 12))
+    assert (stages.replayed, stages.retrieved, len(book)) == (1, 3, 1)
+
+
+def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
+    visit_list = visits(count=12)
+    live, _ = serve("relay", visit_list)
+    model = make_model(0, num_items=NUM_ITEMS)
+    stages = EarlierStages(model, Retriever.from_model(model), 64, 64, 0.0, 0.0)
+    book = CandidateBook()
+    grown = {u: items for u, (items, _) in histories().items()}
+    for v in visit_list:   # the visits run one at a time: each sees the previous one's events
+        seen = np.concatenate([grown[v.user_id], np.asarray(v.recent_items, dtype=np.int64)])
+        book.add(v.user_id, seen, v.num_candidates, stages.candidates(seen, v.num_candidates))
+        grown[v.user_id] = seen
+    stages.shutdown()
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config("relay"), model, store, flops_cost_model(model.cfg), book=book)
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            return [await system.recommend(v) for v in visit_list]
+        finally:
+            await system.stop()
+
+    booked = asyncio.run(main())
+    assert (system.stages.replayed, system.stages.retrieved) == (len(visit_list), 0)
+    for a, b in zip(live, booked, strict=True):
+        assert torch.equal(a.candidates, b.candidates)
+        torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-5)

@@ -26,7 +26,7 @@ from torch import Tensor
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.retrieval import Retriever
-from relaygr.cascade.stages import EarlierStages
+from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
@@ -101,7 +101,8 @@ class RelaySystem:
     """See the module docstring. One event loop drives it."""
 
     def __init__(self, config: SystemConfig, model: HSTU, store: HistoryStore,
-                 cost_model: LatencyCostModel, retriever: Retriever | None = None) -> None:
+                 cost_model: LatencyCostModel, retriever: Retriever | None = None,
+                 book: CandidateBook | None = None) -> None:
         self.config = config
         self.mode = Mode.parse(config.mode)
         self.spec = spec_for(self.mode)
@@ -116,7 +117,7 @@ class RelaySystem:
         self.stages = EarlierStages(model, retriever or Retriever.from_model(model),
                                     config.retrieval_k, config.retrieval_history,
                                     config.retrieval_delay_ms / 1e3,
-                                    config.preprocess_delay_ms / 1e3)
+                                    config.preprocess_delay_ms / 1e3, book)
         self.counters = SystemCounters()
         # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
         self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
@@ -159,7 +160,7 @@ class RelaySystem:
         leg = self._first_leg(visit, preinfer=True)
         seen = np.concatenate([leg.history_items,
                                np.asarray(visit.recent_items, dtype=np.int64)])
-        candidates = await self.stages.run(seen, leg.num_candidates)
+        candidates = await self.stages.run(seen, leg.num_candidates, visit.user_id)
         return await self._second_leg(leg, candidates)
 
     def prefill(self, user_id: int, suffix_tokens: int = 0,
