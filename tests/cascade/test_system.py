@@ -228,3 +228,14 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     for a, b in zip(live, booked, strict=True):
         assert torch.equal(a.candidates, b.candidates)
         torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-5)
+
+
+def test_a_hash_collision_in_the_book_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relaygr.cascade import stages as stages_module
+    monkeypatch.setattr(stages_module, "hash", lambda _: 0, raising=False)   # every key collides
+    book = CandidateBook()
+    first, second = np.arange(1, 10), np.arange(2, 11)
+    book.add(5, first, 8, torch.tensor([1]))
+    book.add(5, second, 8, torch.tensor([2]))      # same hash: takes the slot
+    assert book.get(5, first, 8) is None           # never the other history's candidates
+    assert torch.equal(book.get(5, second, 8), torch.tensor([2]))

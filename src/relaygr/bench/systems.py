@@ -17,8 +17,8 @@ so the benchmark runs retrieval for every visit of a workload before the point's
 (``SharedParts.book_for``, once per workload, shared by the modes measured on it) and during the
 point the earlier stages only take their configured delays. The two cores then serve the ranking
 tier alone. Measured before this change: retrieval (a flat FAISS search over 50,000 items plus
-the history filter) cost 2.2 ms of CPU per visit and moved the relay's P99 at 48 QPS from 51-74
-ms to 140-820 ms.
+the history filter) cost 2.2 ms of CPU per visit; the relay's ranking P99 at 48 QPS and 512
+tokens was 78-823 ms in nine runs with it and 31-169 ms in five without (docs/benchmark.md).
 """
 
 from __future__ import annotations

@@ -28,26 +28,32 @@ from relaygr.errors import EmptyInputError
 from relaygr.model import HSTU
 
 
-def _key(user_id: int, num_candidates: int, history: np.ndarray) -> tuple[int, int, int, int]:
-    events = np.ascontiguousarray(history, dtype=np.int64)
-    return user_id, num_candidates, events.size, hash(events.tobytes())
-
-
 class CandidateBook:
-    """Retrieval results computed ahead of time, by user and exact history (module docstring)."""
+    """Retrieval results computed ahead of time, by user and exact history (module docstring).
+
+    An entry is found by a hash of the history and then checked against the whole history, so a
+    hash collision is a miss (live retrieval), never another visit's candidates.
+    """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int, int], Tensor] = {}
+        self._entries: dict[tuple[int, int, int], tuple[bytes, Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @staticmethod
+    def _events(history: np.ndarray) -> bytes:
+        return np.ascontiguousarray(history, dtype=np.int64).tobytes()
+
     def add(self, user_id: int, history: np.ndarray, num_candidates: int,
             candidates: Tensor) -> None:
-        self._entries[_key(user_id, num_candidates, history)] = candidates
+        events = self._events(history)
+        self._entries[(user_id, num_candidates, hash(events))] = (events, candidates)
 
     def get(self, user_id: int, history: np.ndarray, num_candidates: int) -> Tensor | None:
-        return self._entries.get(_key(user_id, num_candidates, history))
+        events = self._events(history)
+        found = self._entries.get((user_id, num_candidates, hash(events)))
+        return found[1] if found is not None and found[0] == events else None
 
 
 class EarlierStages:
