@@ -18,7 +18,8 @@ so the benchmark runs retrieval for every visit of a workload before the point's
 point the earlier stages only take their configured delays. The two cores then serve the ranking
 tier alone. Measured before this change: retrieval (a flat FAISS search over 50,000 items plus
 the history filter) cost 2.2 ms of CPU per visit; the relay's ranking P99 at 48 QPS and 512
-tokens was 78-823 ms in nine runs with it and 31-169 ms in five without (docs/benchmark.md).
+tokens was 78-823 ms in nine runs with it and 31-169 ms in five with random candidates in its
+place (docs/benchmark.md).
 """
 
 from __future__ import annotations
