@@ -186,6 +186,9 @@ class BenchConfig:
     slo_ms: float = 50.0
     seed: int = 0
     device: str = "cpu"
+    # Where the systems' ranking instances run (reported): "threads" (a worker thread each, in
+    # the benchmark's process) or "processes" (a process each).
+    instance_placement: str = "threads"
     population: SyntheticConfig = field(default_factory=SyntheticConfig)
     budget: PointBudget = field(default_factory=PointBudget)
     sweep: SweepConfig | None = field(default_factory=SweepConfig)
@@ -200,6 +203,9 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.slo_ms > 0:
             raise ConfigError(f"slo_ms must be > 0, got {self.slo_ms}")
+        if self.instance_placement not in ("threads", "processes"):
+            raise ConfigError("instance_placement must be 'threads' or 'processes', got "
+                              f"{self.instance_placement!r}")
 
     @classmethod
     def full(cls, **changes: Any) -> BenchConfig:

@@ -131,6 +131,14 @@ class SupportsSnapshot(Protocol):
 
 
 @runtime_checkable
+class SupportsRefresh(Protocol):
+    """Optional: a system whose snapshot lags its state (parts in other processes push theirs
+    periodically); ``refresh`` brings it up to date before the run's final snapshot."""
+
+    async def refresh(self) -> None: ...
+
+
+@runtime_checkable
 class SupportsLifecycle(Protocol):
     """Optional: a system with background work to start before and stop after a run."""
 

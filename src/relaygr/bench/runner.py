@@ -28,6 +28,7 @@ from relaygr.bench.protocol import (
     RequestRecord,
     RunClock,
     SupportsLifecycle,
+    SupportsRefresh,
     SystemContext,
     SystemFactory,
     SystemSnapshot,
@@ -224,6 +225,8 @@ async def run_open_loop(system: RankingSystem, requests: tuple[BenchRequest, ...
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
     duration_s = clock.now_s()
+    if isinstance(system, SupportsRefresh):
+        await system.refresh()
     final = take_snapshot(system)
     if final is not None:
         snapshots.append(final)

@@ -243,6 +243,7 @@ class BenchSuite:
             meta={"seed": cfg.seed, "started_at": started.isoformat(),
                   "duration_s": time.perf_counter() - t0, "modes": list(self.systems),
                   "budget": cfg.budget, "cpu_count": os.cpu_count(),
+                  "instance_placement": cfg.instance_placement,
                   "platform": platform.platform(), "python": platform.python_version()})
 
     def _mode_report(self, mode: str, sweep: dict[str, LengthSweepResult] | None,

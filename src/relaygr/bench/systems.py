@@ -24,6 +24,7 @@ place (docs/benchmark.md).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from relaygr.bench.protocol import (
 )
 from relaygr.bench.workload import Workload
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
 from relaygr.cascade.retrieval import Retriever
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
@@ -67,6 +69,11 @@ class CascadeUnderTest:
     async def stop(self) -> None:
         await self.system.stop()
 
+    async def refresh(self) -> None:
+        """Fetch the instances' snapshots now where they live in other processes."""
+        await asyncio.gather(*(inst.refresh() for inst in self.system.instances
+                               if isinstance(inst, ProcessInstance)))
+
     async def handle(self, request: BenchRequest) -> RequestRecord:
         rec = await self.system.recommend(Visit(
             request.user_id, request.recent_items, request.recent_timestamps,
@@ -92,24 +99,20 @@ class CascadeUnderTest:
             counters[name] = counters.get(name, 0.0) + value
 
         for inst in self.system.instances:
-            sched = inst.scheduler.stats       # worker compute time: what queueing is not
-            add("rank_batches", sched.rank_batches)
-            add("rank_compute_s", sched.rank_compute_s)
-            add("prefill_compute_s", sched.prefill_compute_s)
-            res = inst.residency
-            if res is not None:
-                device += res.pool.used_bytes
-                if res.host is not None:
-                    host += res.host.store.used_bytes
-                add("device_evictions", res.pool.stats.evictions)
-                add("admission_refused", res.counters.admission_refused)
-                add("background_failed", res.counters.background_failed)
-                if res.expander is not None:
-                    add("reload_copies", res.expander.stats.reload_copies)
-                    add("demotion_copies", res.expander.stats.demotion_copies)
-            if inst.trigger is not None:
-                for reason, count in inst.trigger.counts.items():
-                    add(f"trigger_{reason.value}", count)
+            snap = inst.snapshot()
+            for name in ("rank_batches", "rank_compute_s", "prefill_compute_s"):
+                add(name, snap.compute.get(name, 0.0))    # worker compute: what queueing is not
+            if snap.device is not None:
+                device += snap.device.used_bytes
+                add("device_evictions", snap.device.evictions)
+                add("admission_refused", snap.residency.get("admission_refused", 0))
+                add("background_failed", snap.residency.get("background_failed", 0))
+            if snap.host is not None:
+                host += snap.host.used_bytes
+                add("reload_copies", snap.expander.get("reload_copies", 0))
+                add("demotion_copies", snap.expander.get("demotion_copies", 0))
+            for reason, n in snap.trigger.items():
+                add(f"trigger_{reason}", n)
         add("retrieval_replayed", self.system.stages.replayed)
         add("retrieval_live", self.system.stages.retrieved)
         add("shed_preinfer", self.system.counters.shed_preinfer)
@@ -125,6 +128,9 @@ class SharedParts:
     model: HSTU
     cost_model: LatencyCostModel
     retriever: Retriever
+    # Where the ranking instances run: None, in the benchmark's own process (worker threads
+    # sharing one GIL); else one process each (``relaygr.cascade.processes``).
+    processes: InstanceProcesses | None = None
     _books: OrderedDict[int, tuple[Workload, CandidateBook]] = field(
         default_factory=OrderedDict, repr=False, compare=False)
 
@@ -174,8 +180,9 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
             store = InMemoryHistoryStore.from_sequences(
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)
+            factory = None if parts.processes is None else parts.processes.factory
             system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retriever,
-                                 parts.book_for(ctx.workload, config))
+                                 parts.book_for(ctx.workload, config), factory)
             return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)
         return build
 

@@ -14,9 +14,10 @@ choice (which recomputes), so every request gets an answer and only its latency 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.retrieval import Retriever
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
+from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
 from relaygr.engine.types import (
@@ -47,6 +49,10 @@ from relaygr.routing import InstanceView, RouteDecision, make_router
 
 # Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
 _MAX_REMEMBERED_DECISIONS = 100_000
+
+# Builds instance ``name`` on ``device`` for a system config (``build_instance`` in this process,
+# ``InstanceProcesses.factory`` in processes of their own).
+InstanceFactory = Callable[[SystemConfig, str, str, HSTU, LatencyCostModel], InstanceHandle]
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,13 @@ class _Leg:
     history_items: np.ndarray
     num_candidates: int
     decision: RouteDecision
-    preinfer: PreinferResult | None = None
+    preinfer: PreinferResult | Awaitable[PreinferResult] | None = None
+
+    async def preinfer_result(self) -> PreinferResult | None:
+        """The pre-infer outcome (an instance in another process reports it asynchronously)."""
+        if inspect.isawaitable(self.preinfer):
+            self.preinfer = await self.preinfer
+        return self.preinfer
 
 
 class RelaySystem:
@@ -102,7 +114,8 @@ class RelaySystem:
 
     def __init__(self, config: SystemConfig, model: HSTU, store: HistoryStore,
                  cost_model: LatencyCostModel, retriever: Retriever | None = None,
-                 book: CandidateBook | None = None) -> None:
+                 book: CandidateBook | None = None,
+                 instance_factory: InstanceFactory | None = None) -> None:
         self.config = config
         self.mode = Mode.parse(config.mode)
         self.spec = spec_for(self.mode)
@@ -112,7 +125,10 @@ class RelaySystem:
         if self.spec.router == "affinity":
             router_options.setdefault("spill_queue_depth", config.spill_queue_depth)
         self.router = make_router(self.spec.router, **router_options)
-        self.instances = [self._instance(i, cost_model) for i in range(config.num_instances)]
+        make = instance_factory or build_instance
+        self.instances: list[InstanceHandle] = [
+            make(config, f"rank-{i}", config.devices[i % len(config.devices)], self.model,
+                 cost_model) for i in range(config.num_instances)]
         self.by_name = {inst.name: inst for inst in self.instances}
         self.stages = EarlierStages(model, retriever or Retriever.from_model(model),
                                     config.retrieval_k, config.retrieval_history,
@@ -121,11 +137,6 @@ class RelaySystem:
         self.counters = SystemCounters()
         # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
         self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
-
-    def _instance(self, index: int, cost_model: LatencyCostModel) -> RankingInstance:
-        return build_instance(self.config, f"rank-{index}",
-                              self.config.devices[index % len(self.config.devices)],
-                              self.model, cost_model)
 
     async def start(self) -> None:
         for inst in self.instances:
@@ -163,18 +174,19 @@ class RelaySystem:
         candidates = await self.stages.run(seen, leg.num_candidates, visit.user_id)
         return await self._second_leg(leg, candidates)
 
-    def prefill(self, user_id: int, suffix_tokens: int = 0,
-                num_candidates: int | None = None) -> tuple[str, PreinferResult]:
+    async def prefill(self, user_id: int, suffix_tokens: int = 0,
+                      num_candidates: int | None = None) -> tuple[str, PreinferResult]:
         """The pre-infer signal alone (for callers that run their own earlier stages). The
         routing decision is remembered so the user's next ``rank_candidates`` follows it."""
         leg = self._first_leg(Visit(user_id, num_candidates=num_candidates), preinfer=True,
                               suffix_tokens=suffix_tokens)
-        assert leg.preinfer is not None
         self._decisions[user_id] = leg.decision
         self._decisions.move_to_end(user_id)
         while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
             self._decisions.popitem(last=False)
-        return leg.decision.instance_id, leg.preinfer
+        result = await leg.preinfer_result()
+        assert result is not None
+        return leg.decision.instance_id, result
 
     async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
         """Rank given candidates for a visit, consuming the relayed prefix when present."""
@@ -196,7 +208,7 @@ class RelaySystem:
         leg = _Leg(visit, spec, history_items, n_cand, decision)
         if preinfer and self.spec.preinfer:
             s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
-            if instance.scheduler.rank_queue_depth >= self.config.shed_preinfer_queue_depth:
+            if instance.rank_queue_depth >= self.config.shed_preinfer_queue_depth:
                 leg.preinfer = PreinferResult(PreinferAction.SKIPPED, None, 0)
                 self.counters.shed_preinfer += 1
             else:
@@ -224,7 +236,7 @@ class RelaySystem:
         self.counters.requests += 1
         self.counters.paths[result.path.value] += 1
         return Recommendation(candidates, result.scores, result.path, result.instance,
-                              leg.preinfer,
+                              await leg.preinfer_result(),
                               leg.decision.instance_id if leg.preinfer is not None else None,
                               spec.num_tokens, job.suffix_tokens, due, done)
 
@@ -232,11 +244,11 @@ class RelaySystem:
         decision = self.router.follow(first, self.views())
         for _ in range(len(self.instances)):
             instance = self.by_name[decision.instance_id]
-            if instance.scheduler.rank_queue_depth >= self.config.max_rank_queue_depth:
+            if instance.rank_queue_depth >= self.config.max_rank_queue_depth:
                 self.counters.shed_rank += 1
-                raise OverloadedError(f"{instance.name} has "
-                                      f"{instance.scheduler.rank_queue_depth} ranking requests "
-                                      "queued", retry_after_s=max(0.1, self.config.slo_ms / 1e3))
+                raise OverloadedError(f"{instance.name} has {instance.rank_queue_depth} ranking "
+                                      "requests queued",
+                                      retry_after_s=max(0.1, self.config.slo_ms / 1e3))
             try:
                 return await instance.rank(job)
             except InstanceStoppedError:
@@ -253,16 +265,7 @@ class RelaySystem:
 
     async def wait_idle(self) -> None:
         """Wait for background work (pre-infer, demotion, fills) of every instance to end."""
-        while True:
-            pending = [t for i in self.instances if i.residency is not None
-                       for t in i.residency.background]
-            busy = any(i.queue_depth for i in self.instances)
-            if not pending and not busy:
-                return
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-            else:
-                await asyncio.sleep(0.001)
+        await asyncio.gather(*(inst.idle() for inst in self.instances))
 
 
 def build_instance(config: SystemConfig, name: str, device: str, model: HSTU,

@@ -34,6 +34,7 @@ from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
+from relaygr.cascade.processes import InstanceProcesses
 from relaygr.cascade.retrieval import Retriever
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
@@ -49,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--instances", type=int, default=None,
                    help="ranking instances (default: one per GPU, 2 on CPU)")
+    p.add_argument("--instance-processes", choices=("auto", "on", "off"), default="auto",
+                   help="run each ranking instance in a process of its own (auto: on CPU; on "
+                        "CUDA each instance runs on a worker thread of this process)")
     p.add_argument("--slo-ms", type=float, default=None, help="ranking P99 SLO (profile's)")
     p.add_argument("--modes", default=None,
                    help="comma-separated modes, measured in this order (default: all six; "
@@ -79,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         # One core per instance: instances compute in parallel without oversubscribing.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_instances))
     slo_ms = args.slo_ms or profile.slo_ms
+    in_processes = args.instance_processes == "on" or (args.instance_processes == "auto"
+                                                       and device.type == "cpu")
     torch.manual_seed(args.seed)
     size = profile.model_size
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
@@ -88,20 +94,31 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]relaygr bench[/] profile {profile.name}: {model_cfg.num_layers} "
                   f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, {profile.dtype} "
                   f"on {device} "
-                  f"({torch.get_num_threads()} threads), {num_instances} instances, "
+                  f"({torch.get_num_threads()} threads), {num_instances} instances "
+                  f"({'a process' if in_processes else 'a worker thread'} each), "
                   f"SLO {slo_ms:g} ms, modes {', '.join(modes)}")
     console.print("fitting the latency cost model on this machine ...")
-    parts = SharedParts(model, fit_on_model(model, device), Retriever.from_model(model))
+    cost_model = fit_on_model(model, device)
+    processes = None
+    if in_processes:
+        processes = InstanceProcesses.for_model(model, cost_model, num_instances,
+                                                torch_threads=torch.get_num_threads())
+    parts = SharedParts(model, cost_model, Retriever.from_model(model), processes)
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
                           num_candidates=profile.num_candidates,
                           retrieval_k=4 * profile.num_candidates,
                           device_budget_bytes=profile.device_budget_bytes,
                           host_budget_bytes=profile.host_budget_bytes)
-    config = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg)
+    config = replace(run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg),
+                     instance_placement="threads" if processes is None else "processes")
     factories = mode_factories(modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
-    run_benchmark(factories, config, args.out, ModelLimitProbe(model), json_path=args.json,
-                  console=console, extra_systems={"relay-closed": closed["relay"]})
+    try:
+        run_benchmark(factories, config, args.out, ModelLimitProbe(model), json_path=args.json,
+                      console=console, extra_systems={"relay-closed": closed["relay"]})
+    finally:
+        if processes is not None:
+            processes.close()
     return 0
 
 

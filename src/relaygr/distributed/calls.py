@@ -21,18 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
 from torch import Tensor
 
-from relaygr.cascade.store import event_hash_sums, version_of
-from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankPath
+from relaygr.cascade.payload import UNKNOWN_VERSION, PrefixPayload
+from relaygr.engine.types import PreinferResult, RankJob, RankPath
 from relaygr.kvcache import PrefixId
 from relaygr.server.snapshot import InstanceSnapshot
 
-# Versions are uint64 hashes; this matches none of them.
-UNKNOWN_VERSION = -1
-
+__all__ = ["UNKNOWN_VERSION", "ControlCall", "PrefixPayload", "PreinferCall", "PreinferReply",
+           "RankCall", "RankReply", "ReplicaState", "RouteNote", "RoutedCall"]
 
 @dataclass(frozen=True)
 class RouteNote:
@@ -41,36 +38,6 @@ class RouteNote:
     instance_id: str
     reason: str
     spilled: bool
-
-
-@dataclass(frozen=True)
-class PrefixPayload:
-    """A user's long-term prefix as events: what the replica needs to pre-infer or recompute."""
-
-    pid: PrefixId
-    items: np.ndarray              # [n] int64
-    timestamps: np.ndarray | None  # [n] int64, None for an untimed user
-
-    def to_spec(self) -> PrefixSpec:
-        items = np.ascontiguousarray(self.items, dtype=np.int64)
-        ts = None if self.timestamps is None else \
-            np.ascontiguousarray(self.timestamps, dtype=np.int64)
-        sums = event_hash_sums(items, ts, 0, 0)
-        timed = ts is not None
-
-        def version_at(n: int) -> int:
-            return version_of(int(sums[n - 1]) if n else 0, n, timed)
-
-        if version_at(items.shape[0]) != self.pid.version:
-            # The ingress's store hashes differently: only this exact prefix is known, so a
-            # shorter host copy is never mistaken for one of its prefixes (safe, just no reuse).
-            full, version = items.shape[0], self.pid.version
-
-            def version_at(n: int) -> int:
-                return version if n == full else UNKNOWN_VERSION
-
-        return PrefixSpec(self.pid, torch.from_numpy(items.copy()),
-                          None if ts is None else torch.from_numpy(ts.copy()), version_at)
 
 
 @dataclass(kw_only=True)

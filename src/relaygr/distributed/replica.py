@@ -17,7 +17,6 @@ ingress's /metrics) and the replica's own id.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,27 +123,12 @@ class RankingReplica:
     async def quiesce(self, call: ControlCall) -> ReplicaState:
         """Wait for this instance's background work (pre-infer, demotion, fills) to end."""
         await self._start()
-        while True:
-            res = self.instance.residency
-            pending = [] if res is None else list(res.background)
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-            elif self.instance.queue_depth:
-                await asyncio.sleep(0.001)
-            else:
-                return await self.state(call)
-
-    def check_integrity(self) -> None:
-        """The instance's cache structures are consistent (raises AssertionError otherwise)."""
-        res = self.instance.residency
-        if res is not None:
-            res.pool.check_integrity()
-            if res.host is not None:
-                res.host.check_integrity()
+        await self.instance.idle()
+        return await self.state(call)
 
     async def integrity(self, call: ControlCall) -> ReplicaState:
         state = await self.quiesce(call)
-        self.check_integrity()
+        await self.instance.check_integrity()
         return state
 
     def _record(self, call: PreinferCall | RankCall, leg: str, outcome: str) -> None:

@@ -26,6 +26,7 @@ import torch
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.residency import Residency
 from relaygr.engine.scheduler import BatchPolicy, InstanceScheduler, InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import (
     PrefixSpec,
     PreinferAction,
@@ -149,6 +150,33 @@ class RankingInstance:
     @property
     def queue_depth(self) -> int:
         return self.scheduler.rank_queue_depth + self.scheduler.prefill_queue_depth
+
+    @property
+    def rank_queue_depth(self) -> int:
+        return self.scheduler.rank_queue_depth
+
+    def snapshot(self) -> InstanceSnapshot:
+        return InstanceSnapshot.of(self)
+
+    async def idle(self) -> None:
+        """Wait until the background work (pre-infer, demotion, fills) and the queues are done."""
+        while True:
+            res = self.residency
+            pending = [] if res is None else list(res.background)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            elif self.queue_depth:
+                await asyncio.sleep(0.001)
+            else:
+                return
+
+    async def check_integrity(self) -> None:
+        """The cache tiers' accounting is consistent (raises AssertionError otherwise)."""
+        res = self.residency
+        if res is not None:
+            res.pool.check_integrity()
+            if res.host is not None:
+                res.host.check_integrity()
 
     # ---- first leg: the pre-infer signal -----------------------------------------------------
     def preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int) -> PreinferResult:

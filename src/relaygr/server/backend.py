@@ -23,7 +23,7 @@ from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.system import Recommendation, RelaySystem, Visit
 from relaygr.engine.types import PreinferResult
 from relaygr.model import HSTUConfig
-from relaygr.server.snapshot import InstanceSnapshot, ServingCounters, ServingSnapshot
+from relaygr.server.snapshot import ServingCounters, ServingSnapshot
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class EmbeddedBackend:
 
     async def prefill(self, user_id: int, suffix_tokens: int,
                       num_candidates: int | None) -> PrefillOutcome:
-        instance, result = self.system.prefill(user_id, suffix_tokens, num_candidates)
+        instance, result = await self.system.prefill(user_id, suffix_tokens, num_candidates)
         return PrefillOutcome(instance, result)
 
     async def rank(self, visit: Visit, candidates: Tensor) -> Recommendation:
@@ -109,7 +109,7 @@ class EmbeddedBackend:
         c = self.system.counters
         counters = ServingCounters(c.requests, c.failovers, c.shed_preinfer, c.shed_rank,
                                    self.system.remembered_prefills)
-        return ServingSnapshot(tuple(InstanceSnapshot.of(i) for i in self.system.instances),
+        return ServingSnapshot(tuple(i.snapshot() for i in self.system.instances),
                                counters)
 
     async def quiesce(self) -> None:

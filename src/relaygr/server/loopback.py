@@ -175,10 +175,7 @@ def _control(conn: Connection, loop: asyncio.AbstractEventLoop, server: Any, ser
         error = None
         try:
             for inst in system.instances:
-                if inst.residency is not None:
-                    inst.residency.pool.check_integrity()
-                    if inst.residency.host is not None:
-                        inst.residency.host.check_integrity()
+                await inst.check_integrity()
         except AssertionError as exc:
             error = str(exc)
         snap = service.backend.snapshot()

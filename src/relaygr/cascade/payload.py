@@ -1,0 +1,56 @@
+"""A prefix as it crosses a process boundary: its events, rebuilt into a ``PrefixSpec`` there.
+
+A ``PrefixSpec`` carries ``version_at`` (the history store's versions of the user's shorter
+prefixes), which is a call into the sender's store. The receiver derives it from the events
+with the store's own hash instead, and checks it against the version the sender sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from relaygr.cascade.store import event_hash_sums, version_of
+from relaygr.engine.types import PrefixSpec
+from relaygr.kvcache import PrefixId
+
+# Versions are uint64 hashes; this matches none of them.
+UNKNOWN_VERSION = -1
+
+
+@dataclass(frozen=True)
+class PrefixPayload:
+    """A user's long-term prefix as events: what an instance in another process needs to
+    pre-infer or recompute it."""
+
+    pid: PrefixId
+    items: np.ndarray              # [n] int64
+    timestamps: np.ndarray | None  # [n] int64, None for an untimed user
+
+    def to_spec(self) -> PrefixSpec:
+        items = np.ascontiguousarray(self.items, dtype=np.int64)
+        ts = None if self.timestamps is None else \
+            np.ascontiguousarray(self.timestamps, dtype=np.int64)
+        sums = event_hash_sums(items, ts, 0, 0)
+        timed = ts is not None
+
+        def version_at(n: int) -> int:
+            return version_of(int(sums[n - 1]) if n else 0, n, timed)
+
+        if version_at(items.shape[0]) != self.pid.version:
+            # The sender's store hashes differently: only this exact prefix is known, so a
+            # shorter host copy is never mistaken for one of its prefixes (safe, just no reuse).
+            full, version = items.shape[0], self.pid.version
+
+            def version_at(n: int) -> int:
+                return version if n == full else UNKNOWN_VERSION
+
+        return PrefixSpec(self.pid, torch.from_numpy(items.copy()),
+                          None if ts is None else torch.from_numpy(ts.copy()), version_at)
+
+    @classmethod
+    def of(cls, spec: PrefixSpec) -> PrefixPayload:
+        ts = None if spec.timestamps is None else spec.timestamps.numpy()
+        return cls(spec.pid, spec.items.numpy(), ts)

@@ -1,0 +1,51 @@
+"""What the cascade needs from a ranking instance, wherever the instance runs.
+
+``RankingInstance`` (in this process, driven by this event loop) and ``ProcessInstance`` (the
+same instance in a process of its own, ``relaygr.cascade.processes``) both satisfy it, so
+``RelaySystem`` routes, sheds and fails over the same way over either.
+
+``preinfer`` is the one leg that differs in shape: in-process it decides at once and returns
+the result; across a process boundary the decision comes back later, so it returns an awaitable
+(the ranking leg can still be sent right after it: one instance handles its messages in order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Protocol
+
+from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankResult
+
+
+class InstanceHandle(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def rank_queue_depth(self) -> int: ...
+
+    def preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int
+                 ) -> PreinferResult | Awaitable[PreinferResult]: ...
+
+    async def rank(self, job: RankJob) -> RankResult: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def fail(self) -> None: ...
+
+    async def restart(self) -> None: ...
+
+    async def idle(self) -> None: ...
+
+    async def check_integrity(self) -> None: ...
+
+    def snapshot(self) -> InstanceSnapshot: ...

@@ -1,0 +1,89 @@
+"""Plain-data snapshot of one ranking instance: queues, cache tiers, paths, trigger decisions.
+
+Frozen values that pickle, so an instance in another process (an instance process, a Ray
+replica) sends its snapshot and an in-process one is read in place; the server's /metrics and
+the benchmark read both the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from relaygr.kvcache import TierStats
+
+if TYPE_CHECKING:
+    from relaygr.engine.instance import RankingInstance
+
+
+@dataclass(frozen=True)
+class TierSnapshot:
+    """One cache tier (device pool or host DRAM tier) of one instance."""
+
+    used_bytes: int
+    budget_bytes: int
+    unevictable_bytes: int
+    entries: int
+    pending: int
+    in_use: int
+    hits: int
+    misses: int
+    stale_misses: int
+    admitted: int
+    evictions: int
+    expired: int
+    aborted: int
+
+    @classmethod
+    def of(cls, stats: TierStats) -> TierSnapshot:
+        return cls(stats.used_bytes, stats.budget_bytes, stats.unevictable_bytes,
+                   stats.entries, stats.pending, stats.in_use, stats.hits, stats.misses,
+                   stats.stale_misses, stats.admitted, stats.evictions, stats.expired,
+                   stats.aborted)
+
+
+@dataclass(frozen=True)
+class InstanceSnapshot:
+    """One ranking instance. ``device``/``host`` are None when the mode has no such tier."""
+
+    name: str
+    healthy: bool
+    rank_queue_depth: int
+    prefill_queue_depth: int
+    device: TierSnapshot | None
+    host: TierSnapshot | None
+    paths: dict[str, int] = field(default_factory=dict)
+    preinfer_actions: dict[str, int] = field(default_factory=dict)
+    trigger: dict[str, int] = field(default_factory=dict)
+    residency: dict[str, int] = field(default_factory=dict)
+    # The worker's compute: rank_batches, rank_requests, prefill_rounds (counts) and
+    # rank_compute_s, prefill_compute_s (seconds computing, no queueing).
+    compute: dict[str, float] = field(default_factory=dict)
+    # Host<->device copies (the expander's counters; empty without a host tier).
+    expander: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, instance: RankingInstance) -> InstanceSnapshot:
+        res = instance.residency
+        device = host = None
+        residency: dict[str, int] = {}
+        expander: dict[str, int] = {}
+        if res is not None:
+            device = TierSnapshot.of(res.pool.stats)
+            host = None if res.host is None else TierSnapshot.of(res.host.stats)
+            residency = {k: v for k, v in asdict(res.counters).items() if isinstance(v, int)}
+            if res.expander is not None:
+                expander = {k: v for k, v in asdict(res.expander.stats).items()
+                            if isinstance(v, int)}
+        sched = instance.scheduler.stats
+        compute = {"rank_batches": float(sched.rank_batches),
+                   "rank_requests": float(sched.rank_requests),
+                   "prefill_rounds": float(sched.prefill_rounds),
+                   "rank_compute_s": sched.rank_compute_s,
+                   "prefill_compute_s": sched.prefill_compute_s}
+        trigger = {} if instance.trigger is None else \
+            {reason.value: n for reason, n in instance.trigger.counts.items()}
+        return cls(instance.name, instance.healthy, instance.scheduler.rank_queue_depth,
+                   instance.scheduler.prefill_queue_depth, device, host,
+                   dict(instance.paths), dict(instance.preinfer_actions), trigger, residency,
+                   compute, expander)

@@ -1,0 +1,175 @@
+"""Ranking instances in processes of their own: the same answers as in-process instances, a
+fresh instance per system on long-lived processes, and failover when a process dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+import torch
+
+from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.system import Recommendation, RelaySystem
+from relaygr.engine.types import RankPath
+from relaygr.errors import ConfigError
+from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
+from tests.engine.helpers import flops_cost_model
+from tests.model.helpers import make_model
+
+
+def _system(mode: str, processes: InstanceProcesses, **changes: object) -> RelaySystem:
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    return RelaySystem(config(mode, **changes), model, store, flops_cost_model(model.cfg),
+                       instance_factory=processes.factory)
+
+
+def _processes() -> InstanceProcesses:
+    model = make_model(0, num_items=NUM_ITEMS)
+    return InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2)
+
+
+async def _serve_all(system: RelaySystem, plan: list) -> list[Recommendation]:
+    await system.start()
+    try:
+        out = [await system.recommend(v) for v in plan]
+        await system.wait_idle()
+        return out
+    finally:
+        await system.stop()
+
+
+def test_process_instances_rank_like_in_process_ones() -> None:
+    plan = visits()
+    want = {mode: serve(mode, plan)[0] for mode in ("baseline", "relay")}
+    processes = _processes()
+
+    async def main() -> dict[str, list[Recommendation]]:
+        got = {}
+        for mode in ("baseline", "relay"):
+            system = _system(mode, processes)
+            got[mode] = await _serve_all(system, plan)
+            assert all(isinstance(i, ProcessInstance) for i in system.instances)
+        return got
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        processes.close()
+    for mode in ("baseline", "relay"):
+        for g, w in zip(got[mode], want[mode], strict=True):
+            assert torch.equal(g.candidates, w.candidates)
+            assert g.scores.dtype == w.scores.dtype
+            if mode == "baseline":      # the same full pass, computed in another process
+                assert g.path is RankPath.FULL and torch.equal(g.scores, w.scores)
+            else:
+                torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
+    relay_paths = {r.path for r in got["relay"]}
+    assert relay_paths & {RankPath.DEVICE_HIT, RankPath.PENDING_WAIT, RankPath.HOST_HIT}
+    assert all(r.preinfer is not None for r in got["relay"])
+
+
+def test_each_system_gets_fresh_instances_on_the_same_processes() -> None:
+    processes = _processes()
+    plan = visits(count=12)
+
+    async def main() -> None:
+        first = _system("relay", processes)
+        await _serve_all(first, plan)
+        pids = processes.pids()
+        second = _system("relay", processes)
+        await second.start()
+        try:
+            for inst in second.instances:
+                assert isinstance(inst, ProcessInstance)
+                snap = await inst.refresh()
+                assert snap.healthy and snap.device is not None
+                assert snap.device.entries == 0 and not snap.paths   # nothing inherited
+            await second.recommend(plan[0])
+            await second.wait_idle()
+            for inst in second.instances:
+                await inst.check_integrity()
+            served = 0
+            for inst in second.instances:
+                assert isinstance(inst, ProcessInstance)
+                served += sum((await inst.refresh()).paths.values())
+            assert served == 1
+        finally:
+            await second.stop()
+        assert processes.pids() == pids      # no process was started for the second system
+
+    try:
+        asyncio.run(main())
+    finally:
+        processes.close()
+
+
+def test_a_dead_process_fails_over_to_the_next_instance() -> None:
+    processes = _processes()
+    plan = visits(count=20)
+
+    async def main() -> list[Recommendation]:
+        system = _system("relay", processes)
+        await system.start()
+        try:
+            out = [await system.recommend(v) for v in plan[:5]]
+            pid = processes.pids()[0]
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            while system.instances[0].healthy:
+                await asyncio.sleep(0.01)
+            out += [await system.recommend(v) for v in plan[5:]]
+            assert {r.instance for r in out[5:]} == {"rank-1"}
+            return out
+        finally:
+            await system.stop()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        processes.close()
+    want, _ = serve("baseline", plan)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
+
+
+def test_fail_and_restart_reach_the_instance_in_its_process() -> None:
+    processes = _processes()
+    plan = visits(count=16)
+
+    async def main() -> None:
+        system = _system("relay", processes)
+        await system.start()
+        try:
+            await system.recommend(plan[0])
+            await system.fail_instance("rank-0")
+            assert not system.instances[0].healthy
+            out = [await system.recommend(v) for v in plan[1:8]]
+            assert {r.instance for r in out} == {"rank-1"}
+            await system.restart_instance("rank-0")
+            assert system.instances[0].healthy
+            out = [await system.recommend(v) for v in plan[8:]]
+            assert "rank-0" in {r.instance for r in out}
+            await system.wait_idle()
+            for inst in system.instances:
+                await inst.check_integrity()
+        finally:
+            await system.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        processes.close()
+
+
+def test_a_factory_refuses_a_model_its_processes_do_not_serve() -> None:
+    processes = _processes()
+    other = make_model(1, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    with pytest.raises(ConfigError, match="different model"):
+        RelaySystem(config("relay"), other, store, flops_cost_model(other.cfg),
+                    instance_factory=processes.factory)
+    assert processes.pids() == [None, None]     # nothing was started
