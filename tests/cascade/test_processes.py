@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visit
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 
+T = TypeVar("T")
+
 
 def _system(mode: str, processes: InstanceProcesses, **changes: object) -> RelaySystem:
     model = make_model(0, num_items=NUM_ITEMS)
@@ -30,6 +34,14 @@ def _system(mode: str, processes: InstanceProcesses, **changes: object) -> Relay
 def _processes() -> InstanceProcesses:
     model = make_model(0, num_items=NUM_ITEMS)
     return InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2)
+
+
+def _run(processes: InstanceProcesses, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``main()`` on a fresh event loop; the processes end with it, however it ends."""
+    try:
+        return asyncio.run(main())
+    finally:
+        processes.close()
 
 
 async def _serve_all(system: RelaySystem, plan: list) -> list[Recommendation]:
@@ -55,10 +67,7 @@ def test_process_instances_rank_like_in_process_ones() -> None:
             assert all(isinstance(i, ProcessInstance) for i in system.instances)
         return got
 
-    try:
-        got = asyncio.run(main())
-    finally:
-        processes.close()
+    got = _run(processes, main)
     for mode in ("baseline", "relay"):
         for g, w in zip(got[mode], want[mode], strict=True):
             assert torch.equal(g.candidates, w.candidates)
@@ -101,10 +110,7 @@ def test_each_system_gets_fresh_instances_on_the_same_processes() -> None:
             await second.stop()
         assert processes.pids() == pids      # no process was started for the second system
 
-    try:
-        asyncio.run(main())
-    finally:
-        processes.close()
+    _run(processes, main)
 
 
 def test_a_dead_process_fails_over_to_the_next_instance() -> None:
@@ -127,10 +133,7 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
         finally:
             await system.stop()
 
-    try:
-        got = asyncio.run(main())
-    finally:
-        processes.close()
+    got = _run(processes, main)
     want, _ = serve("baseline", plan)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
@@ -159,10 +162,7 @@ def test_fail_and_restart_reach_the_instance_in_its_process() -> None:
         finally:
             await system.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        processes.close()
+    _run(processes, main)
 
 
 def test_a_factory_refuses_a_model_its_processes_do_not_serve() -> None:

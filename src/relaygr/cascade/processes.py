@@ -17,7 +17,8 @@ run there unchanged; a host can carry several instances (of different systems) a
 system's ``stop`` drops its instances from their hosts, so every benchmark point still starts
 from empty caches without paying a process start.
 
-Messages are pickled frames over a socket pair, each side driven by its own event loop:
+The host side (messages, framing, serving loop) is ``relaygr.cascade.instance_host``. Messages
+are pickled frames over a socket pair, each side driven by its own event loop:
 
 * ``preinfer`` is sent and answered later (the handle returns an awaitable); the ranking leg
   may be sent right after it, because a host reads one instance's messages in order and starts
@@ -26,7 +27,8 @@ Messages are pickled frames over a socket pair, each side driven by its own even
   with the store's hash and checks the version), the candidates and the suffix, and comes back
   with the scores (bit-exact: the model's dtype travels with them) and the path;
 * the host pushes each instance's ``InstanceSnapshot`` every ``push_interval_s`` while it
-  serves, and with every control reply, so ``snapshot()`` stays synchronous and cheap.
+  serves, and with every control reply, so ``snapshot()`` stays synchronous and cheap
+  (``refresh()`` asks for one now).
 
 Failure model: a host that dies (or is killed) fails every call in flight and every later one
 with ``InstanceStoppedError``, so the cascade fails over to the user's next choice exactly as
@@ -38,303 +40,41 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
-import pickle
-import signal
 import socket
+import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-from safetensors.torch import load as load_weights
-from safetensors.torch import save as save_weights
-
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.instance_host import (
+    Call,
+    Control,
+    HostSpec,
+    Open,
+    Preinfer,
+    Push,
+    Rank,
+    Ranked,
+    Reply,
+    host_main,
+    read_frame,
+    write_frame,
+)
 from relaygr.cascade.payload import PrefixPayload
-from relaygr.cascade.system import InstanceFactory, build_instance
-from relaygr.engine.hostmem import tune_host_allocator
-from relaygr.engine.instance import RankingInstance
+from relaygr.cascade.system import InstanceFactory
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
-from relaygr.engine.types import (
-    PrefixSpec,
-    PreinferAction,
-    PreinferResult,
-    RankJob,
-    RankPath,
-    RankResult,
-)
+from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
 from relaygr.errors import ConfigError
-from relaygr.kvcache import PrefixId
-from relaygr.model import HSTU, HSTUConfig
+from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.server.build import model_digest
 
-_HEADER_BYTES = 8
 
-
-# ---- messages (parent -> host unless said otherwise) ----------------------------------------
-@dataclass(frozen=True)
-class _Open:
-    seq: int
-    iid: int
-    config: SystemConfig
-    name: str
-    device: str
-
-
-@dataclass(frozen=True)
-class _Preinfer:
-    seq: int
-    iid: int
-    prefix: PrefixPayload
-    suffix_tokens: int
-    candidates: int
-
-
-@dataclass(frozen=True)
-class _Rank:
-    seq: int
-    iid: int
-    prefix: PrefixPayload
-    candidates: np.ndarray
-    suffix_items: np.ndarray | None
-    suffix_timestamps: np.ndarray | None
-    query_ts: int | None
-    grown: PrefixId | None
-
-    def to_job(self) -> RankJob:
-        def tensor(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a)
-        return RankJob(self.prefix.to_spec(), torch.from_numpy(self.candidates),
-                       tensor(self.suffix_items), tensor(self.suffix_timestamps), self.query_ts,
-                       self.grown)
-
-
-@dataclass(frozen=True)
-class _Control:
-    seq: int
-    iid: int
-    op: str        # stop | fail | restart | idle | integrity | snapshot
-
-
-@dataclass(frozen=True)
-class _Reply:
-    """host -> parent: the answer to message ``seq`` (``error`` set when it raised)."""
-
-    seq: int
-    value: Any = None
-    error: BaseException | None = None
-    snapshot: InstanceSnapshot | None = None
-
-
-@dataclass(frozen=True)
-class _Push:
-    """host -> parent: an instance's latest snapshot (``iid``), sent while it serves."""
-
-    iid: int
-    snapshot: InstanceSnapshot
-
-
-@dataclass(frozen=True)
-class _Ranked:
-    scores: np.ndarray
-    dtype: str
-    path: RankPath
-
-
-def _write(writer: asyncio.StreamWriter, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(len(data).to_bytes(_HEADER_BYTES, "little") + data)
-
-
-async def _read(reader: asyncio.StreamReader) -> object:
-    size = int.from_bytes(await reader.readexactly(_HEADER_BYTES), "little")
-    return pickle.loads(await reader.readexactly(size))
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it pickles, else a RuntimeError that says what it was."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # any failure to round-trip means: send a description
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-# ---- the host process --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HostSpec:
-    """What a host process needs to serve the parent's model: built once, sent at spawn."""
-
-    model_config: HSTUConfig
-    dtype: str
-    weights: bytes                  # safetensors
-    digest: str
-    cost_model: LatencyCostModel
-    torch_threads: int | None = 1
-    push_interval_s: float = 0.1
-
-    @classmethod
-    def of(cls, model: HSTU, cost_model: LatencyCostModel, torch_threads: int | None = 1
-           ) -> HostSpec:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        return cls(model.cfg, str(model.dtype).removeprefix("torch."), save_weights(state),
-                   model_digest(model), cost_model, torch_threads)
-
-    def build_model(self, device: str) -> HSTU:
-        model = HSTU(self.model_config).to(dtype=getattr(torch, self.dtype))
-        model.load_state_dict(load_weights(self.weights))
-        model = model.to(device).eval()
-        if model_digest(model) != self.digest:
-            raise ConfigError("the instance process rebuilt a different model than its parent's")
-        return model
-
-
-class _Host:
-    """The host side: instances by id, each driven by this process's event loop."""
-
-    def __init__(self, spec: HostSpec, writer: asyncio.StreamWriter) -> None:
-        self.spec = spec
-        self.writer = writer
-        self.models: dict[str, HSTU] = {}
-        self.instances: dict[int, RankingInstance] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def model(self, device: str) -> HSTU:
-        if device not in self.models:
-            self.models[device] = self.spec.build_model(device)
-        return self.models[device]
-
-    def reply(self, seq: int, value: Any = None, error: BaseException | None = None,
-              iid: int | None = None) -> None:
-        inst = None if iid is None else self.instances.get(iid)
-        _write(self.writer, _Reply(seq, value, None if error is None else _portable(error),
-                                   None if inst is None else inst.snapshot()))
-
-    def spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def handle(self, msg: object) -> None:
-        if isinstance(msg, _Preinfer):
-            self.preinfer(msg)
-        elif isinstance(msg, _Rank):
-            self.spawn(self.rank(msg))
-        elif isinstance(msg, _Open):
-            self.spawn(self.open(msg))
-        elif isinstance(msg, _Control):
-            self.spawn(self.control(msg))
-        else:
-            raise TypeError(f"unexpected message {type(msg).__name__}")
-
-    async def open(self, msg: _Open) -> None:
-        try:
-            model = self.model(msg.device)
-            # The arenas (hundreds of MB of zeroed memory) are allocated off the loop.
-            inst = await asyncio.to_thread(build_instance, msg.config, msg.name, msg.device,
-                                           model, self.spec.cost_model)
-            await inst.start()
-            self.instances[msg.iid] = inst
-            self.reply(msg.seq, iid=msg.iid)
-        except Exception as exc:  # the parent raises it
-            self.reply(msg.seq, error=exc)
-
-    def preinfer(self, msg: _Preinfer) -> None:
-        inst = self.instances.get(msg.iid)
-        if inst is None:
-            self.reply(msg.seq, PreinferResult(PreinferAction.SKIPPED, None, 0))
-            return
-        try:
-            result = inst.preinfer(msg.prefix.to_spec(), msg.suffix_tokens, msg.candidates)
-            self.reply(msg.seq, result)
-        except Exception as exc:  # the parent raises it
-            self.reply(msg.seq, error=exc)
-
-    async def rank(self, msg: _Rank) -> None:
-        inst = self.instances.get(msg.iid)
-        try:
-            if inst is None:
-                raise InstanceStoppedError(f"instance {msg.iid} is not open in this process")
-            result = await inst.rank(msg.to_job())
-            scores = result.scores.detach().to("cpu")
-            self.reply(msg.seq, _Ranked(scores.float().numpy(),
-                                        str(scores.dtype).removeprefix("torch."), result.path))
-        except Exception as exc:  # the parent raises it
-            self.reply(msg.seq, error=exc)
-
-    async def control(self, msg: _Control) -> None:
-        inst = self.instances.get(msg.iid)
-        try:
-            if inst is None:
-                raise InstanceStoppedError(f"instance {msg.iid} is not open in this process")
-            if msg.op == "stop":
-                del self.instances[msg.iid]
-                await inst.stop()
-                self.reply(msg.seq, inst.snapshot())
-                return
-            if msg.op == "fail":
-                await inst.fail()
-            elif msg.op == "restart":
-                await inst.restart()
-            elif msg.op == "idle":
-                await inst.idle()
-            elif msg.op == "integrity":
-                await inst.idle()
-                await inst.check_integrity()
-            elif msg.op != "snapshot":
-                raise ValueError(f"unknown control {msg.op!r}")
-            self.reply(msg.seq, iid=msg.iid)
-        except Exception as exc:  # the parent raises it
-            self.reply(msg.seq, error=exc)
-
-    async def push(self) -> None:
-        while True:
-            await asyncio.sleep(self.spec.push_interval_s)
-            for iid, inst in list(self.instances.items()):
-                _write(self.writer, _Push(iid, inst.snapshot()))
-
-    async def close(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        for inst in self.instances.values():
-            await inst.stop()
-        self.instances.clear()
-
-
-async def _serve(sock: socket.socket, spec: HostSpec) -> None:
-    reader, writer = await asyncio.open_connection(sock=sock)
-    host = _Host(spec, writer)
-    pusher = asyncio.create_task(host.push())
-    _write(writer, _Reply(0, "ready"))
-    try:
-        while True:
-            try:
-                msg = await _read(reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return                      # the parent closed its end (or died)
-            host.handle(msg)
-    finally:
-        pusher.cancel()
-        await host.close()
-        writer.close()
-
-
-def host_main(sock: socket.socket, spec: HostSpec) -> None:
-    """Entry point of a host process (spawned by ``InstanceProcesses``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when we stop
-    tune_host_allocator()
-    if spec.torch_threads:
-        torch.set_num_threads(spec.torch_threads)
-    asyncio.run(_serve(sock, spec))
-
-
-# ---- the parent side ---------------------------------------------------------------------------
 class _Link:
-    """The parent's end of one host process: calls by sequence number, pushed snapshots."""
+    """The parent's end of one host process: calls by sequence number, snapshots pushed to the
+    handles of the instances it hosts."""
 
     def __init__(self, index: int, spec: HostSpec, start_timeout_s: float) -> None:
         self.index = index
@@ -344,8 +84,8 @@ class _Link:
         self.writer: asyncio.StreamWriter | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.alive = False
-        self.calls: dict[int, asyncio.Future[_Reply]] = {}
-        self.pushed: dict[int, InstanceSnapshot] = {}
+        self.calls: dict[int, asyncio.Future[Reply]] = {}
+        self.handles: dict[int, ProcessInstance] = {}      # iid -> handle, while it is open
         self._seq = itertools.count(1)
         self._reader_task: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
@@ -376,8 +116,8 @@ class _Link:
             await asyncio.to_thread(self.process.start)
             child_end.close()
             reader, self.writer = await asyncio.open_connection(sock=parent_end)
-            first = await asyncio.wait_for(_read(reader), self.start_timeout_s)
-            if not isinstance(first, _Reply) or first.value != "ready":
+            _, first = await asyncio.wait_for(read_frame(reader), self.start_timeout_s)
+            if not isinstance(first, Reply) or first.value != "ready":
                 raise ConfigError(f"instance process {self.index} did not start: {first!r}")
         except BaseException as exc:
             self._starting.set_exception(InstanceStoppedError(
@@ -391,11 +131,13 @@ class _Link:
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                msg = await _read(reader)
-                if isinstance(msg, _Push):
-                    self.pushed[msg.iid] = msg.snapshot
-                elif isinstance(msg, _Reply):
-                    future = self.calls.pop(msg.seq, None)
+                seq, msg = await read_frame(reader)
+                if isinstance(msg, Push):
+                    handle = self.handles.get(msg.iid)
+                    if handle is not None:
+                        handle.last = msg.snapshot
+                elif isinstance(msg, Reply):
+                    future = self.calls.pop(seq, None)
                     if future is not None and not future.done():
                         future.set_result(msg)
         except (asyncio.IncompleteReadError, ConnectionError, EOFError):
@@ -408,18 +150,16 @@ class _Link:
                         f"instance process {self.index} exited"))
             self.calls.clear()
 
-    def next_seq(self) -> int:
-        return next(self._seq)
-
-    def call(self, message: _Open | _Preinfer | _Rank | _Control) -> asyncio.Future[_Reply]:
+    def call(self, message: Call) -> asyncio.Future[Reply]:
         """Send ``message``; the future resolves with its reply (or the host's exit)."""
         assert self.loop is not None
-        future: asyncio.Future[_Reply] = self.loop.create_future()
+        future: asyncio.Future[Reply] = self.loop.create_future()
         if not self.alive or self.writer is None:
             future.set_exception(InstanceStoppedError(f"instance process {self.index} is down"))
             return future
-        self.calls[message.seq] = future
-        _write(self.writer, message)
+        seq = next(self._seq)
+        self.calls[seq] = future
+        write_frame(self.writer, seq, message)
         return future
 
     def terminate(self) -> None:
@@ -453,7 +193,7 @@ class ProcessInstance:
         self.device = device
         self._up = False
         self._ranks = 0
-        self._last = InstanceSnapshot(name, False, 0, 0, None, None)
+        self.last = InstanceSnapshot(name, False, 0, 0, None, None)   # pushed or replied
 
     @property
     def name(self) -> str:
@@ -472,27 +212,23 @@ class ProcessInstance:
         return self._ranks + self.snapshot().prefill_queue_depth
 
     def snapshot(self) -> InstanceSnapshot:
-        pushed = self.link.pushed.get(self.iid)
-        return pushed if pushed is not None else self._last
+        return self.last
 
-    def _remember(self, reply: _Reply) -> _Reply:
+    def _value(self, reply: Reply) -> Any:
         if reply.snapshot is not None:
-            self._last = reply.snapshot
-            self.link.pushed[self.iid] = reply.snapshot
+            self.last = reply.snapshot
         if reply.error is not None:
             raise reply.error
-        return reply
+        return reply.value
 
     async def _control(self, op: str) -> Any:
-        reply = await self.link.call(_Control(self.link.next_seq(), self.iid, op))
-        return self._remember(reply).value
+        return self._value(await self.link.call(Control(self.iid, op)))
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         await self.link.ensure_started()
-        reply = await self.link.call(_Open(self.link.next_seq(), self.iid, self.config,
-                                           self._name, self.device))
-        self._remember(reply)
+        self._value(await self.link.call(Open(self.iid, self.config, self._name, self.device)))
+        self.link.handles[self.iid] = self
         self._up = True
 
     async def stop(self) -> None:
@@ -500,8 +236,8 @@ class ProcessInstance:
         if was_up and self.link.alive:
             final = await self._control("stop")
             if isinstance(final, InstanceSnapshot):
-                self._last = final
-        self.link.pushed.pop(self.iid, None)
+                self.last = final
+        self.link.handles.pop(self.iid, None)
 
     async def fail(self) -> None:
         self._up = False
@@ -520,7 +256,7 @@ class ProcessInstance:
             await self._control("integrity")
 
     async def refresh(self) -> InstanceSnapshot:
-        """Ask the host for this instance's snapshot now (``snapshot()`` is the last pushed)."""
+        """Ask the host for this instance's snapshot now (``snapshot()`` is the last received)."""
         if self.link.alive and self._up:
             await self._control("snapshot")
         return self.snapshot()
@@ -535,13 +271,13 @@ class ProcessInstance:
             done: asyncio.Future[PreinferResult] = loop.create_future()
             done.set_result(PreinferResult(PreinferAction.SKIPPED, None, 0))
             return done
-        sent = self.link.call(_Preinfer(self.link.next_seq(), self.iid, PrefixPayload.of(spec),
-                                        suffix_tokens, candidates))
+        sent = self.link.call(Preinfer(self.iid, PrefixPayload.of(spec), suffix_tokens,
+                                       candidates))
         return loop.create_task(self._preinfer_result(sent))
 
-    async def _preinfer_result(self, sent: asyncio.Future[_Reply]) -> PreinferResult:
+    async def _preinfer_result(self, sent: asyncio.Future[Reply]) -> PreinferResult:
         try:
-            result = self._remember(await sent).value
+            result = self._value(await sent)
         except InstanceStoppedError:
             return PreinferResult(PreinferAction.SKIPPED, None, 0)
         assert isinstance(result, PreinferResult)
@@ -550,23 +286,13 @@ class ProcessInstance:
     async def rank(self, job: RankJob) -> RankResult:
         if not self.healthy:
             raise InstanceStoppedError(f"{self._name} is down")
-
-        def array(t: torch.Tensor | None) -> np.ndarray | None:
-            return None if t is None else t.numpy()
-
-        candidates = job.candidates.numpy()
-        assert candidates is not None
-        message = _Rank(self.link.next_seq(), self.iid, PrefixPayload.of(job.prefix), candidates,
-                        array(job.suffix_items), array(job.suffix_timestamps), job.query_ts,
-                        job.grown)
         self._ranks += 1
         try:
-            ranked = self._remember(await self.link.call(message)).value
+            ranked = self._value(await self.link.call(Rank.of(self.iid, job)))
         finally:
             self._ranks -= 1
-        assert isinstance(ranked, _Ranked)
-        scores = torch.from_numpy(ranked.scores).to(getattr(torch, ranked.dtype))
-        return RankResult(scores, ranked.path, self._name)
+        assert isinstance(ranked, Ranked)
+        return RankResult(ranked.tensor(), ranked.path, self._name)
 
 
 @dataclass
@@ -586,6 +312,9 @@ class InstanceProcesses:
     _by_name: dict[str, _Link] = field(default_factory=dict, init=False, repr=False)
     _iids: itertools.count[int] = field(default_factory=lambda: itertools.count(1),
                                        init=False, repr=False)
+    _checked: weakref.WeakSet[HSTU] = field(default_factory=weakref.WeakSet, init=False,
+                                            repr=False)   # models whose digest matched
+    # (checked once per model object: one whose weights change in place needs new processes)
 
     def __post_init__(self) -> None:
         if self.num_processes <= 0:
@@ -602,8 +331,10 @@ class InstanceProcesses:
     def factory(self) -> InstanceFactory:
         def make(config: SystemConfig, name: str, device: str, model: HSTU,
                  cost_model: LatencyCostModel) -> ProcessInstance:
-            if model_digest(model) != self.spec.digest:
-                raise ConfigError("these instance processes serve a different model")
+            if model not in self._checked:
+                if model_digest(model) != self.spec.digest:
+                    raise ConfigError("these instance processes serve a different model")
+                self._checked.add(model)
             link = self._by_name.get(name)
             if link is None:
                 link = self._by_name[name] = self._links[len(self._by_name) % len(self._links)]
@@ -620,3 +351,6 @@ class InstanceProcesses:
     def close(self) -> None:
         for link in self._links:
             link.terminate()
+
+
+__all__ = ["HostSpec", "InstanceProcesses", "ProcessInstance"]

@@ -31,6 +31,7 @@ from relaygr.server.snapshot import InstanceSnapshot
 __all__ = ["UNKNOWN_VERSION", "ControlCall", "PrefixPayload", "PreinferCall", "PreinferReply",
            "RankCall", "RankReply", "ReplicaState", "RouteNote", "RoutedCall"]
 
+
 @dataclass(frozen=True)
 class RouteNote:
     """One routing decision: the chosen replica, why, and whether a load spill moved it."""

@@ -1,0 +1,327 @@
+"""The host process of ``relaygr.cascade.processes``: its messages, framing and serving loop.
+
+A host process holds one copy of the model and serves any number of ``RankingInstance``s by id,
+each built by ``build_instance`` from a system's config, all driven by the process's own event
+loop (each instance computes on its own worker thread, as in-process).
+
+Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
+numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
+read in order and a ``_Preinfer`` is decided as it is read, so a ranking request read after its
+pre-infer signal always finds the signal's effect. The ``PrefixSpec`` a signal rebuilt is kept
+for its ranking request (the version hashing and the tensor copies are not redone on the
+critical path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import signal
+import socket
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_weights
+from safetensors.torch import save as save_weights
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.payload import PrefixPayload
+from relaygr.cascade.system import build_instance
+from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.instance import RankingInstance
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankPath
+from relaygr.errors import ConfigError
+from relaygr.kvcache import PrefixId
+from relaygr.model import HSTU, HSTUConfig
+from relaygr.relay.costmodel import LatencyCostModel
+from relaygr.server.build import model_digest
+
+_HEADER_BYTES = 8
+# Pre-infer signals whose ranking request has not come (it went elsewhere, or was shed).
+_MAX_KEPT_SPECS = 1024
+
+
+# ---- messages: parent -> host ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Open:
+    iid: int
+    config: SystemConfig
+    name: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Preinfer:
+    iid: int
+    prefix: PrefixPayload
+    suffix_tokens: int
+    candidates: int
+
+
+@dataclass(frozen=True)
+class Rank:
+    iid: int
+    prefix: PrefixPayload
+    candidates: np.ndarray
+    suffix_items: np.ndarray | None
+    suffix_timestamps: np.ndarray | None
+    query_ts: int | None
+    grown: PrefixId | None
+
+    @classmethod
+    def of(cls, iid: int, job: RankJob) -> Rank:
+        def array(t: torch.Tensor | None) -> np.ndarray | None:
+            return None if t is None else t.numpy()
+        return cls(iid, PrefixPayload.of(job.prefix), job.candidates.numpy(),
+                   array(job.suffix_items), array(job.suffix_timestamps), job.query_ts, job.grown)
+
+    def to_job(self, prefix: PrefixSpec) -> RankJob:
+        def tensor(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a)
+        return RankJob(prefix, torch.from_numpy(self.candidates), tensor(self.suffix_items),
+                       tensor(self.suffix_timestamps), self.query_ts, self.grown)
+
+
+@dataclass(frozen=True)
+class Control:
+    iid: int
+    op: str        # stop | fail | restart | idle | integrity | snapshot
+
+
+Call = Open | Preinfer | Rank | Control
+
+
+# ---- messages: host -> parent ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reply:
+    """The answer to one call (``error`` set when it raised), with the instance's snapshot
+    when the call changed or asked for it."""
+
+    value: Any = None
+    error: BaseException | None = None
+    snapshot: InstanceSnapshot | None = None
+
+
+@dataclass(frozen=True)
+class Push:
+    """An instance's latest snapshot, sent every ``push_interval_s`` while it serves."""
+
+    iid: int
+    snapshot: InstanceSnapshot
+
+
+@dataclass(frozen=True)
+class Ranked:
+    scores: np.ndarray
+    dtype: str
+    path: RankPath
+
+    def tensor(self) -> torch.Tensor:
+        """The scores in the model's dtype, bit-exact (they travel as float32)."""
+        return torch.from_numpy(self.scores).to(getattr(torch, self.dtype))
+
+
+def write_frame(writer: asyncio.StreamWriter, seq: int, message: object) -> None:
+    data = pickle.dumps((seq, message), protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(len(data).to_bytes(_HEADER_BYTES, "little") + data)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, object]:
+    size = int.from_bytes(await reader.readexactly(_HEADER_BYTES), "little")
+    seq, message = pickle.loads(await reader.readexactly(size))
+    return seq, message
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # any failure to round-trip means: send a description
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+# ---- the host ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostSpec:
+    """What a host process needs to serve the parent's model: built once, sent at spawn."""
+
+    model_config: HSTUConfig
+    dtype: str
+    weights: bytes                  # safetensors
+    digest: str
+    cost_model: LatencyCostModel
+    torch_threads: int | None = 1
+    # As often as the benchmark samples snapshots (``RunOptions.snapshot_interval_s``).
+    push_interval_s: float = 0.25
+
+    @classmethod
+    def of(cls, model: HSTU, cost_model: LatencyCostModel, torch_threads: int | None = 1
+           ) -> HostSpec:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        return cls(model.cfg, str(model.dtype).removeprefix("torch."), save_weights(state),
+                   model_digest(model), cost_model, torch_threads)
+
+    def build_model(self, device: str) -> HSTU:
+        model = HSTU(self.model_config).to(dtype=getattr(torch, self.dtype))
+        model.load_state_dict(load_weights(self.weights))
+        model = model.to(device).eval()
+        if model_digest(model) != self.digest:
+            raise ConfigError("the instance process rebuilt a different model than its parent's")
+        return model
+
+
+class _Host:
+    """The host side: instances by id, each driven by this process's event loop."""
+
+    def __init__(self, spec: HostSpec, writer: asyncio.StreamWriter) -> None:
+        self.spec = spec
+        self.writer = writer
+        self.models: dict[str, HSTU] = {}
+        self.instances: dict[int, RankingInstance] = {}
+        self.specs: OrderedDict[tuple[int, PrefixId], PrefixSpec] = OrderedDict()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def model(self, device: str) -> HSTU:
+        if device not in self.models:
+            self.models[device] = self.spec.build_model(device)
+        return self.models[device]
+
+    def instance(self, iid: int) -> RankingInstance:
+        inst = self.instances.get(iid)
+        if inst is None:
+            raise InstanceStoppedError(f"instance {iid} is not open in this process")
+        return inst
+
+    def reply(self, seq: int, value: Any = None, error: Exception | None = None,
+              snapshot_of: int | None = None) -> None:
+        inst = None if snapshot_of is None else self.instances.get(snapshot_of)
+        write_frame(self.writer, seq, Reply(value, None if error is None else _portable(error),
+                                            None if inst is None else inst.snapshot()))
+
+    def answer(self, seq: int, decide: Callable[[], Any]) -> None:
+        try:
+            value = decide()
+        except Exception as exc:  # the parent raises it
+            self.reply(seq, error=exc)
+            return
+        self.reply(seq, value)
+
+    async def answer_later(self, seq: int, work: Awaitable[Any],
+                           snapshot_of: int | None = None) -> None:
+        try:
+            value = await work
+        except Exception as exc:  # the parent raises it
+            self.reply(seq, error=exc)
+            return
+        self.reply(seq, value, snapshot_of=snapshot_of)
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def handle(self, seq: int, msg: object) -> None:
+        if isinstance(msg, Preinfer):
+            self.answer(seq, lambda: self.preinfer(msg))
+        elif isinstance(msg, Rank):
+            self.spawn(self.answer_later(seq, self.rank(msg)))
+        elif isinstance(msg, Open):
+            self.spawn(self.answer_later(seq, self.open(msg), snapshot_of=msg.iid))
+        elif isinstance(msg, Control):
+            snapshot_of = None if msg.op == "stop" else msg.iid
+            self.spawn(self.answer_later(seq, self.control(msg), snapshot_of))
+        else:
+            raise TypeError(f"unexpected message {type(msg).__name__}")
+
+    async def open(self, msg: Open) -> None:
+        model = self.model(msg.device)
+        # The arenas (hundreds of MB of zeroed memory) are allocated off the loop.
+        inst = await asyncio.to_thread(build_instance, msg.config, msg.name, msg.device, model,
+                                       self.spec.cost_model)
+        await inst.start()
+        self.instances[msg.iid] = inst
+
+    def preinfer(self, msg: Preinfer) -> PreinferResult:
+        inst = self.instances.get(msg.iid)
+        if inst is None:
+            return PreinferResult(PreinferAction.SKIPPED, None, 0)
+        spec = msg.prefix.to_spec()
+        self.specs[(msg.iid, spec.pid)] = spec
+        while len(self.specs) > _MAX_KEPT_SPECS:
+            self.specs.popitem(last=False)
+        return inst.preinfer(spec, msg.suffix_tokens, msg.candidates)
+
+    async def rank(self, msg: Rank) -> Ranked:
+        inst = self.instance(msg.iid)
+        spec = self.specs.pop((msg.iid, msg.prefix.pid), None) or msg.prefix.to_spec()
+        result = await inst.rank(msg.to_job(spec))
+        scores = result.scores.detach().to("cpu")
+        return Ranked(scores.float().numpy(), str(scores.dtype).removeprefix("torch."),
+                      result.path)
+
+    async def control(self, msg: Control) -> InstanceSnapshot | None:
+        inst = self.instance(msg.iid)
+        if msg.op == "stop":
+            del self.instances[msg.iid]
+            await inst.stop()
+            return inst.snapshot()
+        if msg.op == "fail":
+            await inst.fail()
+        elif msg.op == "restart":
+            await inst.restart()
+        elif msg.op == "idle":
+            await inst.idle()
+        elif msg.op == "integrity":
+            await inst.idle()
+            await inst.check_integrity()
+        elif msg.op != "snapshot":
+            raise ValueError(f"unknown control {msg.op!r}")
+        return None
+
+    async def push(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.push_interval_s)
+            for iid, inst in list(self.instances.items()):
+                write_frame(self.writer, 0, Push(iid, inst.snapshot()))
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for inst in self.instances.values():
+            await inst.stop()
+        self.instances.clear()
+
+
+async def _serve(sock: socket.socket, spec: HostSpec) -> None:
+    reader, writer = await asyncio.open_connection(sock=sock)
+    host = _Host(spec, writer)
+    pusher = asyncio.create_task(host.push())
+    write_frame(writer, 0, Reply("ready"))
+    try:
+        while True:
+            try:
+                seq, msg = await read_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return                      # the parent closed its end (or died)
+            host.handle(seq, msg)
+    finally:
+        pusher.cancel()
+        await host.close()
+        writer.close()
+
+
+def host_main(sock: socket.socket, spec: HostSpec) -> None:
+    """Entry point of a host process (spawned by ``InstanceProcesses``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when we stop
+    tune_host_allocator()
+    if spec.torch_threads:
+        torch.set_num_threads(spec.torch_threads)
+    asyncio.run(_serve(sock, spec))
