@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.bench.protocol import RequestRecord, SystemSnapshot
+from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.runner import RunResult
-from relaygr.bench.stats import LatencySummary, percentile, point_stats, quantile_ci_ranks
+from relaygr.bench.stats import (
+    LatencySummary,
+    latency_parts,
+    percentile,
+    point_stats,
+    quantile_ci_ranks,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -90,3 +96,26 @@ def test_point_stats_exact() -> None:
     assert stats.e2e.p50_ms == pytest.approx(54.0)
     assert stats.dispatch_lag_max_ms == pytest.approx(2.0)
     assert not stats.meets_slo(100.0)  # the dropped request is an infinite latency in P99
+
+
+def test_latency_parts_take_the_ranking_latency_apart() -> None:
+    # 99 requests of 10 ms (1 lookup, 2 queue, 5 compute, 1 transport, 1 other) and one of
+    # 100 ms that queued for 80: the slowest 1% of 100 is that one.
+    def rec(i: int, latency_s: float, queue_s: float) -> RequestRecord:
+        return RequestRecord(i, i, 0.0, latency_s, latency_s, "device_hit", 100, 4, 8, 0, None,
+                             parts=LatencyParts(0.001, queue_s, 0.005, 0.001))
+
+    records = [rec(i, 0.010, 0.002) for i in range(99)] + [rec(99, 0.100, 0.080)]
+    records.append(RequestRecord(101, 101, 0.0, 0.5, 0.5, "full", 100, 4, 8, 0, None))  # no parts
+    out = latency_parts(records)
+    assert out["requests"] == 100 and out["tail_requests"] == 1
+    assert out["tail_latency_mean_ms"] == pytest.approx(100.0)
+    parts = out["parts"]
+    assert isinstance(parts, dict)
+    assert parts["queue"]["p50_ms"] == pytest.approx(2.0)
+    assert parts["queue"]["tail_mean_ms"] == pytest.approx(80.0)
+    assert parts["compute"]["mean_ms"] == pytest.approx(5.0)
+    assert parts["other"]["p50_ms"] == pytest.approx(1.0)
+    assert parts["other"]["tail_mean_ms"] == pytest.approx(13.0)
+    assert parts["transport"]["p99_ms"] == pytest.approx(1.0)
+    assert latency_parts(records[-1:]) == {}

@@ -76,6 +76,9 @@ def test_process_instances_rank_like_in_process_ones() -> None:
                 assert g.path is RankPath.FULL and torch.equal(g.scores, w.scores)
             else:
                 torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
+            # where the time went crosses the process boundary, with the hop measured
+            assert g.timing is not None and g.timing.compute_s > 0
+            assert g.timing.transport_s >= 0 and g.timing.batch_size >= 1
     relay_paths = {r.path for r in got["relay"]}
     assert relay_paths & {RankPath.DEVICE_HIT, RankPath.PENDING_WAIT, RankPath.HOST_HIT}
     assert all(r.preinfer is not None for r in got["relay"])

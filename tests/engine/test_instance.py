@@ -105,6 +105,11 @@ def test_ranking_that_arrives_during_preinfer_waits_for_it() -> None:
         assert inst.residency is not None and inst.residency.counters.waits == 1
         assert inst.scheduler.stats.prefill_jobs_done == 1       # it was not recomputed
         assert inst.paths == {"pending_wait": 1}
+        # its time: the wait for the pre-infer shows as lookup, then its own batch
+        t = ranked.timing
+        assert t is not None and t.batch_size == 1 and t.transport_s == 0.0
+        assert t.lookup_s > 0 and t.compute_s > 0 and t.queue_s >= 0
+        assert t.lookup_s + t.queue_s + t.compute_s <= t.total_s
 
     run(scenario, make_instance(model))
 

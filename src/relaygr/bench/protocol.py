@@ -68,6 +68,27 @@ class BenchRequest:
 
 
 @dataclass(frozen=True)
+class LatencyParts:
+    """Where one request's ranking latency went, as far as the system can tell (seconds).
+
+    ``lookup_s``: finding the prefix (waiting for a pre-infer or reload still running);
+    ``queue_s``: behind other compute on the instance; ``compute_s``: the model pass of its
+    batch; ``transport_s``: the hop to an instance in another process and back. What the
+    ranking latency holds beyond their sum (routing, the caller's event loop) is reported as
+    ``other``.
+    """
+
+    lookup_s: float
+    queue_s: float
+    compute_s: float
+    transport_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.lookup_s + self.queue_s + self.compute_s + self.transport_s
+
+
+@dataclass(frozen=True)
 class RequestRecord:
     """What the system reports for one request; all times on the run's clock.
 
@@ -88,6 +109,7 @@ class RequestRecord:
     preinfer_tokens: int
     trigger_reason: str | None
     scores: tuple[float, ...] | None = None
+    parts: LatencyParts | None = None
 
     @property
     def ranking_latency_s(self) -> float:

@@ -9,8 +9,8 @@ ratio over a zero baseline or an infinite P99, is ``null``)::
                         "latency_ms": {"ranking": {p50,p90,p99,p999}, "e2e": {...}},
                         "hit_rate_device", "hit_rate_host", "path_counts", "trigger_reasons",
                         "preinfer_tokens_per_request", "device_bytes_in_use_peak",
-                        "host_bytes_in_use_peak", "reference_point", "sweep",
-                        "throughput_search", "mixed_search"}},
+                        "host_bytes_in_use_peak", "reference_point", "ranking_parts",
+                        "sweep", "throughput_search", "mixed_search"}},
    "slo_throughput_qps_mixed": {"<mode>": qps},
    "ratios": {"relay_vs_baseline_seq_len", "relay_vs_baseline_throughput",
               "relay_vs_reactive_throughput", "relay_vs_baseline_throughput_mixed"},
@@ -39,7 +39,7 @@ from rich.table import Table
 
 from relaygr.bench.exactness import ExactnessReport
 from relaygr.bench.search import LengthSweepResult, QpsSearchResult
-from relaygr.bench.stats import PointStats
+from relaygr.bench.stats import LATENCY_PARTS, PointStats
 
 # A point whose dispatch lag P99 exceeds this share of the SLO is flagged on the console.
 LATE_DISPATCH_SHARE = 0.1
@@ -137,6 +137,8 @@ def _mode_json(r: ModeReport) -> dict[str, Any]:
         "host_bytes_in_use_peak": None if ref is None else ref.host_bytes_peak,
         "reference_point": None if ref is None else {
             "phase": ref.phase, "qps": ref.qps, "prefix_len": ref.prefix_len},
+        # where the reference point's ranking latency went (stats.latency_parts)
+        "ranking_parts": None if ref is None or not ref.ranking_parts else ref.ranking_parts,
         "sweep": None if r.sweep is None else asdict(r.sweep),
         "throughput_search": None if r.throughput is None else asdict(r.throughput),
         "mixed_search": None if r.mixed is None else asdict(r.mixed),
@@ -187,6 +189,25 @@ def _fmt(value: float | int | None, spec: str = ".1f") -> str:
     return format(value, spec)
 
 
+def _print_parts(report: BenchReport, console: Console) -> None:
+    """Where each mode's ranking time went at its reference point: median, and the slowest 1%."""
+    rows = [(mode, r.reference.ranking_parts) for mode, r in report.modes.items()
+            if r.reference is not None and r.reference.ranking_parts]
+    if not rows:
+        return
+    table = Table(title="ranking latency taken apart at each mode's reference point: "
+                        "P50 / mean of the slowest 1% (ms)")
+    table.add_column("mode", no_wrap=True)
+    for part in LATENCY_PARTS:
+        table.add_column(part, justify="right")
+    for mode, parts in rows:
+        by_part = parts["parts"]
+        assert isinstance(by_part, dict)
+        table.add_row(mode, *(f"{by_part[p]['p50_ms']:.1f} / {by_part[p]['tail_mean_ms']:.1f}"
+                              for p in LATENCY_PARTS))
+    console.print(table)
+
+
 def print_report(report: BenchReport, console: Console | None = None) -> None:
     """The headline table per mode, then ratios, the physical limit and exactness."""
     console = console or Console()
@@ -206,6 +227,7 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
             _fmt(None if ref is None else ref.hit_rate_device, ".0%"),
             _fmt(None if ref is None else ref.hit_rate_host, ".0%"))
     console.print(table)
+    _print_parts(report, console)
     console.print("ratios: " + ", ".join(f"{k} {_fmt(v, '.2f')}x"
                                          for k, v in report.ratios.items()))
     for name, phase in report.workloads.items():

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from relaygr.bench.protocol import RankingPath
+from relaygr.bench.protocol import RankingPath, RequestRecord
 from relaygr.bench.runner import RunResult
 
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
@@ -129,6 +130,8 @@ class PointStats:
     # which attempt at this point it was (a failing point with heavy steal is measured again).
     steal_fraction: float | None = None
     attempt: int = 1
+    # Where the ranking latency went (``latency_parts``); empty when the system reports nothing.
+    ranking_parts: dict[str, object] = field(default_factory=dict)
 
     def meets_slo(self, slo_ms: float) -> bool:
         """Ranking P99 within the SLO over a complete run."""
@@ -136,6 +139,36 @@ class PointStats:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+LATENCY_PARTS = ("lookup", "queue", "compute", "transport", "other")
+
+
+def latency_parts(records: Sequence[RequestRecord]) -> dict[str, object]:
+    """Ranking latency taken apart over the requests whose system reported its parts.
+
+    Per part (``LATENCY_PARTS``; ``other`` is the latency beyond the reported parts): P50, P99
+    and mean in ms over all those requests, and ``tail_mean_ms``, the mean over the slowest 1%
+    of them by ranking latency (at least one): what the tail spent its time on.
+    """
+    timed = [r for r in records if r.parts is not None]
+    if not timed:
+        return {}
+    latency = np.array([r.ranking_latency_s for r in timed]) * 1e3
+    columns = {
+        "lookup": np.array([r.parts.lookup_s for r in timed if r.parts]) * 1e3,
+        "queue": np.array([r.parts.queue_s for r in timed if r.parts]) * 1e3,
+        "compute": np.array([r.parts.compute_s for r in timed if r.parts]) * 1e3,
+        "transport": np.array([r.parts.transport_s for r in timed if r.parts]) * 1e3,
+    }
+    columns["other"] = np.maximum(latency - sum(columns.values()), 0.0)
+    tail = np.zeros(len(latency), dtype=bool)
+    tail[np.argsort(latency, kind="stable")[-max(1, math.ceil(0.01 * len(latency))):]] = True
+    parts = {name: {"p50_ms": percentile(v, 50.0), "p99_ms": percentile(v, 99.0),
+                    "mean_ms": float(v.mean()), "tail_mean_ms": float(v[tail].mean())}
+             for name, v in columns.items()}
+    return {"requests": len(timed), "tail_requests": int(tail.sum()),
+            "tail_latency_mean_ms": float(latency[tail].mean()), "parts": parts}
 
 
 def point_stats(result: RunResult, mode: str, phase: str, qps: float,
@@ -174,4 +207,4 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
         counters_end=dict(snaps[-1].counters) if snaps else {},
         dispatch_lag_p99_ms=percentile(lags_ms, 99.0) if len(lags_ms) else 0.0,
         dispatch_lag_max_ms=float(lags_ms.max()) if len(lags_ms) else 0.0,
-        duration_s=result.duration_s)
+        duration_s=result.duration_s, ranking_parts=latency_parts(records))

@@ -34,6 +34,7 @@ import numpy as np
 
 from relaygr.bench.protocol import (
     BenchRequest,
+    LatencyParts,
     RequestRecord,
     RunClock,
     SystemContext,
@@ -89,7 +90,9 @@ class CascadeUnderTest:
             suffix_tokens=rec.suffix_tokens, candidates=int(rec.candidates.numel()),
             preinfer_tokens=0 if pre is None else pre.tokens,
             trigger_reason=None if pre is None or pre.reason is None else pre.reason.value,
-            scores=tuple(rec.scores.tolist()) if self.keep_scores else None)
+            scores=tuple(rec.scores.tolist()) if self.keep_scores else None,
+            parts=None if (t := rec.timing) is None else LatencyParts(
+                t.lookup_s, t.queue_s, t.compute_s, t.transport_s))
 
     def snapshot(self) -> SystemSnapshot:
         device = host = 0

@@ -35,7 +35,14 @@ from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
-from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankPath
+from relaygr.engine.types import (
+    PrefixSpec,
+    PreinferAction,
+    PreinferResult,
+    RankJob,
+    RankPath,
+    RankTiming,
+)
 from relaygr.errors import ConfigError
 from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU, HSTUConfig
@@ -121,6 +128,7 @@ class Ranked:
     scores: np.ndarray
     dtype: str
     path: RankPath
+    timing: RankTiming | None = None
 
     def tensor(self) -> torch.Tensor:
         """The scores in the model's dtype, bit-exact (they travel as float32)."""
@@ -264,7 +272,7 @@ class _Host:
         result = await inst.rank(msg.to_job(spec))
         scores = result.scores.detach().to("cpu")
         return Ranked(scores.float().numpy(), str(scores.dtype).removeprefix("torch."),
-                      result.path)
+                      result.path, result.timing)
 
     async def control(self, msg: Control) -> InstanceSnapshot | None:
         inst = self.instance(msg.iid)

@@ -41,9 +41,10 @@ import asyncio
 import itertools
 import multiprocessing
 import socket
+import time
 import weakref
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaygr.cascade.config import SystemConfig
@@ -287,12 +288,17 @@ class ProcessInstance:
         if not self.healthy:
             raise InstanceStoppedError(f"{self._name} is down")
         self._ranks += 1
+        sent = time.perf_counter()
         try:
             ranked = self._value(await self.link.call(Rank.of(self.iid, job)))
         finally:
             self._ranks -= 1
         assert isinstance(ranked, Ranked)
-        return RankResult(ranked.tensor(), ranked.path, self._name)
+        timing = ranked.timing
+        if timing is not None:   # the hop both ways, pickling included
+            timing = replace(timing, transport_s=max(
+                0.0, time.perf_counter() - sent - timing.total_s))
+        return RankResult(ranked.tensor(), ranked.path, self._name, timing)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from relaygr.engine.types import (
     RankJob,
     RankPath,
     RankResult,
+    RankTiming,
 )
 from relaygr.errors import InvalidInputError, NoHealthyInstanceError, OverloadedError
 from relaygr.kvcache import PrefixId
@@ -80,6 +81,7 @@ class Recommendation:
     suffix_tokens: int
     ranking_due_s: float       # time.perf_counter() when ranking was due
     ranking_done_s: float
+    timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
 
 
 @dataclass
@@ -238,7 +240,7 @@ class RelaySystem:
         return Recommendation(candidates, result.scores, result.path, result.instance,
                               await leg.preinfer_result(),
                               leg.decision.instance_id if leg.preinfer is not None else None,
-                              spec.num_tokens, job.suffix_tokens, due, done)
+                              spec.num_tokens, job.suffix_tokens, due, done, result.timing)
 
     async def _rank(self, first: RouteDecision, job: RankJob) -> RankResult:
         decision = self.router.follow(first, self.views())

@@ -18,6 +18,7 @@ queued and later work raises ``InstanceStoppedError`` so the cascade can answer 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -25,7 +26,12 @@ import torch
 
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.residency import Residency
-from relaygr.engine.scheduler import BatchPolicy, InstanceScheduler, InstanceStoppedError
+from relaygr.engine.scheduler import (
+    BatchPolicy,
+    BatchTiming,
+    InstanceScheduler,
+    InstanceStoppedError,
+)
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import (
     PrefixSpec,
@@ -34,6 +40,7 @@ from relaygr.engine.types import (
     RankJob,
     RankPath,
     RankResult,
+    RankTiming,
 )
 from relaygr.errors import ConfigError
 from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout
@@ -217,7 +224,9 @@ class RankingInstance:
         if not self.healthy:
             raise InstanceStoppedError(f"{self.name} is down")
         res = self.residency
+        entered = time.perf_counter()
         kv, path = (None, RankPath.FULL) if res is None else await res.find(job.prefix)
+        found = time.perf_counter()
         if kv is not None:
             request = RankRequest(job.candidates, prefix=kv, suffix_items=job.suffix_items,
                                   suffix_timestamps=job.suffix_timestamps,
@@ -226,8 +235,9 @@ class RankingInstance:
         else:
             request, path = self._uncached_request(job)
             cost = int(job.candidates.numel()) + job.suffix_tokens + job.prefix.num_tokens
+        batch = BatchTiming()
         try:
-            out: RankOutput = await self.scheduler.submit_rank(request, cost)
+            out: RankOutput = await self.scheduler.submit_rank(request, cost, batch)
         except BaseException:
             if kv is not None and res is not None and self.residency is res:
                 res.pool.release(job.prefix.pid)
@@ -235,7 +245,9 @@ class RankingInstance:
         self.paths[path.value] += 1
         if res is not None and self.residency is res:
             self._after_rank(res, job, kv is not None, path, out)
-        return RankResult(out.scores, path, self.name)
+        timing = RankTiming(found - entered, batch.queue_s, batch.compute_s, batch.batch_size,
+                            time.perf_counter() - entered)
+        return RankResult(out.scores, path, self.name, timing)
 
     def _uncached_request(self, job: RankJob) -> tuple[RankRequest, RankPath]:
         items, ts = job.prefix.items, job.prefix.timestamps

@@ -33,12 +33,23 @@ class InstanceStoppedError(RelayGRError):
 
 
 @dataclass
+class BatchTiming:
+    """Filled in by the scheduler when a ranking request's batch has run (seconds)."""
+
+    queue_s: float = 0.0        # submitted -> its batch started
+    compute_s: float = 0.0      # the batch's compute
+    batch_size: int = 0
+
+
+@dataclass
 class RankWork:
     """One ranking request queued for a batch; ``cost_tokens`` sizes batches."""
 
     payload: Any
     cost_tokens: int
     future: asyncio.Future[Any]
+    submitted_s: float = 0.0
+    timing: BatchTiming | None = None
 
 
 @dataclass
@@ -160,12 +171,15 @@ class InstanceScheduler:
         assert self._task is None, "scheduler already started"
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    def submit_rank(self, payload: Any, cost_tokens: int) -> asyncio.Future[Any]:
+    def submit_rank(self, payload: Any, cost_tokens: int, timing: BatchTiming | None = None
+                    ) -> asyncio.Future[Any]:
+        """Queue one ranking request; ``timing``, when given, is filled in once it has run."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(InstanceStoppedError(f"{self.executor.name} is stopped"))
             return future
-        self._rank_queue.append(RankWork(payload, cost_tokens, future))
+        self._rank_queue.append(RankWork(payload, cost_tokens, future, time.perf_counter(),
+                                         timing))
         self._wakeup.set()
         return future
 
@@ -199,6 +213,7 @@ class InstanceScheduler:
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
+        started = time.perf_counter()
         self.rank_busy.start()
         try:
             results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
@@ -213,6 +228,10 @@ class InstanceScheduler:
         self.stats.rank_compute_s += seconds
         self.stats.rank_requests += len(batch)
         self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
+        for w in batch:
+            if w.timing is not None:
+                w.timing.queue_s, w.timing.compute_s = started - w.submitted_s, seconds
+                w.timing.batch_size = len(batch)
         for w, result in zip(batch, results, strict=True):
             if not w.future.done():
                 w.future.set_result(result)

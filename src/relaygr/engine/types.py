@@ -62,10 +62,30 @@ class RankJob:
 
 
 @dataclass(frozen=True)
+class RankTiming:
+    """Where one ranking request's time went inside its instance, in seconds.
+
+    ``lookup_s``: finding the prefix (waiting for its pre-infer or reload when one is still
+    running); ``queue_s``: queued behind other compute until its batch started; ``compute_s``:
+    its batch's compute (shared by the ``batch_size`` requests of the batch); ``total_s``: the
+    whole call inside the instance. ``transport_s``: what a caller in another process saw on
+    top of ``total_s`` (0 in process).
+    """
+
+    lookup_s: float
+    queue_s: float
+    compute_s: float
+    batch_size: int
+    total_s: float
+    transport_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class RankResult:
     scores: Tensor                  # [C], aligned with RankJob.candidates
     path: RankPath
     instance: str
+    timing: RankTiming | None = None
 
 
 class PreinferAction(str, enum.Enum):
