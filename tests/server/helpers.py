@@ -29,10 +29,10 @@ def system_config(**changes: object) -> SystemConfig:
 
 
 def make_service(system: SystemConfig | None = None, server: ServerConfig | None = None,
-                 source: ModelSource = SOURCE) -> RelayService:
+                 source: ModelSource = SOURCE, instance_processes: bool = False) -> RelayService:
     model = load_model(source)
     return build_embedded(source, system or system_config(), server or ServerConfig(),
-                          flops_cost_model(model.cfg))
+                          flops_cost_model(model.cfg), instance_processes=instance_processes)
 
 
 @asynccontextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 import torch
@@ -98,6 +100,37 @@ def test_events_append_and_create_users() -> None:
         assert ranked.json()["prefix_tokens"] == 3
 
     run_with_client(service, body)
+
+
+def test_instances_in_processes_serve_the_same_api() -> None:
+    service = make_service(instance_processes=True)
+    system = service.backend.system  # type: ignore[attr-defined]
+    pids: list[int] = []
+
+    async def body(client: httpx.AsyncClient) -> None:
+        out = (await client.post("/v1/recommend", json={"user_id": 3})).json()
+        assert out["preinfer"]["instance"] == out["instance"]
+        assert_scores(out["scores"], reference_scores(service, 3, out["candidates"]))
+        pre = (await client.post("/v1/prefill", json={"user_id": 5})).json()
+        ranked = (await client.post("/v1/rank", json={"user_id": 5, "candidates": [4, 2]}))
+        assert ranked.json()["instance"] == pre["instance"]
+        assert_scores(ranked.json()["scores"], reference_scores(service, 5, [4, 2]))
+        pids.extend(i.link.process.pid for i in system.instances)
+        await service.backend.system.fail_instance("rank-1")
+        assert (await client.get("/readyz")).json()["healthy_instances"] == 1
+        again = (await client.post("/v1/rank", json={"user_id": 5, "candidates": [4, 2]}))
+        assert again.status_code == 200 and again.json()["instance"] == "rank-0"
+
+    run_with_client(service, body)
+    assert pids and all(not _alive(pid) for pid in pids)   # the service's stop ended them
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_health_readiness_and_openapi() -> None:

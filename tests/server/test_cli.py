@@ -33,6 +33,8 @@ def test_flags_override_the_system_config_file(tmp_path: Path) -> None:
                                         max_events=256)
     assert options.server.port == 0 and not options.ray
     assert options.replicas == 3          # no GPU here: one replica per instance
+    assert options.instance_processes     # auto: a process per instance on CPU
+    assert not serve.options_from_args(parse("--instance-processes", "off")).instance_processes
 
 
 def test_bad_settings_are_config_errors(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ critical path).
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import signal
 import socket
@@ -328,7 +329,13 @@ async def _serve(sock: socket.socket, spec: HostSpec) -> None:
 
 def host_main(sock: socket.socket, spec: HostSpec) -> None:
     """Entry point of a host process (spawned by ``InstanceProcesses``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when we stop
+    # The parent decides when we stop: it still has requests to drain through us when a
+    # terminal's Ctrl-C or a wrapper's SIGTERM reaches its process group, so we leave the group
+    # (a service manager that signals a whole cgroup should signal the main process only,
+    # e.g. systemd's KillMode=mixed; the parent then ends us itself).
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_host_allocator()
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)

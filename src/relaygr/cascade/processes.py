@@ -38,6 +38,7 @@ for a failed in-process instance. ``fail``/``restart`` go to the instance in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 import socket
@@ -164,7 +165,12 @@ class _Link:
         return future
 
     def terminate(self) -> None:
+        """End the host: its socket is shut now (so its loop sees the end at once), then
+        SIGTERM, then SIGKILL if it is still there."""
         self.alive = False
+        if self._sock is not None:
+            with contextlib.suppress(OSError):      # now, not when the loop gets to the close
+                self._sock.shutdown(socket.SHUT_RDWR)
         if self.writer is not None:
             if self.loop is not None and not self.loop.is_closed():
                 self.writer.close()
@@ -235,7 +241,10 @@ class ProcessInstance:
     async def stop(self) -> None:
         was_up, self._up = self._up, False
         if was_up and self.link.alive:
-            final = await self._control("stop")
+            try:
+                final = await self._control("stop")
+            except InstanceStoppedError:
+                final = None            # the process ended first: the instance is gone with it
             if isinstance(final, InstanceSnapshot):
                 self.last = final
         self.link.handles.pop(self.iid, None)

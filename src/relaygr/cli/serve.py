@@ -1,15 +1,19 @@
 """``relaygr serve``: the relay as an HTTP service (embedded instances, or Ray Serve with --ray).
 
-Embedded (default): one process, ``--instances`` ranking instances behind the affinity router,
-FastAPI on uvicorn. ``--ray``: a Ray Serve application (an ingress running the cascade, one
-ranking replica per accelerator, the affinity router as Ray Serve's request router). Both serve
-the same API; SIGINT/SIGTERM drain in-flight requests before the instances stop.
+Embedded (default): FastAPI on uvicorn in one process, ``--instances`` ranking instances behind
+the affinity router, each in a process of its own on CPU (``--instance-processes``). ``--ray``: a
+Ray Serve application (an ingress running the cascade, one ranking replica per accelerator, the
+affinity router as Ray Serve's request router). Both serve the same API; SIGINT/SIGTERM drain
+in-flight requests before the instances stop.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ class ServeOptions:
     replicas: int
     replica_cpus: float
     log_level: str
+    instance_processes: bool = False
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--system-config", type=Path, default=None,
                    help="JSON file of SystemConfig fields (flags below override it)")
     s.add_argument("--mode", default=None, help="relay (default), baseline, reactive, ...")
-    s.add_argument("--instances", type=int, default=None, help="in-process ranking instances")
+    s.add_argument("--instances", type=int, default=None, help="ranking instances")
+    s.add_argument("--instance-processes", choices=("auto", "on", "off"), default="auto",
+                   help="run each ranking instance in a process of its own (auto: on CPU, "
+                        "where instances in one process contend for its interpreter lock; on "
+                        "CUDA each instance runs on a worker thread of the server's process)")
     s.add_argument("--slo-ms", type=float, default=None, help="ranking P99 budget")
     s.add_argument("--device", default=None,
                    help="ranking device (default: cuda when present, else cpu)")
@@ -98,8 +107,10 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()
     replicas = args.replicas or (gpus if gpus else system.num_instances)
+    in_processes = args.instance_processes == "on" or (
+        args.instance_processes == "auto" and torch.device(system.devices[0]).type == "cpu")
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
-                        replicas, args.replica_cpus, args.log_level)
+                        replicas, args.replica_cpus, args.log_level, in_processes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,10 +128,32 @@ def serve_embedded(options: ServeOptions) -> int:
     from relaygr.server.app import create_app
     from relaygr.server.build import build_embedded
 
-    service = build_embedded(options.model, options.system, options.server, options.cost_model)
+    service = build_embedded(options.model, options.system, options.server, options.cost_model,
+                             instance_processes=options.instance_processes)
     config = uvicorn.Config(create_app(service), host=options.server.host,
                             port=options.server.port, log_level=options.log_level,
                             timeout_graceful_shutdown=int(options.server.drain_timeout_s),
                             lifespan="on")
-    uvicorn.Server(config).run()
+    with _signals_end_quietly():
+        uvicorn.Server(config).run()
     return 0 if service.lifecycle.drained_cleanly else 1
+
+
+class _SignalledStop(Exception):
+    """uvicorn, after draining on SIGINT/SIGTERM, raises the signal again for the handler that
+    was there before it: this one, so the exit status says how the drain went (not 130/143)."""
+
+
+@contextlib.contextmanager
+def _signals_end_quietly() -> Iterator[None]:
+    def stop(signum: int, frame: object) -> None:
+        raise _SignalledStop(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except _SignalledStop:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

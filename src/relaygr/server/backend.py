@@ -12,7 +12,7 @@ Contract: a backend is driven from one event loop; inputs reaching it have been 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,8 +69,9 @@ class RelayBackend(Protocol):
 class EmbeddedBackend:
     """``RelayBackend`` over a ``RelaySystem`` in this process."""
 
-    def __init__(self, system: RelaySystem) -> None:
+    def __init__(self, system: RelaySystem, on_stop: Callable[[], None] | None = None) -> None:
         self.system = system
+        self._on_stop = on_stop       # what else the system's parts need ended (processes)
 
     @property
     def model_config(self) -> HSTUConfig:
@@ -88,7 +89,11 @@ class EmbeddedBackend:
         await self.system.start()
 
     async def stop(self) -> None:
-        await self.system.stop()
+        try:
+            await self.system.stop()
+        finally:
+            if self._on_stop is not None:
+                self._on_stop()     # on the loop: it closes the loop's own streams
 
     async def recommend(self, visit: Visit) -> Recommendation:
         return await self.system.recommend(visit)

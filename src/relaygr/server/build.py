@@ -13,6 +13,7 @@ or fitted by timing the model at start-up.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -103,12 +104,22 @@ def model_digest(model: HSTU) -> str:
 
 
 def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConfig,
-                   cost_model: LatencyCostModel | Path | None = None) -> RelayService:
-    """A service over K in-process instances (``system.num_instances``) on ``system.devices``."""
+                   cost_model: LatencyCostModel | Path | None = None,
+                   instance_processes: bool = False) -> RelayService:
+    """A service over K instances (``system.num_instances``) on ``system.devices``: worker
+    threads of this process, or with ``instance_processes`` a process each (each instance then
+    computes under its own interpreter lock; ``cascade.processes``). The processes start with
+    the service and end when it stops."""
     device = system.devices[0]
     model = load_model(source, device)
     store = load_store(source, model)
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
-    relay = RelaySystem(system, model, store, cost_model)
-    return RelayService(EmbeddedBackend(relay), server)
+    if not instance_processes:
+        return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model)),
+                            server)
+    from relaygr.cascade.processes import InstanceProcesses
+    threads = max(1, (os.cpu_count() or 1) // system.num_instances)
+    processes = InstanceProcesses.for_model(model, cost_model, system.num_instances, threads)
+    relay = RelaySystem(system, model, store, cost_model, instance_factory=processes.factory)
+    return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server)
