@@ -201,6 +201,18 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
     assert (stages.replayed, stages.retrieved, len(book)) == (1, 3, 1)
 
 
+def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
+    model = make_model(0, num_items=NUM_ITEMS)
+    stages = EarlierStages(model, Retriever.from_model(model), 4 * NUM_ITEMS, 16, 0.0, 0.0)
+    try:
+        history = np.arange(1, 40, dtype=np.int64)
+        every = stages.candidates(history, NUM_ITEMS)       # all items not in the history
+        assert sorted(every.tolist()) == list(range(40, NUM_ITEMS + 1))
+        assert torch.equal(stages.candidates(history, 16), every[:16])
+    finally:
+        stages.shutdown()
+
+
 def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     visit_list = visits(count=12)
     live, _ = serve("relay", visit_list)

@@ -82,7 +82,9 @@ class EarlierStages:
         """The top items not already in the history, best first (``[<= num_candidates]``)."""
         if history.size == 0:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
-        found = self.retriever.search(self.user_vector(history), self.retrieval_k)
+        # up to retrieval_k: a catalogue smaller than k is retrieved whole
+        k = min(self.retrieval_k, self.retriever.num_items)
+        found = self.retriever.search(self.user_vector(history), k)
         ids = found.item_ids[0][found.valid[0]]
         fresh = ids[~np.isin(ids, history)]                 # pre-processing: filter
         return torch.from_numpy(np.ascontiguousarray(fresh[:num_candidates]))   # ... truncate
