@@ -74,8 +74,8 @@ class LatencyParts:
     ``lookup_s``: finding the prefix (waiting for a pre-infer or reload still running);
     ``queue_s``: behind other compute on the instance; ``compute_s``: the model pass of its
     batch; ``transport_s``: the hop to an instance in another process and back. What the
-    ranking latency holds beyond their sum (routing, the caller's event loop) is reported as
-    ``other``.
+    ranking latency holds beyond their sum (routing, the event loops, the hand-offs to and from
+    the instance's worker thread) is reported as ``other``.
     """
 
     lookup_s: float
