@@ -83,10 +83,6 @@ class LatencyParts:
     compute_s: float
     transport_s: float = 0.0
 
-    @property
-    def total_s(self) -> float:
-        return self.lookup_s + self.queue_s + self.compute_s + self.transport_s
-
 
 @dataclass(frozen=True)
 class RequestRecord:

@@ -138,7 +138,7 @@ def _mode_json(r: ModeReport) -> dict[str, Any]:
         "reference_point": None if ref is None else {
             "phase": ref.phase, "qps": ref.qps, "prefix_len": ref.prefix_len},
         # where the reference point's ranking latency went (stats.latency_parts)
-        "ranking_parts": None if ref is None or not ref.ranking_parts else ref.ranking_parts,
+        "ranking_parts": None if ref is None else ref.ranking_parts or None,
         "sweep": None if r.sweep is None else asdict(r.sweep),
         "throughput_search": None if r.throughput is None else asdict(r.throughput),
         "mixed_search": None if r.mixed is None else asdict(r.mixed),

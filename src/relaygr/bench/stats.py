@@ -151,17 +151,14 @@ def latency_parts(records: Sequence[RequestRecord]) -> dict[str, object]:
     and mean in ms over all those requests, and ``tail_mean_ms``, the mean over the slowest 1%
     of them by ranking latency (at least one): what the tail spent its time on.
     """
-    timed = [r for r in records if r.parts is not None]
+    timed = [(r.ranking_latency_s, r.parts) for r in records if r.parts is not None]
     if not timed:
         return {}
-    latency = np.array([r.ranking_latency_s for r in timed]) * 1e3
-    columns = {
-        "lookup": np.array([r.parts.lookup_s for r in timed if r.parts]) * 1e3,
-        "queue": np.array([r.parts.queue_s for r in timed if r.parts]) * 1e3,
-        "compute": np.array([r.parts.compute_s for r in timed if r.parts]) * 1e3,
-        "transport": np.array([r.parts.transport_s for r in timed if r.parts]) * 1e3,
-    }
-    columns["other"] = np.maximum(latency - sum(columns.values()), 0.0)
+    latency = np.array([s for s, _ in timed]) * 1e3
+    reported = np.array([(p.lookup_s, p.queue_s, p.compute_s, p.transport_s)
+                         for _, p in timed]) * 1e3                       # [n, 4]
+    columns = dict(zip(LATENCY_PARTS[:-1], reported.T, strict=True))   # all but other
+    columns["other"] = np.maximum(latency - reported.sum(1), 0.0)
     tail = np.zeros(len(latency), dtype=bool)
     tail[np.argsort(latency, kind="stable")[-max(1, math.ceil(0.01 * len(latency))):]] = True
     parts = {name: {"p50_ms": percentile(v, 50.0), "p99_ms": percentile(v, 99.0),

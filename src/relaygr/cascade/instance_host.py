@@ -6,7 +6,7 @@ loop (each instance computes on its own worker thread, as in-process).
 
 Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
 numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
-read in order and a ``_Preinfer`` is decided as it is read, so a ranking request read after its
+read in order and a ``Preinfer`` is decided as it is read, so a ranking request read after its
 pre-infer signal always finds the signal's effect. The ``PrefixSpec`` a signal rebuilt is kept
 for its ranking request (the version hashing and the tensor copies are not redone on the
 critical path).

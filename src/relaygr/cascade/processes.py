@@ -41,12 +41,15 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing
+import os
 import socket
 import time
 import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.instance_host import (
@@ -72,6 +75,23 @@ from relaygr.errors import ConfigError
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.server.build import model_digest
+
+PLACEMENTS = ("auto", "on", "off")
+
+
+def wants_processes(placement: str, device: str) -> bool:
+    """Whether instances run in processes of their own for a ``--instance-processes`` choice:
+    ``auto`` is on for CPU (instances on threads of one process contend for its interpreter
+    lock) and off for CUDA (each instance a worker thread and stream; processes there are not
+    validated yet)."""
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"instance placement must be one of {PLACEMENTS}, got {placement!r}")
+    return placement == "on" or (placement == "auto" and torch.device(device).type == "cpu")
+
+
+def threads_per_instance(num_instances: int) -> int:
+    """One core's share per instance, so instances compute in parallel without oversubscribing."""
+    return max(1, (os.cpu_count() or 1) // num_instances)
 
 
 class _Link:
@@ -368,4 +388,5 @@ class InstanceProcesses:
             link.terminate()
 
 
-__all__ = ["HostSpec", "InstanceProcesses", "ProcessInstance"]
+__all__ = ["PLACEMENTS", "HostSpec", "InstanceProcesses", "ProcessInstance",
+           "threads_per_instance", "wants_processes"]

@@ -9,7 +9,6 @@ Writes bench.json and PNG plots into --out and prints the table (see docs/benchm
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +33,12 @@ from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
-from relaygr.cascade.processes import InstanceProcesses
+from relaygr.cascade.processes import (
+    PLACEMENTS,
+    InstanceProcesses,
+    threads_per_instance,
+    wants_processes,
+)
 from relaygr.cascade.retrieval import Retriever
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
@@ -50,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--instances", type=int, default=None,
                    help="ranking instances (default: one per GPU, 2 on CPU)")
-    p.add_argument("--instance-processes", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",
                    help="run each ranking instance in a process of its own (auto: on CPU; on "
                         "CUDA each instance runs on a worker thread of this process)")
     p.add_argument("--slo-ms", type=float, default=None, help="ranking P99 SLO (profile's)")
@@ -81,10 +85,9 @@ def run(args: argparse.Namespace) -> int:
     tune_host_allocator()  # before the first model call: see relaygr.engine.hostmem
     if device.type == "cpu":
         # One core per instance: instances compute in parallel without oversubscribing.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_instances))
+        torch.set_num_threads(threads_per_instance(num_instances))
     slo_ms = args.slo_ms or profile.slo_ms
-    in_processes = args.instance_processes == "on" or (args.instance_processes == "auto"
-                                                       and device.type == "cpu")
+    in_processes = wants_processes(args.instance_processes, str(device))
     torch.manual_seed(args.seed)
     size = profile.model_size
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,

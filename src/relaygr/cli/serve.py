@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.processes import PLACEMENTS, wants_processes
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import MODEL_SIZES
 from relaygr.server.config import ModelSource, ServerConfig
@@ -62,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="JSON file of SystemConfig fields (flags below override it)")
     s.add_argument("--mode", default=None, help="relay (default), baseline, reactive, ...")
     s.add_argument("--instances", type=int, default=None, help="ranking instances")
-    s.add_argument("--instance-processes", choices=("auto", "on", "off"), default="auto",
+    s.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",
                    help="run each ranking instance in a process of its own (auto: on CPU, "
                         "where instances in one process contend for its interpreter lock; on "
                         "CUDA each instance runs on a worker thread of the server's process)")
@@ -107,8 +108,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()
     replicas = args.replicas or (gpus if gpus else system.num_instances)
-    in_processes = args.instance_processes == "on" or (
-        args.instance_processes == "auto" and torch.device(system.devices[0]).type == "cpu")
+    in_processes = wants_processes(args.instance_processes, system.devices[0])
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
                         replicas, args.replica_cpus, args.log_level, in_processes)
 

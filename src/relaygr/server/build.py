@@ -13,7 +13,6 @@ or fitted by timing the model at start-up.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -118,8 +117,8 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model)),
                             server)
-    from relaygr.cascade.processes import InstanceProcesses
-    threads = max(1, (os.cpu_count() or 1) // system.num_instances)
-    processes = InstanceProcesses.for_model(model, cost_model, system.num_instances, threads)
+    from relaygr.cascade.processes import InstanceProcesses, threads_per_instance
+    processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
+                                            threads_per_instance(system.num_instances))
     relay = RelaySystem(system, model, store, cost_model, instance_factory=processes.factory)
     return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server)
