@@ -10,7 +10,14 @@ from dataclasses import replace
 import pytest
 
 from relaygr.bench.protocol import BenchRequest, RequestRecord, RunClock, SystemContext
-from relaygr.bench.runner import RunOptions, allowed_misses, check_record, run_open_loop, run_point
+from relaygr.bench.runner import (
+    RunOptions,
+    allowed_misses,
+    check_record,
+    pooled,
+    run_open_loop,
+    run_point,
+)
 from relaygr.bench.stats import point_stats
 from relaygr.errors import BenchProtocolError, ConfigError
 from tests.bench.fakes import (
@@ -147,6 +154,38 @@ def test_early_stop_once_the_slo_is_certainly_missed() -> None:
     assert result.completed + result.timed_out + result.not_sent == 200
     assert not point_stats(result, "slow", "test", 1000.0).meets_slo(1.0)
     assert allowed_misses(200) == 2 and allowed_misses(2000) == 20 and allowed_misses(50) == 0
+
+
+def test_a_second_round_stops_on_the_pooled_allowance_and_pools_with_the_first() -> None:
+    # odd requests take 5 ms against a 3 ms SLO (no queueing: one request per 6 ms). The first
+    # round sent 150 requests and missed 2; pooled with 200 more, 3 misses are allowed, so the
+    # second round stops at its own second miss (alone it would stop at its third).
+    workload = tiny_workload([0.006 * i for i in range(200)])
+
+    class OddSlow(SimulatedServer):
+        async def handle(self, request):  # type: ignore[no-untyped-def]
+            self.service_s = service_time(0.005 if request.request_id % 2 else 0.0001, 0.0)
+            return await super().handle(request)
+
+    def second_round(prior_sent: int, prior_misses: int):  # type: ignore[no-untyped-def]
+        options = RunOptions(slo_ms=3.0, stop_when_failed=True, prior_sent=prior_sent,
+                             prior_misses=prior_misses)
+        return run(run_point(lambda ctx: OddSlow(ctx, service_time(0.0, 0.0)), workload,
+                             options))
+
+    assert allowed_misses(350) == 3 and allowed_misses(200) == 2
+    second = second_round(150, 2)
+    assert second.stopped_early and second.misses(3.0) == 2 and second.completed == 4
+    assert second_round(0, 0).misses(3.0) == 3
+    first = run(run_point(lambda ctx: SimulatedServer(ctx, service_time(0.0001, 0.0)),
+                          tiny_workload([0.001 * i for i in range(200)]), RunOptions()))
+    both = pooled(first, second)
+    assert (both.measured, both.sent, both.completed) == (400, 204, 204)
+    assert both.stopped_early and both.misses(3.0) == 2
+    stats = point_stats(both, "m", "test", 1000.0)
+    assert stats.ranking.count == 204 and not stats.meets_slo(3.0)
+    with pytest.raises(ConfigError):
+        RunOptions(prior_sent=1, prior_misses=2)
 
 
 def test_inconsistent_records_raise() -> None:

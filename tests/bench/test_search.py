@@ -153,3 +153,49 @@ def test_lockstep_advances_every_search_one_trial_per_round() -> None:
     assert [m for m, _ in calls[:4]] == ["baseline", "relay", "relay", "baseline"]
     assert calls[0] == ("baseline", 5.0) and calls[1] == ("relay", 5.0)
     assert searches["baseline"].result().best_qps <= 10.0 < searches["relay"].result().best_qps
+
+
+def drive(sweep: LengthSweep, rounds: dict[int, list[float]], slo_ms: float = 50.0) -> None:
+    """Feed ``sweep`` the P99 of each round of each length it proposes."""
+    seen: dict[int, int] = {}
+    while (length := sweep.next_point()) is not None:
+        k = seen[length] = seen.get(length, 0) + 1
+        p99 = rounds[length][k - 1]
+        sweep.record(length, p99, p99 <= slo_ms)
+
+
+def test_confirmed_sweep_measures_both_knee_points_twice() -> None:
+    grid = (256, 512, 1024, 2048)
+    sweep = LengthSweep(grid, confirm=True)
+    drive(sweep, {256: [10.0], 512: [30.0, 32.0], 1024: [60.0, 58.0]})
+    result = sweep.result()
+    assert [(t.point, t.round) for t in result.trials] == [(256, 1), (512, 1), (1024, 1),
+                                                           (512, 2), (1024, 2)]
+    assert result.max_seq_len == 512 and result.first_failing_len == 1024
+    assert [t.p99_ms for t in result.latest()] == [10.0, 32.0, 58.0]
+    plain = LengthSweep(grid)       # without confirm: the first verdicts stand
+    drive(plain, {256: [10.0], 512: [30.0], 1024: [60.0]})
+    assert [t.point for t in plain.result().trials] == [256, 512, 1024]
+
+
+def test_a_knee_point_that_flips_moves_the_knee() -> None:
+    grid = (256, 512, 1024, 2048, 4096)
+    # 1024 missed once (a hiccup); pooled with its second round it passes, so the sweep walks
+    # on up to 2048, which fails twice
+    up = LengthSweep(grid, start=512, confirm=True)
+    drive(up, {512: [20.0, 22.0], 1024: [96.0, 40.0], 2048: [70.0, 75.0]})
+    assert [(t.point, t.round) for t in up.result().trials] == [
+        (512, 1), (1024, 1), (512, 2), (1024, 2), (2048, 1), (2048, 2)]
+    assert up.result().max_seq_len == 1024
+    # 512 passed once by luck; pooled it fails, so the knee is 256 / 512 and 256 is confirmed
+    # (1024 is no longer at the knee and keeps its single round)
+    down = LengthSweep(grid, confirm=True)
+    drive(down, {256: [30.0, 31.0], 512: [48.0, 55.0], 1024: [80.0]})
+    assert [(t.point, t.round) for t in down.result().trials] == [
+        (256, 1), (512, 1), (1024, 1), (512, 2), (256, 2)]
+    assert down.result().max_seq_len == 256 and down.result().first_failing_len == 512
+    # nothing passes: the shortest failing length is confirmed, then the answer is 0
+    none = LengthSweep(grid, start=512, confirm=True)
+    drive(none, {512: [90.0], 256: [70.0, 60.0]})
+    assert [(t.point, t.round) for t in none.result().trials] == [(512, 1), (256, 1), (256, 2)]
+    assert none.result().max_seq_len == 0

@@ -319,3 +319,42 @@ def test_waiting_for_a_quiet_host_polls_steal(monkeypatch: pytest.MonkeyPatch) -
     readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 3)
     assert not asyncio.run(suite_module.wait_for_quiet_host(0.05, window_s=0.01,
                                                             patience_s=0.03))
+
+
+def test_a_confirmed_sweep_pools_the_second_round_of_its_knee() -> None:
+    """With ``confirm_knee`` the two points that decide the answer are measured again and
+    reported over both rounds; on a deterministic server the pooled P99 is the first round's,
+    so the sweep reaches the offline answer, and a failing point whose first round already
+    missed more often than the pooled sample allows is not run again."""
+    import asyncio
+    from dataclasses import replace
+
+    from relaygr.bench.suite import BenchSuite
+
+    assert CONFIG.sweep is not None
+    config = replace(CONFIG, sweep=replace(CONFIG.sweep, confirm_knee=True),
+                     budget=replace(CONFIG.budget, max_remeasures=0))   # one attempt a point
+    built: list[int] = []
+
+    def counting(ctx: SystemContext) -> SimulatedServer:
+        built.append(1)
+        return factory("baseline")(ctx)
+
+    suite = BenchSuite({"baseline": counting}, config)
+    result = asyncio.run(suite.sweep())["baseline"]
+    offline = LengthSweep(config.sweep.lengths, confirm=True)
+    while (length := offline.next_point()) is not None:
+        builder = SyntheticWorkload(POPULATION.with_fixed_length(length), CONFIG.seed)
+        offline.record(length, *oracle("baseline", builder, CONFIG.sweep.qps))
+    assert verdicts(result.trials) == verdicts(offline.result().trials)
+    assert result.max_seq_len == offline.result().max_seq_len > 0
+    knee = [p for p in suite.points if p.rounds == 2]
+    assert [p.prefix_len for p in knee] == [result.max_seq_len, result.first_failing_len]
+    passing, failing = knee
+    assert passing.measured == 2 * CONFIG.budget.measured_requests
+    assert passing.ranking.p99_ms == pytest.approx(
+        next(t.p99_ms for t in result.trials if t.point == passing.prefix_len))
+    first_fail = next(p for p in suite.points if p.prefix_len == failing.prefix_len)
+    # the hopeless second round was not run: the first round's figures stand
+    assert first_fail.stopped_early and failing == replace(first_fail, rounds=2)
+    assert len(built) == len(suite.points) - 1

@@ -48,7 +48,8 @@ def plot_p99_vs_prefix_len(report: BenchReport, path: Path) -> Path:
     ax = fig.subplots()
     for mode, r in report.modes.items():
         if r.sweep is not None:
-            _draw_trials(ax, mode, [(t.point, t.p99_ms) for t in r.sweep.trials], ceiling)
+            _draw_trials(ax, mode, [(t.point, t.p99_ms) for t in r.sweep.latest()],
+                         ceiling)
     ax.set_xscale("log", base=2)
     _finish(ax, report.slo_ms, ceiling, "prefix length (tokens)")
     ax.set_title("Ranking P99 vs prefix length")

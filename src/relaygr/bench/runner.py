@@ -11,7 +11,8 @@ Rules of one run:
 - After the last send, outstanding requests get ``drain_timeout_s``; the rest are cancelled and
   counted as timed out. Dropped, failed and timed-out requests count as infinite latency.
 - With ``slo_ms`` and ``stop_when_failed``, the run stops as soon as more requests missed the SLO
-  than a passing P99 allows (ranking P99 > SLO is then certain), sending nothing further.
+  than a passing P99 allows (ranking P99 > SLO is then certain), sending nothing further. A run
+  that will be pooled with an earlier one (``pooled``) counts that run's misses and requests too.
 """
 
 from __future__ import annotations
@@ -48,10 +49,16 @@ class RunOptions:
     slo_ms: float | None = None
     stop_when_failed: bool = False
     snapshot_interval_s: float = 0.25
+    # An earlier run this one is pooled with: its requests sent and its SLO misses count toward
+    # the early stop, which then means the pooled P99 is over the SLO.
+    prior_sent: int = 0
+    prior_misses: int = 0
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0 or self.max_in_flight < 1:
             raise ConfigError("warmup_requests must be >= 0 and max_in_flight >= 1")
+        if self.prior_sent < 0 or not 0 <= self.prior_misses <= self.prior_sent:
+            raise ConfigError("need 0 <= prior_misses <= prior_sent")
         if self.drain_timeout_s < 0 or self.snapshot_interval_s <= 0:
             raise ConfigError("drain_timeout_s must be >= 0 and snapshot_interval_s > 0")
         if self.stop_when_failed and self.slo_ms is None:
@@ -85,6 +92,34 @@ class RunResult:
     def unserved(self) -> int:
         """Measured requests that count as infinite latency."""
         return self.dropped + self.failed + self.timed_out
+
+    @property
+    def sent(self) -> int:
+        """Measured requests that were due before the run stopped (all but ``not_sent``)."""
+        return self.measured - self.not_sent
+
+    def misses(self, slo_ms: float) -> int:
+        """Sent measured requests whose ranking latency exceeded ``slo_ms`` (unserved ones
+        included)."""
+        late = sum(r.ranking_latency_s * 1e3 > slo_ms for r in self.records)
+        return late + self.unserved
+
+
+def pooled(first: RunResult, second: RunResult) -> RunResult:
+    """The two runs of one point as one sample: ``first``'s requests that were sent and all of
+    ``second``'s (the same workload again, on a fresh system)."""
+    errors = dict(first.errors)
+    for name, count in second.errors.items():
+        errors[name] = errors.get(name, 0) + count
+    return RunResult(
+        records=first.records + second.records, measured=first.sent + second.measured,
+        completed=first.completed + second.completed, dropped=first.dropped + second.dropped,
+        failed=first.failed + second.failed, timed_out=first.timed_out + second.timed_out,
+        not_sent=second.not_sent, errors=errors,
+        dispatch_lag_s=first.dispatch_lag_s + second.dispatch_lag_s,
+        snapshots=first.snapshots + second.snapshots,
+        duration_s=first.duration_s + second.duration_s, stopped_early=second.stopped_early,
+        send_s={**first.send_s, **second.send_s})
 
 
 def allowed_misses(measured: int, quantile: float = 0.99) -> int:
@@ -123,8 +158,10 @@ class _Run:
 
     def _miss(self) -> None:
         self.misses += 1
-        slo_check = self.options.stop_when_failed and self.options.slo_ms is not None
-        if slo_check and self.misses > allowed_misses(self.measured):
+        options = self.options
+        slo_check = options.stop_when_failed and options.slo_ms is not None
+        allowed = allowed_misses(self.measured + options.prior_sent)
+        if slo_check and self.misses + options.prior_misses > allowed:
             self.stop.set()
 
     async def dispatch(self) -> None:

@@ -12,6 +12,11 @@ searches advance in lock-step (``relaygr.bench.alternate``).
   longer length would fail too. A curve that dips keeps the sweep going over the whole grid, and
   the answer is the longest passing length, flagged ``monotone=False``. Starting above the
   shortest length skips points every mode passes (the full run's budget goes to the knee).
+  With ``confirm``, the answer rests on a second round of the two points that decide it (the
+  knee: the longest passing length and the failing length above it): the sweep proposes each of
+  them once more, the measurer pools the rounds (``relaygr.bench.suite``), and the pooled
+  verdict replaces the first. A knee point that flips moves the knee (the sweep walks on up, or
+  the passing length below is confirmed next) until both points of the knee are confirmed.
 - ``QpsSearch``: the highest Poisson QPS whose ranking P99 <= SLO, as MLPerf's server-scenario
   search does: an exponential ramp from ``start_qps`` (x ``growth`` while passing, / ``growth``
   while failing) until the answer is bracketed, then bisection until the bracket is within
@@ -38,6 +43,7 @@ class Trial(Generic[P]):
     point: P
     p99_ms: float
     passed: bool
+    round: int = 1      # 2: the verdict of this point pooled over two rounds
 
 
 class Search(Protocol[P]):
@@ -53,47 +59,70 @@ class LengthSweepResult:
     max_seq_len: int            # 0 when no length passed
     first_failing_len: int | None
     monotone: bool
-    trials: tuple[Trial[int], ...]
+    trials: tuple[Trial[int], ...]      # in the order measured, second rounds included
+
+    def latest(self) -> tuple[Trial[int], ...]:
+        """The verdict standing for each length measured, by length."""
+        return tuple(sorted({t.point: t for t in self.trials}.values(), key=lambda t: t.point))
 
 
 class LengthSweep:
     """Longest passing length of an ascending grid (see the module docstring)."""
 
     def __init__(self, lengths: tuple[int, ...], monotone_tolerance: float = 0.05,
-                 start: int | None = None) -> None:
+                 start: int | None = None, confirm: bool = False) -> None:
         if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1:
             raise ConfigError(f"length grid must be ascending, distinct and >= 1: {lengths}")
         if start is not None and start not in lengths:
             raise ConfigError(f"sweep start {start} is not on the length grid {lengths}")
         self._lengths, self._tolerance = lengths, monotone_tolerance
         self._start = 0 if start is None else lengths.index(start)
+        self._confirm = confirm
         self._trials: list[Trial[int]] = []
+        self._verdicts: dict[int, Trial[int]] = {}    # length -> its standing verdict
 
     def next_point(self) -> int | None:
-        if not self._trials:
+        explore = self._explore()
+        if explore is not None or not self._confirm:
+            return explore
+        return next((n for n in self._knee() if self._verdicts[n].round < 2), None)
+
+    def _explore(self) -> int | None:
+        if not self._verdicts:
             return self._lengths[self._start]
-        measured = sorted(self._lengths.index(t.point) for t in self._trials)
-        if not any(t.passed for t in self._trials):   # walking down from a failing start
+        measured = sorted(self._lengths.index(n) for n in self._verdicts)
+        passing = [n for n, t in self._verdicts.items() if t.passed]
+        if not passing:   # walking down from a failing start
             return self._lengths[measured[0] - 1] if measured[0] > 0 else None
-        highest_pass = max(t.point for t in self._trials if t.passed)
-        failed_above = any(not t.passed and t.point > highest_pass for t in self._trials)
+        failed_above = any(not t.passed and n > max(passing) for n, t in self._verdicts.items())
         if failed_above and self.monotone:
             return None
         above = measured[-1] + 1
         return self._lengths[above] if above < len(self._lengths) else None
 
+    def _knee(self) -> list[int]:
+        """The longest passing length and the shortest failing length above it (if any)."""
+        passing = [n for n, t in self._verdicts.items() if t.passed]
+        highest = max(passing, default=0)
+        failing = [n for n, t in self._verdicts.items() if not t.passed and n > highest]
+        return [n for n in (max(passing, default=None), min(failing, default=None))
+                if n is not None]
+
     def record(self, point: int, p99_ms: float, passed: bool) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
-        self._trials.append(Trial(point, p99_ms, passed))
+        previous = self._verdicts.get(point)
+        trial = Trial(point, p99_ms, passed, 1 if previous is None else previous.round + 1)
+        self._trials.append(trial)
+        self._verdicts[point] = trial
 
     @property
     def monotone(self) -> bool:
-        p99 = [t.p99_ms for t in sorted(self._trials, key=lambda t: t.point)]
+        p99 = [self._verdicts[n].p99_ms for n in sorted(self._verdicts)]
         return all(b >= a * (1 - self._tolerance) for a, b in itertools.pairwise(p99))
 
     def result(self) -> LengthSweepResult:
-        passing = [t.point for t in self._trials if t.passed]
-        failing = [t.point for t in self._trials if not t.passed]
+        passing = [n for n, t in self._verdicts.items() if t.passed]
+        failing = [n for n, t in self._verdicts.items() if not t.passed]
         return LengthSweepResult(max(passing, default=0), min(failing, default=None),
                                  self.monotone, tuple(self._trials))
 

@@ -130,6 +130,8 @@ class PointStats:
     # which attempt at this point it was (a failing point with heavy steal is measured again).
     steal_fraction: float | None = None
     attempt: int = 1
+    # 2 when the figures pool two rounds of the point (the sweep's knee, ``LengthSweep``).
+    rounds: int = 1
     # Where the ranking latency went (``latency_parts``); empty when the system reports nothing.
     ranking_parts: dict[str, object] = field(default_factory=dict)
 

@@ -25,7 +25,8 @@ def reference_point(mode: str, points: Sequence[PointStats], slo_ms: float) -> P
         passing = [p for p in mine if p.phase == phase and p.meets_slo(slo_ms)]
         if passing:
             return max(passing, key=lambda p: p.qps)
-    swept = [p for p in mine if p.phase == "sweep" and p.meets_slo(slo_ms)]
+    standing = {p.prefix_len: p for p in mine if p.phase == "sweep"}   # the last round of each
+    swept = [p for p in standing.values() if p.meets_slo(slo_ms)]
     if swept:
         return max(swept, key=lambda p: p.prefix_len or 0)
     return mine[0] if mine else None

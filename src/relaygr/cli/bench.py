@@ -138,10 +138,12 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
     with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
     third grid length (512 on the cpu profile; it walks down if that fails), the three ablations
-    sweep every other length, and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
-    workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
-    than half of it (2 QPS: below, the answer is reported as 0). Warm-up: 25 requests or 2 s of
-    the schedule, whichever is more (96 at 48 QPS: a fresh system's caches fill first). Quick:
+    sweep every other length, the other modes' answers rest on a second round of the two
+    lengths that decide them (pooled: P99 the 5th-highest of ~500), and searches take 5 trials
+    (fixed length), 4 (mixed) and 3 (extra workloads), starting at twice the profile's search
+    start (8 QPS on cpu) and going no lower than half of it (2 QPS: below, the answer is
+    reported as 0). Warm-up: 25 requests or 2 s of the schedule, whichever is more (96 at
+    48 QPS: a fresh system's caches fill first). Quick:
     40-150 requests per point after 8 warm-up, three modes, every other length, 3-trial searches
     (not below half their start), a 20-request limit point, no extra workloads: a smoke figure of
     the same shape.
@@ -165,7 +167,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                                  max_trials=5, min_qps=profile.search_start_qps / 2)
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
-                            start=lengths[min(2, len(lengths) - 1)], coarse_modes=ABLATIONS)
+                            start=lengths[min(2, len(lengths) - 1)], coarse_modes=ABLATIONS,
+                            confirm_knee=True)
         mixed_search = replace(search, max_trials=4)
         extra = extra_workloads(profile, replace(search, max_trials=3))
     return BenchConfig(
