@@ -23,10 +23,13 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     assert full.sweep.lengths == profile.sweep_lengths
     assert set(quick.sweep.lengths) < set(full.sweep.lengths)
     assert full.budget.min_measured_requests >= 250 > quick.budget.measured_requests
-    # the full sweep starts at the third length; the ablations sweep every other length
+    # the full sweep starts at the third length; modes without a length bar sweep every other
+    # length; relay's and baseline's knees are measured twice (the quick run's are not)
     assert full.sweep.start == profile.sweep_lengths[2] and quick.sweep.start is None
-    assert full.sweep.grid("relay") == profile.sweep_lengths
-    assert full.sweep.grid("relay-no-expander") == profile.sweep_lengths[::2]
+    assert full.sweep.grid("relay") == full.sweep.grid("baseline") == profile.sweep_lengths
+    for coarse in ("reactive", "relay-no-expander"):
+        assert full.sweep.grid(coarse) == profile.sweep_lengths[::2]
+    assert full.sweep.confirm_knee and not quick.sweep.confirm_knee
     assert full.throughput is not None and quick.throughput is not None
     search = full.throughput.search
     assert (search.start_qps, search.min_qps) == (2 * profile.search_start_qps,

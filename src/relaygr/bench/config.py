@@ -86,7 +86,7 @@ class SweepConfig:
 
     Every mode's sweep starts at ``start`` (None: the shortest length; see ``LengthSweep``).
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
-    ``start`` is among): the ablations, whose bar is on throughput, at a fraction of the cost.
+    ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
     With ``confirm_knee``, the other modes' answers rest on two pooled rounds of the two points
     that decide them (``LengthSweep``'s ``confirm``): one round's P99 at the sweep's load is the
     third-worst of 250 requests, and a single hiccup of a shared machine moves it.

@@ -137,9 +137,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
     six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
     with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
-    third grid length (512 on the cpu profile; it walks down if that fails), the three ablations
-    sweep every other length, the other modes' answers rest on a second round of the two
-    lengths that decide them (pooled: P99 the 5th-highest of ~500), and searches take 5 trials
+    third grid length (512 on the cpu profile; it walks down if that fails), the modes without a
+    bar on length (reactive and the three ablations) sweep every other length, relay's and
+    baseline's answers rest on a second round of the two lengths that decide them (pooled: P99
+    the 5th-highest of ~500), and searches take 5 trials
     (fixed length), 4 (mixed) and 3 (extra workloads), starting at twice the profile's search
     start (8 QPS on cpu) and going no lower than half of it (2 QPS: below, the answer is
     reported as 0). Warm-up: 25 requests or 2 s of the schedule, whichever is more (96 at
@@ -167,7 +168,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                                  max_trials=5, min_qps=profile.search_start_qps / 2)
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
-                            start=lengths[min(2, len(lengths) - 1)], coarse_modes=ABLATIONS,
+                            start=lengths[min(2, len(lengths) - 1)],
+                            coarse_modes=(Mode.REACTIVE.value, *ABLATIONS),
                             confirm_knee=True)
         mixed_search = replace(search, max_trials=4)
         extra = extra_workloads(profile, replace(search, max_trials=3))
