@@ -176,6 +176,15 @@ def test_confirmed_sweep_measures_both_knee_points_twice() -> None:
     plain = LengthSweep(grid)       # without confirm: the first verdicts stand
     drive(plain, {256: [10.0], 512: [30.0], 1024: [60.0]})
     assert [t.point for t in plain.result().trials] == [256, 512, 1024]
+    # a dip below the knee: the plain sweep walks the rest of the grid, a confirmed one stops
+    dips = {256: [30.0, 30.0], 512: [20.0, 22.0], 1024: [60.0, 61.0], 2048: [70.0]}
+    plain = LengthSweep(grid)
+    drive(plain, dips)
+    assert [t.point for t in plain.result().trials] == [256, 512, 1024, 2048]
+    confirmed = LengthSweep(grid, confirm=True)
+    drive(confirmed, dips)
+    assert [t.point for t in confirmed.result().trials] == [256, 512, 1024, 512, 1024]
+    assert not confirmed.result().monotone and confirmed.result().max_seq_len == 512
 
 
 def test_a_knee_point_that_flips_moves_the_knee() -> None:

@@ -358,3 +358,34 @@ def test_a_confirmed_sweep_pools_the_second_round_of_its_knee() -> None:
     # the hopeless second round was not run: the first round's figures stand
     assert first_fail.stopped_early and failing == replace(first_fail, rounds=2)
     assert len(built) == len(suite.points) - 1
+
+
+def test_a_miss_under_steal_is_not_pooled_with_the_second_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    from dataclasses import replace
+
+    from relaygr.bench import suite as suite_module
+    from relaygr.bench.hardware import CpuTimes
+    from relaygr.bench.suite import BenchSuite
+
+    ticks = iter(range(0, 10**6, 1000))
+    steal = {"share": 0.10}
+
+    def fake_cpu_times() -> CpuTimes:
+        total = next(ticks)
+        return CpuTimes(steal=int(total * steal["share"]), total=total)
+
+    monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    config = replace(CONFIG, budget=replace(CONFIG.budget, max_remeasures=0))
+    heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
+    suite = BenchSuite({"baseline": factory("baseline")}, config)
+    first = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048, pool=True))
+    assert not first.meets_slo(SLO_MS) and first.steal_fraction == pytest.approx(0.1, abs=0.01)
+    steal["share"] = 0.0
+    second = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048, pool=True))
+    assert second.rounds == 1 and len(suite.points) == 2   # measured afresh, alone
+    assert second.measured == first.measured
+    # without steal the same miss stands for both rounds (the second cannot change it)
+    third = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048, pool=True))
+    assert third.rounds == 2 and third == replace(second, rounds=2)

@@ -16,7 +16,10 @@ searches advance in lock-step (``relaygr.bench.alternate``).
   knee: the longest passing length and the failing length above it): the sweep proposes each of
   them once more, the measurer pools the rounds (``relaygr.bench.suite``), and the pooled
   verdict replaces the first. A knee point that flips moves the knee (the sweep walks on up, or
-  the passing length below is confirmed next) until both points of the knee are confirmed.
+  the passing length below is confirmed next) until both points of the knee are confirmed. The
+  second round takes the place of the dip rule: a confirmed sweep stops above its knee whatever
+  the shape of the curve below it (a dip between two passing lengths far under the SLO is noise
+  of the same kind, and walking the rest of the grid for it cost whole minutes).
 - ``QpsSearch``: the highest Poisson QPS whose ranking P99 <= SLO, as MLPerf's server-scenario
   search does: an exponential ramp from ``start_qps`` (x ``growth`` while passing, / ``growth``
   while failing) until the answer is bracketed, then bisection until the bracket is within
@@ -95,7 +98,7 @@ class LengthSweep:
         if not passing:   # walking down from a failing start
             return self._lengths[measured[0] - 1] if measured[0] > 0 else None
         failed_above = any(not t.passed and n > max(passing) for n, t in self._verdicts.items())
-        if failed_above and self.monotone:
+        if failed_above and (self._confirm or self.monotone):
             return None
         above = measured[-1] + 1
         return self._lengths[above] if above < len(self._lengths) else None

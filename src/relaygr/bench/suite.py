@@ -115,12 +115,17 @@ class BenchSuite:
         With ``pool``, a point measured before is run a second time and reported over both
         rounds (the first round's sent requests and the second's, P99 over all of them); a
         second round that cannot change the verdict (the first already missed the SLO more
-        often than the pooled sample allows) is not run.
+        often than the pooled sample allows) is not run. A first round that missed while the
+        host stole more than ``remeasure_steal`` (its re-measures spent) is not pooled: the
+        second round is then measured alone.
         """
         workload = self._workload(phase, builder, qps, prefix_len)
         budget, slo_ms = self.config.budget, self.config.slo_ms
         key = (mode, phase, qps, prefix_len)
         prior, prior_stats = self._runs.get(key, (None, None)) if pool else (None, None)
+        if prior_stats is not None and not prior_stats.meets_slo(slo_ms) \
+                and (prior_stats.steal_fraction or 0.0) > budget.remeasure_steal:
+            prior = prior_stats = None   # a miss under steal is no evidence: measure afresh
         prior_misses = 0 if prior is None else prior.misses(slo_ms)
         options = options or RunOptions(
             warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
