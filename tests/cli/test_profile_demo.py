@@ -42,3 +42,15 @@ def test_bad_arguments_exit_with_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["profile", "--lengths", "0,5"])
     assert exc.value.code == 2
+
+
+def test_ctrl_c_ends_a_command_with_130_and_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from relaygr.cli import profile
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(profile, "run", interrupted)
+    assert main(["profile", "--size", "tiny"]) == 130
+    assert capsys.readouterr().err.strip() == "relaygr profile: interrupted"

@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RelayGRError as exc:
         print(f"relaygr {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C: the command's clean-up (finally blocks) has run
+        print(f"relaygr {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
