@@ -253,6 +253,22 @@ def test_extra_workload_phase_measures_named_systems(tmp_path: Path) -> None:
                       tmp_path, console=Console(file=io.StringIO()))
 
 
+def fake_steal(monkeypatch: pytest.MonkeyPatch, share: float) -> dict[str, float]:
+    """Make the suite read CPU times of which ``steal["share"]`` was stolen (mutable)."""
+    from relaygr.bench import suite as suite_module
+    from relaygr.bench.hardware import CpuTimes
+
+    ticks = iter(range(0, 10**6, 1000))
+    steal = {"share": share}
+
+    def fake_cpu_times() -> CpuTimes:
+        total = next(ticks)
+        return CpuTimes(steal=int(total * steal["share"]), total=total)
+
+    monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    return steal
+
+
 def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     """Steal only slows a system down: a point that misses the SLO while the hypervisor took
@@ -261,17 +277,9 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
     import asyncio
 
     from relaygr.bench import suite as suite_module
-    from relaygr.bench.hardware import CpuTimes
     from relaygr.bench.suite import BenchSuite
 
-    ticks = iter(range(0, 10**6, 1000))
-    steal = {"share": 0.10}
-
-    def fake_cpu_times() -> CpuTimes:
-        total = next(ticks)
-        return CpuTimes(steal=int(total * steal["share"]), total=total)
-
-    monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    steal = fake_steal(monkeypatch, 0.10)
     waits: list[float] = []
 
     async def no_wait(max_steal: float) -> bool:   # the real one polls for up to 2 minutes
@@ -365,18 +373,9 @@ def test_a_miss_under_steal_is_not_pooled_with_the_second_round(
     import asyncio
     from dataclasses import replace
 
-    from relaygr.bench import suite as suite_module
-    from relaygr.bench.hardware import CpuTimes
     from relaygr.bench.suite import BenchSuite
 
-    ticks = iter(range(0, 10**6, 1000))
-    steal = {"share": 0.10}
-
-    def fake_cpu_times() -> CpuTimes:
-        total = next(ticks)
-        return CpuTimes(steal=int(total * steal["share"]), total=total)
-
-    monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    steal = fake_steal(monkeypatch, 0.10)
     config = replace(CONFIG, budget=replace(CONFIG.budget, max_remeasures=0))
     heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
     suite = BenchSuite({"baseline": factory("baseline")}, config)

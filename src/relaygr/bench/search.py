@@ -94,22 +94,22 @@ class LengthSweep:
         if not self._verdicts:
             return self._lengths[self._start]
         measured = sorted(self._lengths.index(n) for n in self._verdicts)
-        passing = [n for n, t in self._verdicts.items() if t.passed]
-        if not passing:   # walking down from a failing start
+        if not self._passing():   # walking down from a failing start
             return self._lengths[measured[0] - 1] if measured[0] > 0 else None
-        failed_above = any(not t.passed and n > max(passing) for n, t in self._verdicts.items())
-        if failed_above and (self._confirm or self.monotone):
+        if len(self._knee()) == 2 and (self._confirm or self.monotone):   # failed above a pass
             return None
         above = measured[-1] + 1
         return self._lengths[above] if above < len(self._lengths) else None
 
+    def _passing(self) -> list[int]:
+        return [n for n, t in self._verdicts.items() if t.passed]
+
     def _knee(self) -> list[int]:
-        """The longest passing length and the shortest failing length above it (if any)."""
-        passing = [n for n, t in self._verdicts.items() if t.passed]
-        highest = max(passing, default=0)
-        failing = [n for n, t in self._verdicts.items() if not t.passed and n > highest]
-        return [n for n in (max(passing, default=None), min(failing, default=None))
-                if n is not None]
+        """The longest passing length and the shortest failing length above it (each if any)."""
+        highest = max(self._passing(), default=None)
+        above = [n for n, t in self._verdicts.items()
+                 if not t.passed and n > (highest or 0)]
+        return [n for n in (highest, min(above, default=None)) if n is not None]
 
     def record(self, point: int, p99_ms: float, passed: bool) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
@@ -124,9 +124,8 @@ class LengthSweep:
         return all(b >= a * (1 - self._tolerance) for a, b in itertools.pairwise(p99))
 
     def result(self) -> LengthSweepResult:
-        passing = [n for n, t in self._verdicts.items() if t.passed]
         failing = [n for n, t in self._verdicts.items() if not t.passed]
-        return LengthSweepResult(max(passing, default=0), min(failing, default=None),
+        return LengthSweepResult(max(self._passing(), default=0), min(failing, default=None),
                                  self.monotone, tuple(self._trials))
 
 

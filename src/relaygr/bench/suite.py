@@ -122,24 +122,25 @@ class BenchSuite:
         workload = self._workload(phase, builder, qps, prefix_len)
         budget, slo_ms = self.config.budget, self.config.slo_ms
         key = (mode, phase, qps, prefix_len)
-        prior, prior_stats = self._runs.get(key, (None, None)) if pool else (None, None)
-        if prior_stats is not None and not prior_stats.meets_slo(slo_ms) \
-                and (prior_stats.steal_fraction or 0.0) > budget.remeasure_steal:
-            prior = prior_stats = None   # a miss under steal is no evidence: measure afresh
-        prior_misses = 0 if prior is None else prior.misses(slo_ms)
+        earlier = self._runs.get(key) if pool else None
+        if earlier is not None and not earlier[1].meets_slo(slo_ms) \
+                and (earlier[1].steal_fraction or 0.0) > budget.remeasure_steal:
+            earlier = None   # a miss under steal is no evidence: measure afresh
         options = options or RunOptions(
             warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
             drain_timeout_s=budget.drain_timeout_s, slo_ms=slo_ms,
             stop_when_failed=budget.stop_when_failed)
         length = "" if prefix_len is None else f" len {prefix_len}"
         label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
-        if prior is not None:
+        prior: RunResult | None = None
+        if earlier is not None:
+            prior, prior_stats = earlier
             label += " (round 2)"
-            options = replace(options, prior_sent=prior.sent, prior_misses=prior_misses)
-            if prior_stats is not None and prior_misses > allowed_misses(
+            options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
+            if options.prior_misses > allowed_misses(
                     prior.sent + len(workload.requests) - options.warmup_requests):
                 self.progress.note(f"{label}: not run, round 1 already missed the SLO "
-                                   f"{prior_misses} times")
+                                   f"{options.prior_misses} times")
                 return self._record(prior_stats, label, rounds=2)
         factory = self.systems.get(mode) or self.extra_systems[mode]
         for attempt in range(1, budget.max_remeasures + 2):

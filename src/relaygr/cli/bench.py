@@ -140,11 +140,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     third grid length (512 on the cpu profile; it walks down if that fails), the modes without a
     bar on length (reactive and the three ablations) sweep every other length, relay's and
     baseline's answers rest on a second round of the two lengths that decide them (pooled: P99
-    the 5th-highest of ~500), and searches take 5 trials
-    (fixed length), 4 (mixed) and 3 (extra workloads), starting at twice the profile's search
-    start (8 QPS on cpu) and going no lower than half of it (2 QPS: below, the answer is
-    reported as 0). Warm-up: 25 requests or 2 s of the schedule, whichever is more (96 at
-    48 QPS: a fresh system's caches fill first). Quick:
+    the 5th-highest of ~500), and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
+    workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
+    than half of it (2 QPS: below, the answer is reported as 0). Warm-up: 25 requests or 2 s of
+    the schedule, whichever is more (96 at 48 QPS: a fresh system's caches fill first). Quick:
     40-150 requests per point after 8 warm-up, three modes, every other length, 3-trial searches
     (not below half their start), a 20-request limit point, no extra workloads: a smoke figure of
     the same shape.
