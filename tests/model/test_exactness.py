@@ -15,6 +15,7 @@ configs = st.fixed_dictionaries({
     "num_heads": st.sampled_from([1, 2, 4]),
     "query_block": st.sampled_from([32, 64, 256]),
     "candidate_block": st.sampled_from([7, 64, 512]),
+    "final_norm": st.booleans(),
 })
 
 
@@ -43,11 +44,11 @@ def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: in
 
 @settings(max_examples=15, deadline=None)
 @given(length=st.integers(1, 300), num_candidates=st.integers(1, 30), timed=st.booleans(),
-       seed=st.integers(0, 2**16))
+       final_norm=st.booleans(), seed=st.integers(0, 2**16))
 def test_serving_path_equals_dense_reference(length: int, num_candidates: int, timed: bool,
-                                             seed: int) -> None:
+                                             final_norm: bool, seed: int) -> None:
     """The chunked serving pass computes the paper's masked dense attention."""
-    model = make_model(seed, query_block=32)
+    model = make_model(seed, query_block=32, final_norm=final_norm)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, length, 500, timed)
     cands = torch.randint(1, 501, (num_candidates,), generator=gen)

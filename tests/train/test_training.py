@@ -20,6 +20,7 @@ from relaygr.train import (
     RankingMetrics,
     TrainConfig,
     Trainer,
+    TrainProgress,
     load_trained,
     losses,
     popularity_ranks,
@@ -27,7 +28,7 @@ from relaygr.train import (
     serving_ranks,
 )
 from relaygr.train.batches import LengthBucketOrder, RandomOrder, TrainingData
-from relaygr.train.losses import retrieval_loss
+from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.trainer import cosine_factor
 from tests.train.helpers import NUM_ITEMS, TINY, cyclic_sequences
 
@@ -115,6 +116,53 @@ def test_catalogue_softmax_in_blocks_equals_the_whole_softmax(tmp_path: Path,
         loss.backward()
         grads.append(model.item_emb.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sharing", ["position", "sequence", "catalogue"])
+def test_retrieval_loss_denominator_reweights_the_same_sum(tmp_path: Path, sharing: str) -> None:
+    """loss_mean="epoch" divides the batch's summed loss by a fixed count instead of its own
+    number of positions: the same terms, so loss x denominator is the batch's sum either way."""
+    seqs = cyclic_sequences(tmp_path, num_users=8)
+    data = TrainingData(leave_one_out(seqs), max_seq_len=24, use_timestamps=False)
+    torch.manual_seed(0)
+    model = HSTU(TINY.model_config(seqs.num_items)).eval()
+    batch = data.batch(torch.arange(4))
+    positions = int((batch.targets != 0).sum())
+    mean = retrieval_loss(model, batch, 5, sharing, torch.Generator().manual_seed(3))
+    fixed = retrieval_loss(model, batch, 5, sharing, torch.Generator().manual_seed(3), 37.5)
+    torch.testing.assert_close(fixed * 37.5, mean * positions, rtol=1e-5, atol=1e-4)
+
+
+def test_epoch_loss_mean_trains_and_bad_training_options_are_config_errors(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    cfg = TINY.with_(loss_mean="epoch", final_norm=False, adam_beta2=0.98, max_epochs=2)
+    trainer = Trainer(cfg, seqs, tmp_path / "run", dataset="cyclic", progress_bar=False,
+                      log=lambda _: None)
+    assert isinstance(trainer.model.final_norm, torch.nn.Identity)
+    assert trainer.optimizer.defaults["betas"] == (0.9, 0.98)
+    first = trainer.train_epoch(TrainProgress())
+    second = trainer.train_epoch(TrainProgress())
+    assert second["retrieval"] < first["retrieval"]
+    for bad in ({"loss_mean": "user"}, {"adam_beta2": 1.0}, {"final_norm": "no"}):
+        with pytest.raises(ConfigError):
+            TINY.with_(**bad)
+
+
+def test_head_only_ranking_loss_trains_the_head_alone_on_the_same_scores(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=8)
+    data = TrainingData(leave_one_out(seqs), max_seq_len=24, use_timestamps=False)
+    torch.manual_seed(0)
+    model = HSTU(TINY.model_config(seqs.num_items))
+    rank = data.rank_batch(torch.arange(8), 4, 5, torch.Generator().manual_seed(1))
+    joint = ranking_loss(model.eval(), rank)
+    head = ranking_loss(model, rank, head_only=True)
+    torch.testing.assert_close(head, joint)          # the same function, fewer gradients
+    model.zero_grad(set_to_none=True)
+    head.backward()
+    trained = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert trained == {name for name, _ in model.rank_head.named_parameters(prefix="rank_head")}
 
 
 def test_tiny_run_lowers_loss_and_beats_random_and_popularity(tmp_path: Path) -> None:

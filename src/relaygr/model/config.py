@@ -31,6 +31,9 @@ class HSTUConfig:
     # None means max_seq_len (the paper's choice of the padded length, made constant).
     attention_normalizer: float | None = None
     dropout: float = 0.0
+    # A LayerNorm on the last layer's output (before both heads). The open-source HSTU has none
+    # (its retrieval head L2-normalises the output instead).
+    final_norm: bool = True
     # Most tokens per query block in the history pass (large enough to keep matmuls efficient).
     query_block: int = 256
     # Blocks shrink so a block's score matrix (heads x block x keys) stays within this many
@@ -57,6 +60,8 @@ class HSTUConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"HSTUConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.final_norm, bool):
+            raise ConfigError(f"HSTUConfig.final_norm must be a bool, got {self.final_norm!r}")
         if self.attention_normalizer is not None and not self.attention_normalizer > 0:
             raise ConfigError("HSTUConfig.attention_normalizer must be > 0 when given")
         if self.retrieval_similarity not in RETRIEVAL_SIMILARITIES:

@@ -64,7 +64,7 @@ class HSTU(nn.Module):
         self.candidate_type = nn.Parameter(torch.zeros(d))     # marks a token as a ranking target
         self.input_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(HSTULayer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = nn.LayerNorm(d)
+        self.final_norm: nn.Module = nn.LayerNorm(d) if cfg.final_norm else nn.Identity()
         self.rank_head = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
         self._init_weights()
 
@@ -188,9 +188,16 @@ class HSTU(nn.Module):
     def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
                     query_timestamps: Tensor | None = None) -> Tensor:
         """``[B, T]`` histories and ``[B, C]`` candidates → ``[B, C]`` ranking scores."""
+        hidden = self.candidate_states_padded(items, candidates, timestamps, query_timestamps)
+        return self.rank_head(hidden).squeeze(-1)
+
+    def candidate_states_padded(self, items: Tensor, candidates: Tensor,
+                                timestamps: Tensor | None = None,
+                                query_timestamps: Tensor | None = None) -> Tensor:
+        """``[B, C, d]``: the final states of the candidate tokens, which ``rank_head`` scores."""
         _, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps)
         assert cand_hidden is not None
-        return self.rank_head(cand_hidden).squeeze(-1)
+        return cand_hidden
 
     def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
                        query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:

@@ -25,12 +25,15 @@ from relaygr.train.batches import RankBatch, TrainBatch
 _MASKED_LOGIT = -5e4
 
 
-def _softmax_first(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor) -> Tensor:
-    """Mean cross entropy of the positive (column 0) against masked negatives."""
+def _softmax_first(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor,
+                   denominator: float | None = None) -> Tensor:
+    """Cross entropy of the positive (column 0) against masked negatives, summed over rows and
+    divided by ``denominator`` (None: the number of rows, i.e. the mean)."""
     neg_logits = neg_logits.masked_fill(neg_is_pos, _MASKED_LOGIT)
     logits = torch.cat([pos_logits[:, None], neg_logits], dim=1)
     zeros = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
-    return F.cross_entropy(logits, zeros)
+    total = F.cross_entropy(logits, zeros, reduction="sum")
+    return total / (len(logits) if denominator is None else denominator)
 
 
 # Logits of at most this many bytes per block of positions in the catalogue softmax: below
@@ -39,24 +42,26 @@ def _softmax_first(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor) -
 _CATALOGUE_BLOCK_BYTES = 24 << 20
 
 
-def _catalogue_softmax(query: Tensor, items_t: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy of ``query @ items_t`` against ``targets``, in blocks of positions
-    (the same sum, in pieces)."""
+def _catalogue_softmax(query: Tensor, items_t: Tensor, targets: Tensor,
+                       denominator: float | None = None) -> Tensor:
+    """Cross-entropy of ``query @ items_t`` against ``targets``, summed in blocks of positions
+    and divided by ``denominator`` (None: the number of positions, i.e. the mean)."""
     step = max(1, _CATALOGUE_BLOCK_BYTES // (items_t.element_size() * items_t.shape[1]))
     total = query.new_zeros(())
     for start in range(0, len(query), step):
         block = query[start:start + step] @ items_t
         total = total + F.cross_entropy(block, targets[start:start + step], reduction="sum")
-    return total / len(query)
+    return total / (len(query) if denominator is None else denominator)
 
 
 def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: str,
-                   gen: torch.Generator) -> Tensor:
+                   gen: torch.Generator, denominator: float | None = None) -> Tensor:
     """Sampled softmax of next-item prediction at every non-padding position of ``batch``.
 
     ``sharing`` is "position" (negatives drawn per position), "sequence" (one draw per row,
     used by all its positions) or "catalogue" (every other item is a negative: the exact
-    softmax, ``num_negatives`` unused). Negatives are drawn on the CPU from ``gen``.
+    softmax, ``num_negatives`` unused). Negatives are drawn on the CPU from ``gen``. The
+    per-position losses are summed and divided by ``denominator`` (None: their mean).
     """
     device = model.device
     hidden = model.encode_padded(batch.inputs, batch.timestamps)          # [B, T, d]
@@ -66,7 +71,8 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     pos_logits = (query[valid] * model.item_vectors(targets)).sum(-1)     # [N]
     high = model.cfg.num_items + 1
     if sharing == "catalogue":                                            # the exact softmax
-        return _catalogue_softmax(query[valid], model.item_embeddings().t(), targets - 1)
+        return _catalogue_softmax(query[valid], model.item_embeddings().t(), targets - 1,
+                                  denominator)
     if sharing == "position":
         neg_ids = torch.randint(1, high, (len(targets), num_negatives), generator=gen)
         neg_ids = neg_ids.to(device)
@@ -79,14 +85,23 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
         neg_vecs = model.item_vectors(neg_ids)                            # [B, K, d]
         neg_logits = torch.bmm(query, neg_vecs.transpose(1, 2))[valid]   # [N, K]
         neg_is_pos = neg_ids[:, None, :].expand(-1, valid.shape[1], -1)[valid] == targets[:, None]
-    return _softmax_first(pos_logits, neg_logits, neg_is_pos)
+    return _softmax_first(pos_logits, neg_logits, neg_is_pos, denominator)
 
 
-def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0) -> Tensor:
+def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
+                 head_only: bool = False) -> Tensor:
     """Sampled softmax of the ranking head over ``batch.candidates`` (positive in column 0), at
     ``temperature`` (a monotone rescaling of the scores: it changes how fast the head learns,
-    not which candidate ``rank`` puts first)."""
-    scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps)  # [R, C]
+    not which candidate ``rank`` puts first). ``head_only``: the gradient reaches the head's
+    MLP only; the layers below are computed without a graph (the retrieval loss alone trains
+    them)."""
+    if head_only:
+        with torch.no_grad():
+            states = model.candidate_states_padded(batch.history, batch.candidates,
+                                                   batch.timestamps)
+        scores = model.rank_head(states).squeeze(-1)                               # [R, C]
+    else:
+        scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps)
     scores = scores / temperature
     neg_is_pos = batch.candidates[:, 1:] == batch.candidates[:, :1]
     return _softmax_first(scores[:, 0], scores[:, 1:], neg_is_pos)

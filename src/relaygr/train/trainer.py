@@ -83,6 +83,7 @@ class Trainer:
         torch.manual_seed(seed)
         self.model = HSTU(config.model_config(sequences.num_items)).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
+                                           betas=(0.9, config.adam_beta2),
                                            weight_decay=config.weight_decay)
         self.gen = torch.Generator().manual_seed(seed)
         self.order: BatchOrder = BATCH_ORDERS[config.batch_order]()
@@ -104,17 +105,20 @@ class Trainer:
         bar = tqdm(batches, desc=f"epoch {progress.epoch + 1}", unit="batch", leave=False,
                    disable=not self.progress_bar, mininterval=2.0)
         total_steps = cfg.max_epochs * len(batches)
+        # loss_mean "epoch": every position weighs the same whichever batch it lands in
+        denominator = (float(self.data.lengths.sum()) / len(batches)
+                       if cfg.loss_mean == "epoch" else None)
         for rows in bar:
             if cfg.lr_schedule == "cosine":
                 self._set_lr(progress, total_steps)
             batch = self.data.batch(rows).to(self.device)
             retrieval = retrieval_loss(model, batch, cfg.num_negatives, cfg.negative_sharing,
-                                       self.gen)
+                                       self.gen, denominator)
             loss, ranking = retrieval, torch.zeros(())
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
                 ranking = ranking_loss(model, self._rank_batch_on_device(rank),
-                                       cfg.rank_temperature)
+                                       cfg.rank_temperature, cfg.rank_trains == "head")
                 loss = retrieval + cfg.rank_weight * ranking
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
