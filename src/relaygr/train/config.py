@@ -115,7 +115,7 @@ class TrainConfig:
             raise ConfigError("TrainConfig.adam_beta2 must be in [0, 1)")
         if self.batch_order not in BATCH_ORDERS:
             raise ConfigError(f"TrainConfig.batch_order must be one of {BATCH_ORDERS}")
-        self.model_config(1)  # dim/heads/dropout/similarity are validated by the model
+        self.model_config(1)  # dim/heads/dropout/final_norm/similarity: validated by the model
 
     def model_config(self, num_items: int) -> HSTUConfig:
         """The model this run trains, over a catalogue of ``num_items``."""

@@ -25,15 +25,12 @@ from relaygr.train.batches import RankBatch, TrainBatch
 _MASKED_LOGIT = -5e4
 
 
-def _softmax_first(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor,
-                   denominator: float | None = None) -> Tensor:
-    """Cross entropy of the positive (column 0) against masked negatives, summed over rows and
-    divided by ``denominator`` (None: the number of rows, i.e. the mean)."""
+def _softmax_first_sum(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor) -> Tensor:
+    """Cross entropy of the positive (column 0) against masked negatives, summed over rows."""
     neg_logits = neg_logits.masked_fill(neg_is_pos, _MASKED_LOGIT)
     logits = torch.cat([pos_logits[:, None], neg_logits], dim=1)
     zeros = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
-    total = F.cross_entropy(logits, zeros, reduction="sum")
-    return total / (len(logits) if denominator is None else denominator)
+    return F.cross_entropy(logits, zeros, reduction="sum")
 
 
 # Logits of at most this many bytes per block of positions in the catalogue softmax: below
@@ -42,16 +39,14 @@ def _softmax_first(pos_logits: Tensor, neg_logits: Tensor, neg_is_pos: Tensor,
 _CATALOGUE_BLOCK_BYTES = 24 << 20
 
 
-def _catalogue_softmax(query: Tensor, items_t: Tensor, targets: Tensor,
-                       denominator: float | None = None) -> Tensor:
-    """Cross-entropy of ``query @ items_t`` against ``targets``, summed in blocks of positions
-    and divided by ``denominator`` (None: the number of positions, i.e. the mean)."""
+def _catalogue_softmax_sum(query: Tensor, items_t: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy of ``query @ items_t`` against ``targets``, summed in blocks of positions."""
     step = max(1, _CATALOGUE_BLOCK_BYTES // (items_t.element_size() * items_t.shape[1]))
     total = query.new_zeros(())
     for start in range(0, len(query), step):
         block = query[start:start + step] @ items_t
         total = total + F.cross_entropy(block, targets[start:start + step], reduction="sum")
-    return total / (len(query) if denominator is None else denominator)
+    return total
 
 
 def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: str,
@@ -70,9 +65,10 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     targets = batch.targets[valid]                                        # [N]
     pos_logits = (query[valid] * model.item_vectors(targets)).sum(-1)     # [N]
     high = model.cfg.num_items + 1
+    denominator = len(targets) if denominator is None else denominator
     if sharing == "catalogue":                                            # the exact softmax
-        return _catalogue_softmax(query[valid], model.item_embeddings().t(), targets - 1,
-                                  denominator)
+        total = _catalogue_softmax_sum(query[valid], model.item_embeddings().t(), targets - 1)
+        return total / denominator
     if sharing == "position":
         neg_ids = torch.randint(1, high, (len(targets), num_negatives), generator=gen)
         neg_ids = neg_ids.to(device)
@@ -85,7 +81,7 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
         neg_vecs = model.item_vectors(neg_ids)                            # [B, K, d]
         neg_logits = torch.bmm(query, neg_vecs.transpose(1, 2))[valid]   # [N, K]
         neg_is_pos = neg_ids[:, None, :].expand(-1, valid.shape[1], -1)[valid] == targets[:, None]
-    return _softmax_first(pos_logits, neg_logits, neg_is_pos, denominator)
+    return _softmax_first_sum(pos_logits, neg_logits, neg_is_pos) / denominator
 
 
 def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
@@ -104,4 +100,4 @@ def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
         scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps)
     scores = scores / temperature
     neg_is_pos = batch.candidates[:, 1:] == batch.candidates[:, :1]
-    return _softmax_first(scores[:, 0], scores[:, 1:], neg_is_pos)
+    return _softmax_first_sum(scores[:, 0], scores[:, 1:], neg_is_pos) / len(scores)

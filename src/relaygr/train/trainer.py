@@ -2,12 +2,13 @@
 
 Per batch: the retrieval sampled softmax over every position (``losses.retrieval_loss``) plus
 ``rank_weight`` times the ranking-head softmax at a random cut of ``rank_users`` users
-(``losses.ranking_loss``), one AdamW step at the scheduled learning rate (constant or cosine,
-times the plateau scale). After every ``eval_every_epochs`` epochs the retrieval
-head is validated on the leave-one-out validation items (NDCG@10 decides); a better score
-overwrites ``model.safetensors``, and ``patience`` validations without one stop the run. Every
-epoch ends with a resumable checkpoint (``checkpoint.save_train_state``), so ``resume`` continues
-bit-for-bit where the last completed epoch ended (same device and thread count).
+(``losses.ranking_loss``; with ``rank_trains="head"`` it trains the head's MLP alone), one AdamW
+step at the scheduled learning rate (constant or cosine, times the plateau scale). After every
+``eval_every_epochs`` epochs the retrieval head is validated on the leave-one-out validation items
+(NDCG@10 decides); a better score overwrites ``model.safetensors``, and ``patience`` validations
+without one stop the run. Every epoch ends with a resumable checkpoint
+(``checkpoint.save_train_state``), so ``resume`` continues bit-for-bit where the last completed
+epoch ended (same device and thread count).
 """
 
 from __future__ import annotations
