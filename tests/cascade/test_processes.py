@@ -20,6 +20,7 @@ from relaygr.errors import ConfigError
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
+from tests.tolerance import SCORE_TOL
 
 T = TypeVar("T")
 
@@ -75,7 +76,7 @@ def test_process_instances_rank_like_in_process_ones() -> None:
             if mode == "baseline":      # the same full pass, computed in another process
                 assert g.path is RankPath.FULL and torch.equal(g.scores, w.scores)
             else:
-                torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
             # where the time went crosses the process boundary, with the hop measured
             assert g.timing is not None and g.timing.compute_s > 0
             assert g.timing.transport_s >= 0 and g.timing.batch_size >= 1
@@ -139,7 +140,7 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
     got = _run(processes, main)
     want, _ = serve("baseline", plan)
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.scores, w.scores, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
 
 
 def test_fail_and_restart_reach_the_instance_in_its_process() -> None:

@@ -18,6 +18,7 @@ from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
+from tests.tolerance import SCORE_TOL
 
 NUM_ITEMS = 500
 
@@ -77,7 +78,8 @@ def test_every_mode_ranks_like_the_baseline() -> None:
         out, system = serve(mode.value, plan)
         for got, want in zip(out, baseline, strict=True):
             assert torch.equal(got.candidates, want.candidates)
-            torch.testing.assert_close(got.scores, want.scores, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got.scores, want.scores, atol=SCORE_TOL,
+                                       rtol=SCORE_TOL)
         if mode is not Mode.BASELINE:
             cached = sum(1 for r in out if r.path is not RankPath.FULL)
             assert cached > 0, f"{mode.value} never used its cache"
@@ -124,7 +126,7 @@ def test_failed_instance_mid_run_loses_no_request() -> None:
 
     out = asyncio.run(main())
     for got, want in zip(out, baseline, strict=True):
-        torch.testing.assert_close(got.scores, want.scores, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.scores, want.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
     assert all(r.instance == "rank-0" for r in out[8:16])        # its users moved
     assert system.counters.requests == len(plan)
 
@@ -171,7 +173,7 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
         want.setdefault(v.user_id, rec)
     assert len(out) == len(want)
     for rec, expected in zip(out, want.values(), strict=True):
-        torch.testing.assert_close(rec.scores, expected.scores, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(rec.scores, expected.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
     assert system.counters.failovers >= 1
 
 

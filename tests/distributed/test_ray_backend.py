@@ -21,6 +21,7 @@ from relaygr.server import RelayService, ServerConfig
 from relaygr.server.build import load_model, load_store
 from tests.distributed.helpers import LocalRanker, full_scores
 from tests.server.helpers import SOURCE, client_for, system_config
+from tests.tolerance import SCORE_TOL
 
 NAMES = ["replica-a", "replica-b"]
 
@@ -52,7 +53,7 @@ def test_both_legs_reach_the_owner_and_scores_are_exact(tmp_path: Path) -> None:
             torch.testing.assert_close(
                 torch.tensor(out["scores"]),
                 full_scores(history.items, history.timestamps, out["candidates"]).float(),
-                atol=1e-4, rtol=1e-4)
+                atol=SCORE_TOL, rtol=SCORE_TOL)
             assert out["path"] in ("pending_wait", "device_hit")
 
     asyncio.run(with_client(service, body))
@@ -107,7 +108,7 @@ def test_a_dead_replica_loses_no_request_and_its_users_move(tmp_path: Path) -> N
             torch.testing.assert_close(
                 torch.tensor(out["scores"]),
                 full_scores(history.items, history.timestamps, out["candidates"]).float(),
-                atol=1e-4, rtol=1e-4)
+                atol=SCORE_TOL, rtol=SCORE_TOL)
         ranker.forget(victim)                        # the membership catches up
         r = await client.post("/v1/recommend", json={"user_id": owned[0]})
         assert r.json()["instance"] == "replica-a"

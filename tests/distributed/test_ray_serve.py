@@ -24,6 +24,7 @@ from relaygr.server import ServerConfig
 from relaygr.server.build import load_model, load_store
 from tests.engine.helpers import flops_cost_model
 from tests.server.helpers import SOURCE, system_config
+from tests.tolerance import SCORE_TOL
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -74,7 +75,8 @@ def _check_scores(responses: list[httpx.Response]) -> None:
         h = store.get(out["user_id"])
         want = model.rank(torch.tensor(out["candidates"]), prefix_items=torch.tensor(h.items),
                           prefix_timestamps=torch.tensor(h.timestamps))
-        torch.testing.assert_close(torch.tensor(out["scores"]), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.tensor(out["scores"]), want, atol=SCORE_TOL,
+                                   rtol=SCORE_TOL)
 
 
 def _by_request(rows: list[LegRecord]) -> dict[str, dict[str, LegRecord]]:

@@ -12,9 +12,10 @@ import pytest
 
 from relaygr.engine.hostmem import MAX_MMAP_THRESHOLD_BYTES, tune_host_allocator
 
-PROBE = Path(__file__).with_name("fault_probe.py")
+PROBE = Path(__file__).with_name("alloc_probe.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+_GLIBC_VERSION = tuple(int(x) for x in (platform.libc_ver()[1] or "0.0").split(".")[:2])
 
 
 @pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
@@ -24,7 +25,7 @@ def test_tuning_applies_and_repeats() -> None:
     assert tune_host_allocator(MAX_MMAP_THRESHOLD_BYTES, 1 << 30) is True
 
 
-def _probe_faults(mode: str) -> int:
+def _mapped_blocks(mode: str) -> int:
     # a fresh process each: the settings are process-wide and one-way
     path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
@@ -33,12 +34,12 @@ def _probe_faults(mode: str) -> int:
     return int(out.stdout.strip())
 
 
-@pytest.mark.skipif(not ON_GLIBC, reason="mallopt is glibc's")
-def test_tuned_allocator_stops_faulting_in_each_pass() -> None:
-    # Timed ranking passes on a worker thread map their activations afresh each call under
-    # glibc's defaults (thousands of page faults for 5 passes); tuned, blocks are recycled.
-    default, tuned = _probe_faults("default"), _probe_faults("tuned")
-    assert tuned * 3 < default, (tuned, default)
+@pytest.mark.skipif(not ON_GLIBC or _GLIBC_VERSION < (2, 33), reason="mallinfo2: glibc >= 2.33")
+def test_tuned_allocator_serves_tensor_sized_blocks_from_the_heap() -> None:
+    # The mechanism, from glibc's own counters: a 16 MiB block is mapped afresh under the
+    # defaults and taken from the heap once tuned. (What that saves in page faults and time is
+    # machine-dependent and measured by `relaygr profile`, not asserted here.)
+    assert (_mapped_blocks("default"), _mapped_blocks("tuned")) == (1, 0)
 
 
 @pytest.mark.parametrize("mmap_bytes, trim_bytes", [(0, 1), (MAX_MMAP_THRESHOLD_BYTES + 1, 1),

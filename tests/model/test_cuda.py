@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.model.helpers import assert_close, make_model, random_history
+from tests.tolerance import stored_rounding_tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,8 @@ def test_cuda_float32_cached_equals_full_and_cpu(timed: bool) -> None:
     cached = gpu.rank(cands, prefix=kv).cpu()
     full = gpu.rank(cands, prefix_items=items, prefix_timestamps=ts).cpu()
     assert_close(cached, full)
-    assert_close(cached, cpu.rank(cands, prefix_items=items, prefix_timestamps=ts), 1e-3, 1e-3)
+    # another device reorders every reduction, as another split does: the same bound
+    assert_close(cached, cpu.rank(cands, prefix_items=items, prefix_timestamps=ts))
 
 
 def test_cuda_bfloat16_cached_equals_full() -> None:
@@ -34,4 +36,7 @@ def test_cuda_bfloat16_cached_equals_full() -> None:
     assert kv.dtype == torch.bfloat16
     cached = gpu.rank(cands, prefix=kv).float().cpu()
     full = gpu.rank(cands, prefix_items=items, prefix_timestamps=ts).float().cpu()
-    assert_close(cached, full, atol=5e-2, rtol=5e-2)
+    # both paths accumulate in float32 and store bfloat16; they round differently where their
+    # shapes differ: the attention output and the stored scores of each layer, and the head
+    tol = stored_rounding_tolerance(roundings=2 * 2 + 1)
+    assert_close(cached, full, atol=tol, rtol=tol)

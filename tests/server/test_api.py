@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.server import RelayService
 from tests.server.helpers import make_service, run_with_client
+from tests.tolerance import SCORE_TOL
 
 
 def reference_scores(service: RelayService, user_id: int, candidates: list[int]) -> torch.Tensor:
@@ -23,7 +24,7 @@ def reference_scores(service: RelayService, user_id: int, candidates: list[int])
 
 
 def assert_scores(got: list[float], want: torch.Tensor) -> None:
-    torch.testing.assert_close(torch.tensor(got), want.float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(got), want.float(), atol=SCORE_TOL, rtol=SCORE_TOL)
 
 
 def test_recommend_ranks_exactly_and_revisits_reuse_the_prefix() -> None:

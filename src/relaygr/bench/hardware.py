@@ -48,6 +48,10 @@ class Timing:
     min_ms: float
     max_ms: float
     repeats: int
+    # Minor page faults of the whole process per timed call: memory mapped and touched afresh
+    # (what the host allocator's tuning and the score-block bound exist to avoid). 0 where the
+    # platform does not count them.
+    page_faults_per_call: float = 0.0
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
@@ -57,12 +61,22 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
         fn()
     synchronize(device)
     samples = []
+    faults_before = _minor_faults()
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         synchronize(device)
         samples.append((time.perf_counter() - start) * 1e3)
-    return Timing(statistics.median(samples), min(samples), max(samples), repeats)
+    faults = (_minor_faults() - faults_before) / repeats
+    return Timing(statistics.median(samples), min(samples), max(samples), repeats, faults)
+
+
+def _minor_faults() -> int:
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

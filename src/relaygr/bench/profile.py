@@ -49,6 +49,7 @@ class ProfilePoint:
     prefill_gflops: float        # achieved GFLOP/s of each path
     full_rank_gflops: float
     cached_rank_gflops: float
+    cached_rank_page_faults: float = 0.0   # minor page faults per cached ranking call
 
 
 @dataclass
@@ -113,7 +114,8 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
                 full_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=False),
                                          full.median_ms),
                 cached_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=True),
-                                           cached.median_ms)))
+                                           cached.median_ms),
+                cached_rank_page_faults=cached.page_faults_per_call))
             if progress is not None:
                 progress.advance(task)  # type: ignore[attr-defined]
     return result

@@ -49,14 +49,15 @@ def render(result: ProfileResult) -> Table:
                          f"{result.device} ({result.dtype}, {result.threads} threads); "
                          f"matmul peak {peak:.0f} GFLOP/s"))
     for name in ("prefix", "cands", "prefill ms", "full ms", "cached ms", "speedup",
-                 "prefill %peak", "full %peak", "cached %peak"):
+                 "prefill %peak", "full %peak", "cached %peak", "cached faults"):
         table.add_column(name, justify="right")
     for p in result.points:
         table.add_row(str(p.prefix_tokens), str(p.candidates), f"{p.prefill_ms:.1f}",
                       f"{p.full_rank_ms:.1f}", f"{p.cached_rank_ms:.2f}", f"{p.speedup:.1f}x",
                       f"{100 * p.prefill_gflops / peak:.0f}%",
                       f"{100 * p.full_rank_gflops / peak:.0f}%",
-                      f"{100 * p.cached_rank_gflops / peak:.0f}%")
+                      f"{100 * p.cached_rank_gflops / peak:.0f}%",
+                      f"{p.cached_rank_page_faults:.0f}")
     return table
 
 

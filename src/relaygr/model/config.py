@@ -39,7 +39,8 @@ class HSTUConfig:
     # Blocks shrink so a block's score matrix (heads x block x keys) stays within this many
     # elements (4 MB in float32): it then stays in cache at long prefixes.
     score_block_elems: int = 1 << 20
-    # Candidates per micro-batch in the candidate pass (bounds the score matrix at long prefixes).
+    # Most candidates per micro-batch in the candidate pass; at long prefixes the pass takes fewer,
+    # so that their score matrix (heads x candidates x keys) also fits score_block_elems.
     candidate_block: int = 512
     # Retrieval head: "dot" scores the raw inner product of user representation and item
     # embedding; "cosine" L2-normalises both first (the open-source HSTU recipe). Either is

@@ -2,10 +2,11 @@
 
 A ``Pass`` advances in *rounds*. In one round every user with work left contributes its next
 history chunk (at most ``query_block`` tokens) and, once its history is complete, a micro-batch of
-at most ``candidate_block`` candidates. All tokens of a round go through each layer's dense parts
-(norms, projections) as one jagged batch; attention runs per user over that user's key segments:
-its cached past (read-only) and the buffer this pass fills. A round is also the unit of work the
-instance scheduler interleaves with ranking, which is how pre-inference is chunked.
+at most ``candidate_block`` candidates; both shrink at long histories so that no score matrix of a
+round exceeds ``score_block_elems`` elements. All tokens of a round go through each layer's dense
+parts (norms, projections) as one jagged batch; attention runs per user over that user's key
+segments: its cached past (read-only) and the buffer this pass fills. A round is also the unit of
+work the instance scheduler interleaves with ranking, which is how pre-inference is chunked.
 
 Invariants: a history token at position p is embedded and attended identically whichever round,
 batch or pass computes it, so a prefix computed here and reused later gives the same keys and
@@ -170,7 +171,8 @@ class Pass:
                        t.new_tokens - t.done_tokens)
         cand_len = 0
         if t.candidates is not None and t.done_tokens + hist_len == t.new_tokens:
-            cand_len = min(cfg.candidate_block, int(t.candidates.numel()) - t.done_candidates)
+            cand_len = min(self._candidate_block_size(t.history.total_tokens),
+                           int(t.candidates.numel()) - t.done_candidates)
         piece = _Piece(t, t.done_tokens, hist_len, t.done_candidates, cand_len)
         if t.key_ts is not None:
             past = t.history.past_tokens
@@ -192,6 +194,15 @@ class Pass:
         cfg = self.model.cfg
         fit = cfg.score_block_elems // (cfg.num_heads * (start + cfg.query_block))
         return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
+
+    def _candidate_block_size(self, keys: int) -> int:
+        """Candidates per micro-batch against ``keys`` history keys: at most ``candidate_block``,
+        and few enough that their scores (heads x candidates x keys) fit ``score_block_elems``,
+        the bound every query block already keeps. A larger score matrix leaves the cache and,
+        past the allocator's mmap threshold, is mapped and faulted in afresh on every layer."""
+        cfg = self.model.cfg
+        fit = cfg.score_block_elems // (cfg.num_heads * max(keys, 1))
+        return max(1, min(cfg.candidate_block, fit))
 
     def _embed(self, pieces: list[_Piece]) -> Tensor:
         model = self.model
