@@ -76,10 +76,11 @@ class SimulatedServer:
 
 
 class LoopBlockingServer:
-    """Blocks the whole event loop (``time.sleep``) on its first request: a badly written system.
+    """Blocks the whole event loop on its first request: a badly written system.
 
     Requests scheduled during the block are sent late; their latency must still count from their
-    scheduled send time.
+    scheduled send time. On a loop on virtual time the block is ``loop.advance`` (time passes,
+    nothing runs); on a real loop, ``time.sleep``.
     """
 
     def __init__(self, ctx: SystemContext, block_s: float) -> None:
@@ -87,7 +88,9 @@ class LoopBlockingServer:
 
     async def handle(self, request: BenchRequest) -> RequestRecord:
         if request.request_id == 0:
-            time.sleep(self.block_s)
+            loop = asyncio.get_running_loop()
+            advance = getattr(loop, "advance", None)
+            (advance or time.sleep)(self.block_s)
         now = self.clock.now_s()
         return RequestRecord(request.request_id, request.user_id, request.send_s, now, now,
                              "full", 0, len(request.recent_items), request.num_candidates, 0, None)

@@ -48,7 +48,7 @@ def test_model_probe_times_cached_ranking() -> None:
     torch.manual_seed(0)
     probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2)
     ms = probe.cached_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8)
-    assert 0 < ms < 1000
+    assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
 
 
 def _low_load_point() -> RunResult:

@@ -22,6 +22,9 @@ from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
 
+# Spawns, kills and restarts instance processes: slow, and run by CI with -m slow.
+pytestmark = pytest.mark.slow
+
 T = TypeVar("T")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -158,11 +159,19 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
             first_visits: dict[int, Visit] = {}
             for v in plan:
                 first_visits.setdefault(v.user_id, v)
+            # compute held, so that work queues up on any machine, however fast
+            release = threading.Event()
+            holds = [asyncio.ensure_future(i.executor.run(release.wait))
+                     for i in system.instances]
             tasks = [asyncio.ensure_future(system.recommend(v)) for v in first_visits.values()]
-            while not any(i.scheduler.rank_queue_depth for i in system.instances):
+            # every visit pre-infers (a tiny SLO) behind the held compute, and its ranking
+            # request, once the earlier stages are done, waits on the victim for that prefix
+            while not any(i.scheduler.prefill_waiters for i in system.instances):
                 await asyncio.sleep(0.001)
-            victim = max(system.instances, key=lambda i: i.scheduler.rank_queue_depth)
-            await system.fail_instance(victim.name)
+            victim = max(system.instances, key=lambda i: i.scheduler.prefill_waiters)
+            failing = asyncio.ensure_future(system.fail_instance(victim.name))
+            release.set()       # the stop waits for the compute in flight, then fails the rest
+            await asyncio.gather(failing, *holds)
             return list(await asyncio.gather(*tasks))
         finally:
             await system.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
 import pytest
@@ -39,9 +38,22 @@ class Trace:
         return step, lambda: state["left"] == 0, lambda: f"{name}-done"
 
 
-def make(trace: Trace, **policy: int) -> InstanceScheduler:
-    return InstanceScheduler(ComputeExecutor("test", torch.device("cpu")), trace.run_batch,
-                             BatchPolicy(**policy) if policy else None)
+class FakeClock:
+    """Seconds that pass only when a fake computation says so (``advance``), on any thread."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def make(trace: Trace, clock: FakeClock | None = None, **policy: int) -> InstanceScheduler:
+    executor = ComputeExecutor("test", torch.device("cpu"), clock=clock or FakeClock())
+    return InstanceScheduler(executor, trace.run_batch, BatchPolicy(**policy) if policy else None)
 
 
 def test_ranking_goes_before_queued_prefill_rounds() -> None:
@@ -169,30 +181,35 @@ def test_stop_fails_queued_work_and_rejects_new_work() -> None:
 
 
 def test_worker_compute_time_is_accounted_per_kind() -> None:
+    # Compute time on a fake clock: a ranking batch "computes" 20 ms, each pre-infer round 1 ms.
+    clock = FakeClock()
+
     class Slow(Trace):
         def run_batch(self, payloads: list[str]) -> list[str]:
-            deadline = time.perf_counter() + 0.02      # busy, not sleeping: it is compute
-            while time.perf_counter() < deadline:
-                pass
+            clock.advance(0.02)
             return super().run_batch(payloads)
 
     async def scenario() -> InstanceScheduler:
         trace = Slow()
-        sched = make(trace, max_requests=1)
-        job = sched.submit_prefill(*trace.prefill("p", 2))
+        sched = make(trace, clock, max_requests=1)
+        step, done, finish = trace.prefill("p", 2)
+
+        def timed_step() -> None:
+            clock.advance(0.001)
+            step()
+
+        job = sched.submit_prefill(timed_step, done, finish)
         sched.start()
         assert await sched.submit_rank("a", 1) == "A" and await job.future == "p-done"
         await sched.stop()
         return sched
 
-    started = time.perf_counter()
-    sched = asyncio.run(scenario())
-    wall_s = time.perf_counter() - started
-    stats = sched.stats
-    assert stats.rank_batches == 1 and stats.rank_compute_s >= 0.02
-    assert stats.prefill_rounds == 2 and 0 < stats.prefill_compute_s < stats.rank_compute_s
-    # worker time only: the three calls ran one after another inside the scenario
-    assert stats.rank_compute_s + stats.prefill_compute_s <= wall_s
+    stats = asyncio.run(scenario()).stats
+    assert (stats.rank_batches, stats.prefill_rounds) == (1, 2)
+    assert stats.rank_compute_s == pytest.approx(0.02, abs=1e-12)
+    assert stats.prefill_compute_s == pytest.approx(0.002, abs=1e-12)
+    # worker time only, and all of it: the calls ran one after another on the one clock
+    assert stats.rank_compute_s + stats.prefill_compute_s == pytest.approx(clock.now_s)
 
 
 def test_busy_meter_counts_recent_and_running_compute() -> None:
@@ -217,20 +234,23 @@ def test_busy_meter_counts_recent_and_running_compute() -> None:
 
 
 def test_rank_busy_counts_ranking_batches_only() -> None:
-    # The trigger's load signal: 30 ms of ranking is counted, 60 ms of pre-infer rounds is not.
+    # The trigger's load signal: 30 ms of ranking is counted, 60 ms of pre-infer rounds is not
+    # (time on a fake clock that only the fake computations move).
+    clock = FakeClock()
+
     class Slow(Trace):
         def run_batch(self, payloads: list[str]) -> list[str]:
-            time.sleep(0.03)
+            clock.advance(0.03)
             return super().run_batch(payloads)
 
     async def scenario() -> tuple[float, float]:
         trace = Slow()
-        sched = make(trace)
+        sched = make(trace, clock)
         sched.start()
         step, done, finish = trace.prefill("p", 2)
 
         def slow_step() -> None:
-            time.sleep(0.03)
+            clock.advance(0.03)
             step()
 
         await sched.submit_prefill(slow_step, done, finish).future
@@ -242,4 +262,4 @@ def test_rank_busy_counts_ranking_batches_only() -> None:
 
     idle, busy_s = asyncio.run(scenario())
     assert idle == 0.0
-    assert 0.03 <= busy_s < 0.5
+    assert busy_s == pytest.approx(0.03, abs=1e-12)

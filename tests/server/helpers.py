@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -51,3 +52,28 @@ def run_with_client(service: RelayService,
         async with client_for(service) as client:
             return await body(client)
     return asyncio.run(main())
+
+
+@asynccontextmanager
+async def held_compute(service: RelayService) -> AsyncIterator[None]:
+    """Every in-process instance's worker thread blocked until the block ends: work queues up
+    exactly as on a machine far slower than any real one, so overload is a state a test sets,
+    not a race it hopes to win."""
+    release = threading.Event()
+    system = service.backend.system  # type: ignore[attr-defined]
+    holds = [asyncio.ensure_future(inst.executor.run(release.wait)) for inst in system.instances]
+    try:
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*holds)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Yield to the loop until ``condition()`` holds. The timeout only turns a hang into a
+    failure (a condition that should hold at once on any machine); it decides nothing."""
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), timeout_s)

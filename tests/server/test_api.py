@@ -103,6 +103,7 @@ def test_events_append_and_create_users() -> None:
     run_with_client(service, body)
 
 
+@pytest.mark.slow  # spawns instance processes
 def test_instances_in_processes_serve_the_same_api() -> None:
     service = make_service(instance_processes=True)
     system = service.backend.system  # type: ignore[attr-defined]

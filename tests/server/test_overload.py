@@ -7,19 +7,28 @@ import asyncio
 import httpx
 
 from relaygr.server import ServerConfig
-from tests.server.helpers import make_service, run_with_client, system_config
+from tests.server.helpers import (
+    held_compute,
+    make_service,
+    run_with_client,
+    system_config,
+    until,
+)
 
 
 def test_ranking_overload_answers_503_with_retry_after() -> None:
-    # One queued ranking request is the limit, and batches take one request: a burst of 24
-    # rankings finds the queue full for most of them.
+    # One queued ranking request is the limit, and batches take one request. With the
+    # instances' compute held, each instance has one batch in compute and one request queued:
+    # 24 rankings over 2 instances must shed some (at least one instance gets three or more).
     service = make_service(system_config(max_rank_queue_depth=1, batch_max_requests=1,
                                          slo_ms=250.0))
+    counters = lambda: service.backend.snapshot().counters  # noqa: E731
 
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
-        burst = [client.post("/v1/rank", json={"user_id": 1 + i % 20,
-                                               "candidates": list(range(1, 200))})
-                 for i in range(24)]
+        async with held_compute(service):
+            burst = [asyncio.ensure_future(client.post("/v1/rank", json={
+                "user_id": 1 + i % 20, "candidates": list(range(1, 200))})) for i in range(24)]
+            await until(lambda: counters().shed_rank > 0)
         return list(await asyncio.gather(*burst))
 
     answers = run_with_client(service, body)
@@ -31,41 +40,47 @@ def test_ranking_overload_answers_503_with_retry_after() -> None:
         assert r.headers["retry-after"] == "1"          # ceil(slo_ms 250 ms)
         assert r.json()["error"] == "OverloadedError"
         assert "ranking requests queued" in r.json()["detail"]
-    counters = service.backend.snapshot().counters
-    assert counters.shed_rank == len(shed)
-    assert counters.requests == len(served)
+    assert counters().shed_rank == len(shed)
+    assert counters().requests == len(served)
 
 
 def test_preinfer_is_shed_before_ranking() -> None:
     service = make_service(system_config(shed_preinfer_queue_depth=1, batch_max_requests=1,
                                          max_rank_queue_depth=64))
+    system = service.backend.system  # type: ignore[attr-defined]
+    counters = lambda: service.backend.snapshot().counters  # noqa: E731
 
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
-        # A queue of ranking work first, then visits whose pre-infer signals arrive behind it.
-        ranks = [asyncio.ensure_future(client.post("/v1/rank", json={
-            "user_id": 1 + i, "candidates": list(range(1, 400))})) for i in range(16)]
-        await asyncio.sleep(0.005)
-        visits = await asyncio.gather(*[
-            client.post("/v1/recommend", json={"user_id": 1 + i}) for i in range(16)])
+        async with held_compute(service):
+            # A queue of ranking work first (each instance: one batch held in compute, the
+            # rest queued), then visits of other users (a user's requests are served in order)
+            # whose pre-infer signals arrive behind it.
+            ranks = [asyncio.ensure_future(client.post("/v1/rank", json={
+                "user_id": 1 + i, "candidates": list(range(1, 400))})) for i in range(16)]
+            await until(lambda: sum(i.rank_queue_depth for i in system.instances) >= 14)
+            visits = [asyncio.ensure_future(client.post("/v1/recommend", json={
+                "user_id": 17 + i})) for i in range(8)]
+            await until(lambda: counters().shed_preinfer > 0)
         assert all(r.status_code == 200 for r in await asyncio.gather(*ranks))
-        return list(visits)
+        return list(await asyncio.gather(*visits))
 
     answers = run_with_client(service, body)
     assert all(r.status_code == 200 for r in answers)          # ranking still answered all
     skipped = [r for r in answers if r.json()["preinfer"]["action"] == "skipped"
                and r.json()["preinfer"]["reason"] is None]
-    counters = service.backend.snapshot().counters
-    assert counters.shed_preinfer == len(skipped) > 0
-    assert counters.shed_rank == 0
+    assert counters().shed_preinfer == len(skipped) > 0
+    assert counters().shed_rank == 0
 
 
 def test_in_flight_cap_refuses_at_the_door() -> None:
-    service = make_service(system_config(retrieval_delay_ms=200),
-                           ServerConfig(max_in_flight=2, retry_after_s=2.0))
+    service = make_service(server=ServerConfig(max_in_flight=2, retry_after_s=2.0))
 
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
-        return list(await asyncio.gather(*[
-            client.post("/v1/recommend", json={"user_id": 1 + i}) for i in range(5)]))
+        async with held_compute(service):   # the first two stay in flight until released
+            visits = [asyncio.ensure_future(client.post("/v1/recommend", json={
+                "user_id": 1 + i})) for i in range(5)]
+            await until(lambda: service.admission.refused == 3)
+        return list(await asyncio.gather(*visits))
 
     answers = run_with_client(service, body)
     assert sorted(r.status_code for r in answers) == [200, 200, 503, 503, 503]
@@ -78,20 +93,20 @@ def test_in_flight_cap_refuses_at_the_door() -> None:
 
 
 def test_shutdown_drains_in_flight_requests() -> None:
-    service = make_service(system_config(retrieval_delay_ms=300))
+    service = make_service()
 
     async def body(client: httpx.AsyncClient) -> None:
-        slow = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 2}))
-        await asyncio.sleep(0.1)
-        assert service.admission.in_flight == 1
-        stopping = asyncio.ensure_future(service.stop())
-        await asyncio.sleep(0.01)
-        late = await client.post("/v1/recommend", json={"user_id": 3})
-        assert late.status_code == 503 and late.json()["detail"] == \
-            "the server is shutting down"
-        ready = await client.get("/readyz")
-        assert ready.status_code == 503 and ready.json()["draining"] is True
-        assert not stopping.done()               # still waiting for the slow request
+        async with held_compute(service):   # the slow request cannot finish until released
+            slow = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 2}))
+            await until(lambda: service.admission.in_flight == 1)
+            stopping = asyncio.ensure_future(service.stop())
+            await until(lambda: service.admission.draining)
+            late = await client.post("/v1/recommend", json={"user_id": 3})
+            assert late.status_code == 503 and late.json()["detail"] == \
+                "the server is shutting down"
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["draining"] is True
+            assert not stopping.done()               # still waiting for the slow request
         answer = await slow
         assert answer.status_code == 200, answer.text
         await stopping

@@ -6,7 +6,7 @@ visit. It knows nothing else about the system; a factory (``SystemFactory``) bui
 for every measured point from a ``SystemContext``.
 
 Clock: every time in a request or record is seconds on the run's clock, ``RunClock.now_s()``
-(``time.perf_counter()`` minus the run start). The runner starts the clock just before the first
+(the event loop's time minus the run start). The runner starts the clock just before the first
 request is due; the system reads the same clock object through its context.
 
 Invariants of a record (checked by the runner; a violation raises ``BenchProtocolError``):
@@ -19,7 +19,6 @@ send time) and reports as dispatch lag.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -174,24 +173,31 @@ def take_snapshot(system: object) -> SystemSnapshot | None:
 
 
 class RunClock:
-    """Seconds since the run started, on ``time.perf_counter()``.
+    """Seconds since the run started, on the clock of the event loop that started it.
 
-    Not started: ``now_s`` raises (an assertion: reading it early is a bug in the caller).
+    The loop's clock is the one ``asyncio.sleep`` and timeouts run on (``time.monotonic()`` on a
+    standard loop), so sends scheduled with ``sleep_until`` and the times records carry agree;
+    a test loop on virtual time makes every latency an exact function of the schedule. Safe to
+    read from other threads. Not started: ``now_s`` raises (an assertion: reading it early is a
+    bug in the caller).
     """
 
     def __init__(self) -> None:
-        self._origin: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._origin = 0.0
 
     def start(self) -> None:
-        self._origin = time.perf_counter()
+        """Start at the running loop's current time (call it inside the loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._origin = self._loop.time()
 
     @property
     def started(self) -> bool:
-        return self._origin is not None
+        return self._loop is not None
 
     def now_s(self) -> float:
-        assert self._origin is not None, "RunClock read before the run started"
-        return time.perf_counter() - self._origin
+        assert self._loop is not None, "RunClock read before the run started"
+        return self._loop.time() - self._origin
 
     async def sleep_until(self, t_s: float) -> None:
         # An overdue send still yields once, so started requests make progress between sends.

@@ -22,14 +22,17 @@ T = TypeVar("T")
 class ComputeExecutor:
     """Runs callables for one instance, one at a time, off the event loop."""
 
-    def __init__(self, name: str, device: torch.device) -> None:
+    def __init__(self, name: str, device: torch.device,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``clock`` (seconds) times each call's compute; the scheduler reads the same clock."""
         self.name = name
         self.device = device
+        self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relaygr-{name}")
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
-        started = time.perf_counter()
+        started = self.clock()
         with torch.inference_mode():
             if self._stream is None:
                 result = fn()
@@ -37,7 +40,7 @@ class ComputeExecutor:
                 with torch.cuda.stream(self._stream):
                     result = fn()
                 self._stream.synchronize()
-        return result, time.perf_counter() - started
+        return result, self.clock() - started
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""

@@ -149,7 +149,7 @@ class InstanceScheduler:
         self.stats = SchedulerStats()
         # The share of recent time spent ranking: what a new ranking request queues behind
         # (pre-infer yields to it after at most one chunk, so it is not counted).
-        self.rank_busy = BusyMeter()
+        self.rank_busy = BusyMeter(clock=executor.clock)
         self._rank_queue: deque[RankWork] = deque()
         self._prefills: list[PrefillWork] = []
         self._seq = itertools.count()
@@ -166,6 +166,11 @@ class InstanceScheduler:
     def prefill_queue_depth(self) -> int:
         return len(self._prefills)
 
+    @property
+    def prefill_waiters(self) -> int:
+        """Ranking requests waiting for a queued pre-infer job to finish."""
+        return sum(w.waiters for w in self._prefills)
+
     # ---- submission --------------------------------------------------------------------------
     def start(self) -> None:
         assert self._task is None, "scheduler already started"
@@ -178,7 +183,7 @@ class InstanceScheduler:
         if self._stopped:
             future.set_exception(InstanceStoppedError(f"{self.executor.name} is stopped"))
             return future
-        self._rank_queue.append(RankWork(payload, cost_tokens, future, time.perf_counter(),
+        self._rank_queue.append(RankWork(payload, cost_tokens, future, self.executor.clock(),
                                          timing))
         self._wakeup.set()
         return future
@@ -213,7 +218,7 @@ class InstanceScheduler:
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
-        started = time.perf_counter()
+        started = self.executor.clock()
         self.rank_busy.start()
         try:
             results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
