@@ -24,7 +24,8 @@ from relaygr.cascade.config import SystemConfig
 from relaygr.distributed.calls import RoutedCall
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
-from relaygr.server.build import load_model, model_digest
+from relaygr.model.digest import model_digest
+from relaygr.server.build import load_model
 from tests.engine.helpers import flops_cost_model
 from tests.server.helpers import SOURCE, system_config
 

@@ -1,8 +1,7 @@
 """Hardware reference points measured in the same run as the figures they qualify.
 
 ``matmul_peak_gflops`` is the best dense-matmul rate this device reaches in the benchmark's
-dtype: the denominator of every "achieved fraction of peak". ``time_call`` is the one timing
-primitive the profiler and benchmark use (median of repeats, CUDA-synchronised).
+dtype: the denominator of every "achieved fraction of peak", timed with ``relaygr.timing``.
 ``cpu_times`` / ``steal_fraction``: the share of CPU time the hypervisor gave to other guests
 during a point (Linux ``/proc/stat``), so a point a noisy neighbour spoiled can be told apart.
 """
@@ -11,13 +10,12 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from relaygr.timing import time_call
 
 
 def describe_device(device: torch.device | str = "cpu") -> str:
@@ -33,50 +31,6 @@ def describe_device(device: torch.device | str = "cpu") -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock milliseconds of repeated calls (after warm-up)."""
-
-    median_ms: float
-    min_ms: float
-    max_ms: float
-    repeats: int
-    # Minor page faults of the whole process per timed call: memory mapped and touched afresh
-    # (what the host allocator's tuning and the score-block bound exist to avoid). 0 where the
-    # platform does not count them.
-    page_faults_per_call: float = 0.0
-
-
-def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
-              warmup: int = 1) -> Timing:
-    """Median wall time of ``fn`` over ``repeats`` calls, synchronising the device each time."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    samples = []
-    faults_before = _minor_faults()
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        samples.append((time.perf_counter() - start) * 1e3)
-    faults = (_minor_faults() - faults_before) / repeats
-    return Timing(statistics.median(samples), min(samples), max(samples), repeats, faults)
-
-
-def _minor_faults() -> int:
-    try:
-        import resource
-    except ImportError:  # not a Unix
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

@@ -13,11 +13,11 @@ from typing import Protocol
 
 import torch
 
-from relaygr.bench.hardware import time_call
 from relaygr.bench.report import LimitReport, ratio
 from relaygr.bench.stats import PointStats
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
+from relaygr.timing import time_call
 
 
 class LimitProbe(Protocol):

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from relaygr.bench.hardware import describe_device, matmul_peak_gflops, time_call
+from relaygr.bench.hardware import describe_device, matmul_peak_gflops
 from relaygr.model import HSTU, config_for_size
 from relaygr.model.flops import prefill_flops, rank_flops
+from relaygr.timing import time_call
 
 # The catalogue size does not change latency (one embedding row per token); this is large enough
 # that id validation and lookups behave as in production.

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from relaygr.bench.workload import Workload
+# A workload is what makes requests; this module says what a system does with them.
+from relaygr.bench.workload.base import BenchRequest, Workload
 
 
 class RankingPath:
@@ -44,26 +44,6 @@ class RankingPath:
     DEVICE_SERVED = (DEVICE_HIT, PENDING_WAIT)
     # Ranked from a cached prefix, wherever it came from: the relay path.
     RELAYED = (DEVICE_HIT, PENDING_WAIT, HOST_HIT)
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    """One user visit, sent open-loop at ``send_s``.
-
-    ``recent_items`` are the behaviours since the user's previous visit: the ranking suffix of
-    this visit. The cascade appends them to the user's history after ranking, so the user's next
-    visit sees a prefix longer by ``len(recent_items)`` (and a new prefix version).
-    ``request_ts`` (unix seconds) is present iff the visit is timed, and then
-    ``recent_timestamps`` is too, non-decreasing and not after ``request_ts``.
-    """
-
-    request_id: int
-    user_id: int
-    send_s: float
-    recent_items: tuple[int, ...]
-    recent_timestamps: tuple[int, ...] | None
-    request_ts: int | None
-    num_candidates: int
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from relaygr.engine.types import (
 from relaygr.errors import ConfigError
 from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU, HSTUConfig
+from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
-from relaygr.server.build import model_digest
 
 _HEADER_BYTES = 8
 # Pre-infer signals whose ranking request has not come (it went elsewhere, or was shed).

@@ -73,8 +73,8 @@ from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU
+from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
-from relaygr.server.build import model_digest
 
 PLACEMENTS = ("auto", "on", "off")
 

@@ -12,8 +12,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from relaygr.bench.hardware import time_call
 from relaygr.model import HSTU, MODEL_SIZES, config_for_size
+from relaygr.timing import time_call
 
 DEMO_NUM_ITEMS = 100_000
 

@@ -14,7 +14,6 @@ import contextlib
 import json
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,7 @@ from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.processes import PLACEMENTS, wants_processes
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import MODEL_SIZES
-from relaygr.server.config import ModelSource, ServerConfig
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Everything ``relaygr serve`` was asked for, validated."""
-
-    model: ModelSource
-    system: SystemConfig
-    server: ServerConfig
-    cost_model: Path | None
-    ray: bool
-    ray_address: str | None
-    replicas: int
-    replica_cpus: float
-    log_level: str
-    instance_processes: bool = False
+from relaygr.server.config import ModelSource, ServeOptions, ServerConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,7 +21,7 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 import torch
@@ -36,13 +36,11 @@ from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
+from relaygr.model.digest import model_digest
 from relaygr.server.app import create_app
-from relaygr.server.build import load_cost_model, load_model, load_store, model_digest
-from relaygr.server.config import ModelSource, ServerConfig
+from relaygr.server.build import load_cost_model, load_model, load_store
+from relaygr.server.config import ModelSource, ServeOptions, ServerConfig
 from relaygr.server.service import RelayService
-
-if TYPE_CHECKING:
-    from relaygr.cli.serve import ServeOptions
 
 APP_NAME = "relaygr"
 

@@ -38,11 +38,11 @@ from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.types import PreinferAction, PreinferResult
 from relaygr.errors import ConfigError
+from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.measure import fit_on_model
-from relaygr.server.build import load_model, model_digest
+from relaygr.server.build import load_model
 from relaygr.server.config import ModelSource
-from relaygr.server.snapshot import InstanceSnapshot
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,17 @@ class RankingReplica:
         depth = self.instance.scheduler.rank_queue_depth
         if depth >= self.system.max_rank_queue_depth:
             self._record(call, "rank", "shed")
-            return RankReply(self.name, None, None, InstanceSnapshot.of(self.instance),
+            return RankReply(self.name, None, None, self.instance.snapshot(),
                              call.note, overloaded_retry_s=max(0.1, self.system.slo_ms / 1e3),
                              detail=f"{self.name} has {depth} ranking requests queued")
         result = await self.instance.rank(call.to_job())
         self._record(call, "rank", result.path.value)
         return RankReply(self.name, result.scores, result.path,
-                         InstanceSnapshot.of(self.instance), call.note)
+                         self.instance.snapshot(), call.note)
 
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()
-        return ReplicaState(self.name, InstanceSnapshot.of(self.instance), dict(self.legs))
+        return ReplicaState(self.name, self.instance.snapshot(), dict(self.legs))
 
     async def quiesce(self, call: ControlCall) -> ReplicaState:
         """Wait for this instance's background work (pre-infer, demotion, fills) to end."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -32,7 +32,7 @@ from relaygr.engine.scheduler import (
     InstanceScheduler,
     InstanceStoppedError,
 )
-from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.snapshot import InstanceSnapshot, TierSnapshot
 from relaygr.engine.types import (
     PrefixSpec,
     PreinferAction,
@@ -163,7 +163,29 @@ class RankingInstance:
         return self.scheduler.rank_queue_depth
 
     def snapshot(self) -> InstanceSnapshot:
-        return InstanceSnapshot.of(self)
+        res = self.residency
+        device = host = None
+        residency: dict[str, int] = {}
+        expander: dict[str, int] = {}
+        if res is not None:
+            device = TierSnapshot.of(res.pool.stats)
+            host = None if res.host is None else TierSnapshot.of(res.host.stats)
+            residency = {k: v for k, v in asdict(res.counters).items() if isinstance(v, int)}
+            if res.expander is not None:
+                expander = {k: v for k, v in asdict(res.expander.stats).items()
+                            if isinstance(v, int)}
+        sched = self.scheduler.stats
+        compute = {"rank_batches": float(sched.rank_batches),
+                   "rank_requests": float(sched.rank_requests),
+                   "prefill_rounds": float(sched.prefill_rounds),
+                   "rank_compute_s": sched.rank_compute_s,
+                   "prefill_compute_s": sched.prefill_compute_s}
+        trigger = {} if self.trigger is None else \
+            {reason.value: n for reason, n in self.trigger.counts.items()}
+        return InstanceSnapshot(self.name, self.healthy, self.scheduler.rank_queue_depth,
+                                self.scheduler.prefill_queue_depth, device, host,
+                                dict(self.paths), dict(self.preinfer_actions), trigger,
+                                residency, compute, expander)
 
     async def idle(self) -> None:
         """Wait until the background work (pre-infer, demotion, fills) and the queues are done."""

@@ -2,18 +2,14 @@
 
 Frozen values that pickle, so an instance in another process (an instance process, a Ray
 replica) sends its snapshot and an in-process one is read in place; the server's /metrics and
-the benchmark read both the same way.
+the benchmark read both the same way. ``RankingInstance.snapshot`` fills one in.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from relaygr.kvcache import TierStats
-
-if TYPE_CHECKING:
-    from relaygr.engine.instance import RankingInstance
 
 
 @dataclass(frozen=True)
@@ -61,29 +57,3 @@ class InstanceSnapshot:
     compute: dict[str, float] = field(default_factory=dict)
     # Host<->device copies (the expander's counters; empty without a host tier).
     expander: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, instance: RankingInstance) -> InstanceSnapshot:
-        res = instance.residency
-        device = host = None
-        residency: dict[str, int] = {}
-        expander: dict[str, int] = {}
-        if res is not None:
-            device = TierSnapshot.of(res.pool.stats)
-            host = None if res.host is None else TierSnapshot.of(res.host.stats)
-            residency = {k: v for k, v in asdict(res.counters).items() if isinstance(v, int)}
-            if res.expander is not None:
-                expander = {k: v for k, v in asdict(res.expander.stats).items()
-                            if isinstance(v, int)}
-        sched = instance.scheduler.stats
-        compute = {"rank_batches": float(sched.rank_batches),
-                   "rank_requests": float(sched.rank_requests),
-                   "prefill_rounds": float(sched.prefill_rounds),
-                   "rank_compute_s": sched.rank_compute_s,
-                   "prefill_compute_s": sched.prefill_compute_s}
-        trigger = {} if instance.trigger is None else \
-            {reason.value: n for reason, n in instance.trigger.counts.items()}
-        return cls(instance.name, instance.healthy, instance.scheduler.rank_queue_depth,
-                   instance.scheduler.prefill_queue_depth, device, host,
-                   dict(instance.paths), dict(instance.preinfer_actions), trigger, residency,
-                   compute, expander)

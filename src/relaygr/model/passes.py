@@ -15,11 +15,12 @@ values as computing it inside the ranking pass.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from relaygr.model.attention import (
     block_attention,
@@ -30,11 +31,36 @@ from relaygr.model.attention import (
     time_buckets_sorted,
     toeplitz_reversed,
 )
+from relaygr.model.config import HSTUConfig
 from relaygr.model.inputs import History
 from relaygr.model.kv import PrefixKV
+from relaygr.model.layers import HSTULayer
 
-if TYPE_CHECKING:
-    from relaygr.model.hstu import HSTU
+
+class PassModel(Protocol):
+    """What a pass reads of the model (``HSTU`` is one): its shape, token embeddings, layers
+    and heads. The model holds no pass state; a pass holds no weights."""
+
+    @property
+    def cfg(self) -> HSTUConfig: ...
+
+    @property
+    def blocks(self) -> list[HSTULayer]: ...
+
+    @property
+    def input_dropout(self) -> nn.Module: ...
+
+    @property
+    def final_norm(self) -> nn.Module: ...
+
+    @property
+    def rank_head(self) -> nn.Module: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def embed_history(self, items: Tensor, positions: Tensor) -> Tensor: ...
+
+    def embed_candidates(self, items: Tensor, position: int) -> Tensor: ...
 
 
 # Smallest query block: below it per-block overhead outweighs cache locality.
@@ -130,7 +156,7 @@ class _Piece:
 class Pass:
     """Drives a set of tracks through the model round by round (see the module docstring)."""
 
-    def __init__(self, model: HSTU, tracks: list[Track]) -> None:
+    def __init__(self, model: PassModel, tracks: list[Track]) -> None:
         self.model = model
         self.tracks = tracks
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass

@@ -1,6 +1,6 @@
 """Fit the latency cost model by timing the running model on this device, at start-up.
 
-A small grid of (prefix, suffix, candidates) shapes is timed with ``bench.hardware.time_call``
+A small grid of (prefix, suffix, candidates) shapes is timed with ``relaygr.timing.time_call``
 (median of repeats, device-synchronised): one prefill per prefix length, then the full and the
 cached ranking pass per shape. The default grid takes a few seconds on a 2-core CPU for the
 ``small`` model; pass a larger grid on an accelerator or for longer sequences.
@@ -13,10 +13,10 @@ from functools import partial
 
 import torch
 
-from relaygr.bench.hardware import time_call
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import CostModelSource, LatencyCostModel, LatencySample
+from relaygr.timing import time_call
 
 
 @dataclass(frozen=True)

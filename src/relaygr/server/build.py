@@ -12,7 +12,6 @@ or fitted by timing the model at start-up.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -91,15 +90,6 @@ def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostM
         return LatencyCostModel.load(path)
     except ConfigError:
         return LatencyCostModel.from_profile_json(path)
-
-
-def model_digest(model: HSTU) -> str:
-    """A hash of the model's config and weights: equal iff two processes serve one model."""
-    digest = hashlib.blake2b(repr(model.cfg).encode(), digest_size=16)
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConfig,

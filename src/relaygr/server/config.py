@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from relaygr.cascade.config import SystemConfig
 from relaygr.errors import ConfigError
 
 KiB = 1 << 10
@@ -112,3 +113,19 @@ class ModelSource:
             if values.get(key) is not None:
                 values[key] = Path(values[key])
         return _from_dict(cls, values)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``relaygr serve`` was asked for, validated."""
+
+    model: ModelSource
+    system: SystemConfig
+    server: ServerConfig
+    cost_model: Path | None
+    ray: bool
+    ray_address: str | None
+    replicas: int
+    replica_cpus: float
+    log_level: str
+    instance_processes: bool = False

@@ -14,8 +14,27 @@ from typing import Protocol
 
 import numpy as np
 
-from relaygr.bench.protocol import BenchRequest
 from relaygr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One user visit, sent open-loop at ``send_s``.
+
+    ``recent_items`` are the behaviours since the user's previous visit: the ranking suffix of
+    this visit. The cascade appends them to the user's history after ranking, so the user's next
+    visit sees a prefix longer by ``len(recent_items)`` (and a new prefix version).
+    ``request_ts`` (unix seconds) is present iff the visit is timed, and then
+    ``recent_timestamps`` is too, non-decreasing and not after ``request_ts``.
+    """
+
+    request_id: int
+    user_id: int
+    send_s: float
+    recent_items: tuple[int, ...]
+    recent_timestamps: tuple[int, ...] | None
+    request_ts: int | None
+    num_candidates: int
 
 # Unix time of the run start for generated timestamps (fixed so workloads are reproducible).
 RUN_START_UNIX_S = 1_700_000_000

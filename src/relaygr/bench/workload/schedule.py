@@ -14,8 +14,13 @@ from typing import Protocol
 
 import numpy as np
 
-from relaygr.bench.protocol import BenchRequest
-from relaygr.bench.workload.base import StageDelays, UserHistory, Workload, ZipfSampler
+from relaygr.bench.workload.base import (
+    BenchRequest,
+    StageDelays,
+    UserHistory,
+    Workload,
+    ZipfSampler,
+)
 from relaygr.errors import ConfigError
 
 
