@@ -350,8 +350,16 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
         served = store.get(int(user.user_id))
         assert served.timestamps is None                     # the run trained position-only
         assert served.items.tolist() == user.items[-room:].tolist()
-    synthetic = load_store(ModelSource(checkpoint=tmp_path / "run", num_users=3), model)
+    # without --dataset: the users of the data the run directory records, the same users
+    recorded = load_store(ModelSource(checkpoint=tmp_path / "run"), model)
+    assert sorted(recorded) == sorted(store) and len(store) == 16
+    synthetic = load_store(ModelSource(checkpoint=tmp_path / "run", num_users=3,
+                                       synthetic_users=True), model)
     assert all(synthetic.get(u).timestamps is None and len(synthetic.get(u).items) <= room
                for u in (1, 2, 3))
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         ModelSource(dataset="ml-100k", data_dir=tmp_path)
+    # the recorded data gone: a refusal that says what to pass, never synthetic users
+    (tmp_path / "u.data").rename(tmp_path / "moved.data")
+    with pytest.raises(ConfigError, match="pass --dataset ml-100k --data-dir DIR"):
+        load_store(ModelSource(checkpoint=tmp_path / "run"), model)

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--num-items", type=int, default=10_000)
     m.add_argument("--max-seq-len", type=int, default=4096)
     m.add_argument("--num-users", type=int, default=1000, help="synthetic users")
+    m.add_argument("--synthetic-users", action="store_true",
+                   help="serve --checkpoint with synthetic users instead of the users of the "
+                        "data its run directory records")
     m.add_argument("--max-events", type=int, default=2048, help="longest synthetic history")
     m.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("relay system")
@@ -86,7 +89,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     model = ModelSource(size=args.size, num_items=args.num_items, max_seq_len=args.max_seq_len,
                         checkpoint=args.checkpoint, num_users=args.num_users,
                         max_events=min(args.max_events, args.max_seq_len), seed=args.seed,
-                        dataset=args.dataset, data_dir=args.data_dir)
+                        dataset=args.dataset, data_dir=args.data_dir,
+                        synthetic_users=args.synthetic_users)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()

@@ -12,6 +12,7 @@ or fitted by timing the model at start-up.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,8 @@ def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
     if source.checkpoint is not None:
         from relaygr.train import read_run_config
         timed = read_run_config(source.checkpoint).train.use_timestamps
+        if source.dataset is None and not source.synthetic_users:
+            source = _recorded_dataset(source)
     if source.dataset is not None and source.data_dir is not None:
         return _dataset_store(source, model, room, timed)
     max_events = min(source.max_events, room)
@@ -59,6 +62,23 @@ def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
         num_users=source.num_users, num_items=model.cfg.num_items,
         min_events=min(source.min_events, max_events), max_events=max_events,
         seed=source.seed, timed=timed))
+
+
+def _recorded_dataset(source: ModelSource) -> ModelSource:
+    """``source`` with the dataset its checkpoint's run directory records, or a ConfigError
+    saying what to pass when that data is not readable here."""
+    from relaygr.data import DATASET_FILES
+    from relaygr.train import read_run_config
+
+    assert source.checkpoint is not None
+    info = read_run_config(source.checkpoint).dataset
+    recorded = Path(info.source)
+    if info.name in DATASET_FILES and recorded.exists():
+        return replace(source, dataset=info.name, data_dir=recorded)
+    raise ConfigError(
+        f"{source.checkpoint} was trained on {info.name!r} read from {info.source}, which "
+        f"is not readable here: pass --dataset {info.name} --data-dir DIR to serve its "
+        f"{info.num_users} users, or --synthetic-users to serve synthetic ones")
 
 
 def _dataset_store(source: ModelSource, model: HSTU, room: int,

@@ -90,9 +90,12 @@ class ModelSource:
     max_events: int = 2048
     seed: int = 0
     # Real users instead of synthetic ones: a dataset relaygr.data reads (``--dataset``,
-    # ``--data-dir``), mapped through the checkpoint's id map; needs ``checkpoint``.
+    # ``--data-dir``), mapped through the checkpoint's id map; needs ``checkpoint``. Without
+    # them a checkpoint serves the users of the data its run directory records.
     dataset: str | None = None
     data_dir: Path | None = None
+    # A checkpoint with synthetic users instead (load tests): never chosen silently.
+    synthetic_users: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
@@ -105,6 +108,8 @@ class ModelSource:
             raise ConfigError("ModelSource.dataset and data_dir go together")
         if self.dataset is not None and self.checkpoint is None:
             raise ConfigError("serving a dataset's users needs --checkpoint (its id map)")
+        if self.synthetic_users and (self.checkpoint is None or self.dataset is not None):
+            raise ConfigError("--synthetic-users is for a checkpoint served without --dataset")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSource:
