@@ -7,7 +7,7 @@ from pathlib import Path
 
 import relaygr.kvcache
 
-LAYERS = {"integrity": 0, "pools": 0, "allocator": 1, "index": 2,
+LAYERS = {"integrity": 0, "pools": 0, "sizing": 1, "allocator": 1, "index": 2,
           "store": 3, "transfer": 3, "device": 3, "host": 3, "expander": 3}
 # Outside the package, the cache may use only what sits beneath all of it.
 ALLOWED_OUTSIDE = {"relaygr.model", "relaygr.errors"}

@@ -49,3 +49,23 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
     if importlib.util.find_spec("relaygr.train") is None:   # until the training issue lands
         with pytest.raises(ConfigError, match="training package"):
             load_model(ModelSource(checkpoint=tmp_path))
+
+
+def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> None:
+    from relaygr.kvcache.sizing import DEVICE_RESIDENT_USERS, HOST_TO_DEVICE
+    from relaygr.server.build import load_store, sized_budgets
+
+    args = parse("--size", "tiny", "--num-items", "500", "--max-seq-len", "256",
+                 "--num-users", "20", "--max-events", "200", "--device", "cpu")
+    options = serve.options_from_args(args)
+    assert options.size_budgets
+    model = load_model(options.model)
+    heard: list[str] = []
+    system = sized_budgets(options.system, model, load_store(options.model, model), heard.append)
+    # a tiny model (2 layers, dim 32): a few MiB, not the hundreds of MiB of the fixed default
+    assert system.device_budget_bytes < options.system.device_budget_bytes // 16
+    assert system.host_budget_bytes == HOST_TO_DEVICE * system.device_budget_bytes
+    assert heard and f"{DEVICE_RESIDENT_USERS} prefixes" in heard[0]
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps({"device_budget_bytes": 1 << 26}))
+    assert not serve.options_from_args(parse("--system-config", str(path))).size_budgets

@@ -96,8 +96,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     gpus = torch.cuda.device_count()
     replicas = args.replicas or (gpus if gpus else system.num_instances)
     in_processes = wants_processes(args.instance_processes, system.devices[0])
+    sized = not {"device_budget_bytes", "host_budget_bytes"} & set(system_fields)
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
-                        replicas, args.replica_cpus, args.log_level, in_processes)
+                        replicas, args.replica_cpus, args.log_level, in_processes, sized)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,7 +117,9 @@ def serve_embedded(options: ServeOptions) -> int:
     from relaygr.server.build import build_embedded
 
     service = build_embedded(options.model, options.system, options.server, options.cost_model,
-                             instance_processes=options.instance_processes)
+                             instance_processes=options.instance_processes,
+                             size_budgets=options.size_budgets,
+                             log=lambda line: print(f"relaygr serve: {line}", flush=True))
     config = uvicorn.Config(create_app(service), host=options.server.host,
                             port=options.server.port, log_level=options.log_level,
                             timeout_graceful_shutdown=int(options.server.drain_timeout_s),

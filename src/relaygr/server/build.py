@@ -12,6 +12,7 @@ or fitted by timing the model at start-up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,16 +113,45 @@ def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostM
         return LatencyCostModel.from_profile_json(path)
 
 
+def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore,
+                  log: Callable[[str], None]) -> SystemConfig:
+    """``system`` with per-instance cache budgets sized from ``model`` and ``store``'s users."""
+    from relaygr.kvcache import KVLayout
+    from relaygr.kvcache.sizing import available_host_bytes, size_budgets
+
+    available = available_host_bytes()
+    device = torch.device(system.devices[0])
+    if device.type == "cuda":   # one cap for both tiers: the tighter of host and GPU memory
+        available = min(available, torch.cuda.mem_get_info(device)[0])
+    budgets = size_budgets(KVLayout.for_model(model.cfg, model.dtype),
+                           [len(store.get(user).items) for user in store],
+                           model.cfg.max_seq_len, system.page_tokens, system.num_instances,
+                           available)
+    log(budgets.describe())
+    return system.with_(device_budget_bytes=budgets.device_bytes,
+                        host_budget_bytes=budgets.host_bytes)
+
+
 def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConfig,
                    cost_model: LatencyCostModel | Path | None = None,
-                   instance_processes: bool = False) -> RelayService:
+                   instance_processes: bool = False, size_budgets: bool = False,
+                   log: Callable[[str], None] = lambda _: None) -> RelayService:
     """A service over K instances (``system.num_instances``) on ``system.devices``: worker
     threads of this process, or with ``instance_processes`` a process each (each instance then
     computes under its own interpreter lock; ``cascade.processes``). The processes start with
-    the service and end when it stops."""
+    the service and end when it stops. ``size_budgets`` replaces the system's cache budgets
+    with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how."""
     device = system.devices[0]
+    log(f"loading the model ({source.checkpoint or source.size}) on {device}")
     model = load_model(source, device)
+    log("loading the users")
     store = load_store(source, model)
+    log(f"{len(store)} users; {model.cfg.num_layers} layers, dim {model.cfg.dim}, "
+        f"{model.cfg.num_items} items, {sum(p.numel() for p in model.parameters())} weights")
+    if size_budgets:
+        system = sized_budgets(system, model, store, log)
+    log(f"starting {system.num_instances} {system.mode} instances"
+        f"{' in processes of their own' if instance_processes else ''}; fitting the cost model")
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
     if not instance_processes:

@@ -134,3 +134,6 @@ class ServeOptions:
     replica_cpus: float
     log_level: str
     instance_processes: bool = False
+    # Cache budgets sized from the model and its users (kvcache.sizing) unless the system
+    # config gave them: True when neither budget was given.
+    size_budgets: bool = False
