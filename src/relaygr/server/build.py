@@ -27,6 +27,7 @@ from relaygr.model import HSTU, config_for_size
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.measure import fit_on_model
 from relaygr.server.backend import EmbeddedBackend
+from relaygr.server.catalog import ItemCatalog, read_titles
 from relaygr.server.config import ModelSource, ServerConfig
 from relaygr.server.service import RelayService
 
@@ -113,6 +114,24 @@ def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostM
         return LatencyCostModel.from_profile_json(path)
 
 
+def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
+    """The API's item ids for ``source``: the dataset's own (the checkpoint's id map), with
+    titles where its data has them; a model without an id map of integer ids speaks dense ids."""
+    if source.checkpoint is None:
+        return ItemCatalog.identity(model.cfg.num_items)
+    from relaygr.data import IdMap
+    from relaygr.train.checkpoint import ID_MAP_FILE
+
+    originals = IdMap.load(source.checkpoint / ID_MAP_FILE).items
+    if not all(isinstance(i, int) for i in originals):
+        return ItemCatalog.identity(model.cfg.num_items)
+    data_dir = source.data_dir
+    if data_dir is None and not source.synthetic_users:
+        data_dir = _recorded_dataset(source).data_dir
+    titles = read_titles(data_dir) if data_dir is not None else {}
+    return ItemCatalog([int(i) for i in originals], model.cfg.num_items, titles)
+
+
 def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore,
                   log: Callable[[str], None]) -> SystemConfig:
     """``system`` with per-instance cache budgets sized from ``model`` and ``store``'s users."""
@@ -156,9 +175,10 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
         cost_model = load_cost_model(cost_model, model, device)
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model)),
-                            server)
+                            server, load_catalog(source, model))
     from relaygr.cascade.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
                                             threads_per_instance(system.num_instances))
     relay = RelaySystem(system, model, store, cost_model, instance_factory=processes.factory)
-    return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server)
+    return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,
+                        load_catalog(source, model))

@@ -109,6 +109,8 @@ class RecommendResponse(BaseModel):
     suffix_tokens: int
     ranking_ms: float
     total_ms: float
+    titles: list[str | None] | None = Field(
+        default=None, description="the candidates' titles, where the dataset has them")
 
 
 class EventsResponse(BaseModel):

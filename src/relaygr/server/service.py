@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from relaygr.cascade.system import Recommendation, Visit
 from relaygr.server.admission import Admission, UserLocks
 from relaygr.server.backend import PrefillOutcome, RelayBackend
+from relaygr.server.catalog import ItemCatalog
 from relaygr.server.config import ServerConfig
 from relaygr.server.metrics import ServerMetrics
 from relaygr.server.schemas import (
@@ -32,6 +34,8 @@ from relaygr.server.schemas import (
 from relaygr.server.snapshot import StateFingerprint
 from relaygr.server.validation import RequestValidator
 
+_V = TypeVar("_V", bound=VisitFields)
+
 
 @dataclass
 class Lifecycle:
@@ -43,9 +47,12 @@ class Lifecycle:
 class RelayService:
     """See the module docstring. One event loop drives it (the server's)."""
 
-    def __init__(self, backend: RelayBackend, config: ServerConfig | None = None) -> None:
+    def __init__(self, backend: RelayBackend, config: ServerConfig | None = None,
+                 catalog: ItemCatalog | None = None) -> None:
+        """``catalog`` translates the API's item ids (default: the model's dense ids)."""
         self.backend = backend
         self.config = config or ServerConfig()
+        self.catalog = catalog or ItemCatalog.identity(backend.model_config.num_items)
         self.validator = RequestValidator(backend.model_config, backend.system_config,
                                           self.config, backend.store)
         self.metrics = ServerMetrics(backend.snapshot)
@@ -81,6 +88,7 @@ class RelayService:
     # ---- operations --------------------------------------------------------------------------
     async def recommend(self, request: RecommendRequest) -> RecommendResponse:
         start = time.perf_counter()
+        request = self._dense_visit(request)
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.num_candidates(request.num_candidates)
@@ -89,6 +97,8 @@ class RelayService:
 
     async def rank(self, request: RankRequest) -> RecommendResponse:
         start = time.perf_counter()
+        request = self._dense_visit(request).model_copy(
+            update={"candidates": self.catalog.to_model(request.candidates)})
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.candidates(request.candidates)
@@ -104,11 +114,17 @@ class RelayService:
         return _preinfer_out(outcome)
 
     async def events(self, request: EventsRequest) -> EventsResponse:
+        request = request.model_copy(update={"items": self.catalog.to_model(request.items)})
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.events(request)
             count = self.backend.append_events(request.user_id, request.items,
                                                request.timestamps)
         return EventsResponse(user_id=request.user_id, num_events=count)
+
+    def _dense_visit(self, request: _V) -> _V:
+        """The request with its item ids translated to the model's (``UnknownItemError``)."""
+        return request.model_copy(
+            update={"recent_items": self.catalog.to_model(request.recent_items)})
 
     def _answer(self, endpoint: str, user_id: int, rec: Recommendation,
                 start_s: float) -> RecommendResponse:
@@ -117,8 +133,9 @@ class RelayService:
         preinfer = None
         if rec.preinfer is not None and rec.preinfer_instance is not None:
             preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
+        candidates = self.catalog.to_api(rec.candidates.tolist())
         return RecommendResponse(
-            user_id=user_id, candidates=rec.candidates.tolist(),
+            user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
             scores=rec.scores.float().cpu().tolist(), path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
             ranking_ms=1e3 * (rec.ranking_done_s - rec.ranking_due_s),
