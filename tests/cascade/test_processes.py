@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -127,6 +128,7 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
     async def main() -> list[Recommendation]:
         system = _system("relay", processes)
         await system.start()
+        await system.supervisor.stop()      # no restart here: the routing around is the test
         try:
             out = [await system.recommend(v) for v in plan[:5]]
             pid = processes.pids()[0]
@@ -134,6 +136,7 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
             os.kill(pid, signal.SIGKILL)
             while system.instances[0].healthy:
                 await asyncio.sleep(0.01)
+            assert not system.instances[0].snapshot().healthy   # what /readyz and metrics read
             out += [await system.recommend(v) for v in plan[5:]]
             assert {r.instance for r in out[5:]} == {"rank-1"}
             return out
@@ -143,6 +146,37 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
     got = _run(processes, main)
     want, _ = serve("baseline", plan)
     for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+
+
+def test_the_supervisor_restarts_a_killed_instance_process() -> None:
+    processes = _processes()
+    plan = visits(count=12)
+
+    async def main() -> tuple[list[Recommendation], list[Recommendation]]:
+        system = _system("relay", processes)
+        await system.start()
+        try:
+            before = [await system.recommend(v) for v in plan[:6]]
+            pid = processes.pids()[0]
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            # a hang guard, not a verdict: the restart takes a process start (seconds)
+            deadline = time.monotonic() + 120
+            while system.supervisor.counts.restarts == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert system.instances[0].healthy and processes.pids()[0] not in (None, pid)
+            counts = system.supervisor.counts
+            assert (counts.deaths, counts.restarts, counts.given_up) == (1, 1, [])
+            after = [await system.recommend(v) for v in plan[6:]]
+            assert "rank-0" in {r.instance for r in before + after}
+            return before, after
+        finally:
+            await system.stop()
+
+    before, after = _run(processes, main)
+    want, _ = serve("baseline", plan)
+    for g, w in zip(before + after, want, strict=True):
         torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
 
 

@@ -23,7 +23,7 @@ def test_catalog_translates_both_ways_and_names_unknown_ids(tmp_path: Path) -> N
     catalog = ItemCatalog([260, 1, 3952], 3, {260: "Star Wars (1977)"})
     assert catalog.to_model([3952, 260]) == [3, 1] and catalog.to_api([3, 1]) == [3952, 260]
     assert catalog.titles_of([260, 1]) == ["Star Wars (1977)", None]
-    with pytest.raises(UnknownItemError, match="catalogue: 2, 7, 100, .*, 107 and 3 more"):
+    with pytest.raises(UnknownItemError, match=r"catalogue: 2, 7, 100, .*, 107 and 3 more"):
         catalog.to_model([1, 2, 7, *range(100, 110), 111])
     assert ItemCatalog.identity(5).to_model([5, 1]) == [5, 1]
     assert ItemCatalog.identity(5).titles_of([1]) is None

@@ -127,6 +127,18 @@ class _Link:
             self._reader_task = loop.create_task(self._start())
         await asyncio.shield(self._starting)
 
+    async def respawn(self) -> None:
+        """A fresh host process in place of one that exited (once, however many of its
+        instances ask): the instances it hosted are opened again by their handles."""
+        if self.alive:
+            return
+        if self._starting is not None and not self._starting.done():
+            await asyncio.shield(self._starting)        # another handle is respawning it
+            return
+        self.terminate()
+        self.process, self.writer, self._sock, self._starting = None, None, None, None
+        await self.ensure_started()
+
     async def _start(self) -> None:
         assert self._starting is not None
         parent_end, child_end = socket.socketpair()
@@ -239,7 +251,20 @@ class ProcessInstance:
         return self._ranks + self.snapshot().prefill_queue_depth
 
     def snapshot(self) -> InstanceSnapshot:
-        return self.last
+        """The host's last report, with health as the parent sees it now (a host that died
+        cannot report its own death)."""
+        return replace(self.last, healthy=self.healthy)
+
+    @property
+    def down(self) -> bool:
+        """Started (and not failed on purpose) but its process is gone: ``revive`` it."""
+        return self._up and not self.link.alive
+
+    async def revive(self) -> None:
+        """Open this instance again on a fresh host process (its caches start empty)."""
+        await self.link.respawn()
+        self._value(await self.link.call(Open(self.iid, self.config, self._name, self.device)))
+        self.link.handles[self.iid] = self
 
     def _value(self, reply: Reply) -> Any:
         if reply.snapshot is not None:

@@ -29,6 +29,7 @@ from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.retrieval import Retriever
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.supervisor import InstanceSupervisor
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
@@ -132,6 +133,8 @@ class RelaySystem:
             make(config, f"rank-{i}", config.devices[i % len(config.devices)], self.model,
                  cost_model) for i in range(config.num_instances)]
         self.by_name = {inst.name: inst for inst in self.instances}
+        # restarts instances whose process died (instances in processes; others never die)
+        self.supervisor = InstanceSupervisor(self.instances)
         self.stages = EarlierStages(model, retriever or Retriever.from_model(model),
                                     config.retrieval_k, config.retrieval_history,
                                     config.retrieval_delay_ms / 1e3,
@@ -143,8 +146,10 @@ class RelaySystem:
     async def start(self) -> None:
         for inst in self.instances:
             await inst.start()
+        self.supervisor.start()
 
     async def stop(self) -> None:
+        await self.supervisor.stop()
         for inst in self.instances:
             await inst.stop()
         self.stages.shutdown()

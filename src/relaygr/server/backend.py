@@ -112,8 +112,10 @@ class EmbeddedBackend:
 
     def snapshot(self) -> ServingSnapshot:
         c = self.system.counters
+        sup = self.system.supervisor.counts
         counters = ServingCounters(c.requests, c.failovers, c.shed_preinfer, c.shed_rank,
-                                   self.system.remembered_prefills)
+                                   self.system.remembered_prefills, sup.deaths, sup.restarts,
+                                   len(sup.given_up))
         return ServingSnapshot(tuple(i.snapshot() for i in self.system.instances),
                                counters)
 

@@ -83,6 +83,13 @@ class SnapshotCollector(Collector):
                                         "Ranking legs answered by another instance")
         failovers.add_metric([], snap.counters.failovers)
         yield failovers
+        lifecycle = CounterMetricFamily(
+            "relaygr_instance_events", "Instance processes seen dead, restarted, given up",
+            labels=["event"])
+        lifecycle.add_metric(["death"], snap.counters.instance_deaths)
+        lifecycle.add_metric(["restart"], snap.counters.instance_restarts)
+        lifecycle.add_metric(["given_up"], snap.counters.instances_given_up)
+        yield lifecycle
 
 
 class ServerMetrics:

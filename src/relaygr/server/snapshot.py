@@ -27,6 +27,9 @@ class ServingCounters:
     shed_preinfer: int = 0
     shed_rank: int = 0
     remembered_prefills: int = 0    # /v1/prefill signals whose /v1/rank has not come yet
+    instance_deaths: int = 0        # instance processes seen dead by the supervisor
+    instance_restarts: int = 0      # ... and restarted on a new process
+    instances_given_up: int = 0     # ... and left down after repeated failed restarts
 
 
 @dataclass(frozen=True)
