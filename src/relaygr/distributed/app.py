@@ -38,7 +38,13 @@ from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
 from relaygr.model.digest import model_digest
 from relaygr.server.app import create_app
-from relaygr.server.build import load_catalog, load_cost_model, load_model, load_store
+from relaygr.server.build import (
+    load_catalog,
+    load_cost_model,
+    load_model,
+    load_store,
+    model_info,
+)
 from relaygr.server.config import ModelSource, ServeOptions, ServerConfig
 from relaygr.server.service import RelayService
 
@@ -69,7 +75,8 @@ class RelayIngress:
             raise ConfigError("the ingress built a different model than the driver")
         store = load_store(spec.model, model)
         backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts)
-        self.service = RelayService(backend, spec.server, load_catalog(spec.model, model))
+        self.service = RelayService(backend, spec.server, load_catalog(spec.model, model),
+                                    model_info(spec.model, model))
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_app(self.service)

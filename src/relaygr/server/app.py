@@ -33,6 +33,7 @@ from relaygr.errors import (
     OverloadedError,
     UnknownUserError,
 )
+from relaygr.server.kserve import install_kserve_routes
 from relaygr.server.middleware import BodyLimit, StatusCounter
 from relaygr.server.schemas import (
     ErrorResponse,
@@ -152,6 +153,7 @@ def create_app(service: RelayService) -> FastAPI:
                               "recommendation ranking.")
     _install_error_handlers(app)
     _install_routes(app, service)
+    install_kserve_routes(app, service, service.model_info)
     app.add_middleware(BodyLimit, max_body_bytes=service.config.max_body_bytes)
     app.add_middleware(StatusCounter, count=service.metrics.count, endpoints=ENDPOINTS)
     return app

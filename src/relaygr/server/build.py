@@ -28,7 +28,7 @@ from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.measure import fit_on_model
 from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.catalog import ItemCatalog, read_titles
-from relaygr.server.config import ModelSource, ServerConfig
+from relaygr.server.config import ModelInfo, ModelSource, ServerConfig
 from relaygr.server.service import RelayService
 
 
@@ -114,6 +114,16 @@ def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostM
         return LatencyCostModel.from_profile_json(path)
 
 
+def model_info(source: ModelSource, model: HSTU) -> ModelInfo:
+    """The served model's name (its run directory's, or the named size's), the package
+    version, and the weights' digest."""
+    from relaygr import __version__
+    from relaygr.model.digest import model_digest
+
+    name = source.checkpoint.name if source.checkpoint is not None else f"hstu-{source.size}"
+    return ModelInfo(name, __version__, model_digest(model))
+
+
 def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
     """The API's item ids for ``source``: the dataset's own (the checkpoint's id map), with
     titles where its data has them; a model without an id map of integer ids speaks dense ids."""
@@ -175,10 +185,10 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
         cost_model = load_cost_model(cost_model, model, device)
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model)),
-                            server, load_catalog(source, model))
+                            server, load_catalog(source, model), model_info(source, model))
     from relaygr.cascade.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
                                             threads_per_instance(system.num_instances))
     relay = RelaySystem(system, model, store, cost_model, instance_factory=processes.factory)
     return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,
-                        load_catalog(source, model))
+                        load_catalog(source, model), model_info(source, model))

@@ -137,3 +137,13 @@ class ServeOptions:
     # Cache budgets sized from the model and its users (kvcache.sizing) unless the system
     # config gave them: True when neither budget was given.
     size_budgets: bool = False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the service serves, as operators name it: KServe v2's model name and version, and
+    the ``relaygr_model_info`` metric (with the weights' digest)."""
+
+    name: str
+    version: str
+    digest: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -107,6 +107,13 @@ class ServerMetrics:
             "relaygr_ranking_seconds", "Ranking latency (due to scores) by path", ["path"],
             buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.registry.register(SnapshotCollector(snapshot))
+        self.in_flight = Gauge("relaygr_in_flight", "Requests admitted and not yet answered",
+                               registry=self.registry)
+        self._model_info = Gauge("relaygr_model_info", "The served model (value 1)",
+                                 ["name", "version", "digest"], registry=self.registry)
+
+    def describe_model(self, name: str, version: str, digest: str) -> None:
+        self._model_info.labels(name, version, digest).set(1)
 
     def observe(self, endpoint: str, rec: Recommendation, start_s: float, end_s: float) -> None:
         """Record one answered ranking request (times are ``time.perf_counter()`` seconds)."""

@@ -14,11 +14,12 @@ from typing import TypeVar
 
 import torch
 
+from relaygr import __version__
 from relaygr.cascade.system import Recommendation, Visit
 from relaygr.server.admission import Admission, UserLocks
 from relaygr.server.backend import PrefillOutcome, RelayBackend
 from relaygr.server.catalog import ItemCatalog
-from relaygr.server.config import ServerConfig
+from relaygr.server.config import ModelInfo, ServerConfig
 from relaygr.server.metrics import ServerMetrics
 from relaygr.server.schemas import (
     EventsRequest,
@@ -48,15 +49,21 @@ class RelayService:
     """See the module docstring. One event loop drives it (the server's)."""
 
     def __init__(self, backend: RelayBackend, config: ServerConfig | None = None,
-                 catalog: ItemCatalog | None = None) -> None:
-        """``catalog`` translates the API's item ids (default: the model's dense ids)."""
+                 catalog: ItemCatalog | None = None, model_info: ModelInfo | None = None
+                 ) -> None:
+        """``catalog`` translates the API's item ids (default: the model's dense ids);
+        ``model_info`` names the model for KServe v2 and the metrics."""
         self.backend = backend
         self.config = config or ServerConfig()
         self.catalog = catalog or ItemCatalog.identity(backend.model_config.num_items)
+        self.model_info = model_info or ModelInfo("relaygr", __version__, "unknown")
         self.validator = RequestValidator(backend.model_config, backend.system_config,
                                           self.config, backend.store)
         self.metrics = ServerMetrics(backend.snapshot)
+        self.metrics.describe_model(self.model_info.name, self.model_info.version,
+                                    self.model_info.digest)
         self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
+        self.metrics.in_flight.set_function(lambda: self.admission.in_flight)
         self.users = UserLocks()
         self.lifecycle = Lifecycle()
 
