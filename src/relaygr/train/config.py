@@ -15,6 +15,7 @@ from typing import Any
 
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
+from relaygr.model.config import RANK_SCORES
 
 NEGATIVE_SHARING = ("position", "sequence", "catalogue")
 BATCH_ORDERS = ("random", "length_buckets")
@@ -63,6 +64,18 @@ class TrainConfig:
     # "head": it trains the ranking head's MLP only, on the candidate states of layers that the
     # retrieval loss alone shapes (the joint loss was measured to slow the retrieval head down).
     rank_trains: str = "all"
+    # How the ranking head scores (HSTUConfig.rank_score): "state", an MLP on the candidate
+    # token's state (what runs saved before this field trained); "retrieval_residual", the
+    # retrieval logit of the candidate plus that MLP as a correction.
+    rank_score: str = "state"
+    # Of the rank_negatives, how many are hard: drawn uniformly from the retrieval head's top
+    # rank_mine_k for the same history (history items excluded; mined in eval mode without a
+    # graph), the candidates the cascade's ranker will actually see. 0 (the default: what runs
+    # saved before this field trained) keeps every negative uniform.
+    rank_hard_negatives: int = 0
+    # The pool hard negatives come from: 200, the cascade's default retrieve-K, so the ranker
+    # trains on the distribution it is evaluated and served on.
+    rank_mine_k: int = 200
     # schedule
     max_epochs: int = 101       # the reference config's epoch count
     eval_every_epochs: int = 1
@@ -107,6 +120,14 @@ class TrainConfig:
             raise ConfigError("TrainConfig.lr_min_ratio must be in [0, 1]")
         if not isinstance(self.valid_users, int) or self.valid_users < 0:
             raise ConfigError("TrainConfig.valid_users must be an int >= 0")
+        if self.rank_score not in RANK_SCORES:
+            raise ConfigError(f"TrainConfig.rank_score must be one of {RANK_SCORES}")
+        if not isinstance(self.rank_mine_k, int) or self.rank_mine_k <= 0:
+            raise ConfigError("TrainConfig.rank_mine_k must be a positive int")
+        if not (isinstance(self.rank_hard_negatives, int)
+                and 0 <= self.rank_hard_negatives <= min(self.rank_negatives, self.rank_mine_k)):
+            raise ConfigError("TrainConfig.rank_hard_negatives must be an int in [0, "
+                              "min(rank_negatives, rank_mine_k)]")
         if self.rank_trains not in RANK_TRAINS:
             raise ConfigError(f"TrainConfig.rank_trains must be one of {RANK_TRAINS}")
         if self.loss_mean not in LOSS_MEANS:
@@ -123,7 +144,8 @@ class TrainConfig:
                           num_heads=self.num_heads, max_seq_len=self.max_seq_len,
                           dropout=self.dropout, final_norm=self.final_norm,
                           retrieval_similarity=self.similarity,
-                          retrieval_temperature=self.temperature)
+                          retrieval_temperature=self.temperature,
+                          rank_score=self.rank_score)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -2,8 +2,9 @@
 
 Per batch: the retrieval sampled softmax over every position (``losses.retrieval_loss``) plus
 ``rank_weight`` times the ranking-head softmax at a random cut of ``rank_users`` users
-(``losses.ranking_loss``; with ``rank_trains="head"`` it trains the head's MLP alone), one AdamW
-step at the scheduled learning rate (constant or cosine, times the plateau scale). After every
+(``losses.ranking_loss``; with ``rank_trains="head"`` it trains the head's MLP alone; with
+``rank_hard_negatives`` some negatives come from the retrieval head's top K, ``mining``), one
+AdamW step at the scheduled learning rate (constant or cosine, times the plateau scale). After every
 ``eval_every_epochs`` epochs the retrieval head is validated on the leave-one-out validation items
 (NDCG@10 decides); a better score overwrites ``model.safetensors``, and ``patience`` validations
 without one stop the run. Every epoch ends with a resumable checkpoint
@@ -43,6 +44,7 @@ from relaygr.train.config import TrainConfig
 from relaygr.train.evaluate import retrieval_ranks_padded
 from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.metrics import CUTOFFS, RankingMetrics
+from relaygr.train.mining import with_hard_negatives
 
 Log = Callable[[str], None]
 
@@ -79,6 +81,11 @@ class Trainer:
         split = leave_one_out(sequences)
         if 0 < config.valid_users < len(split.valid):   # else every user is validated
             split = hold_out_validation_of(split, config.valid_users, seed)
+        if config.rank_hard_negatives and (
+                config.rank_mine_k + config.max_seq_len > sequences.num_items):
+            raise ConfigError(f"rank_mine_k ({config.rank_mine_k}) + max_seq_len "
+                              f"({config.max_seq_len}) exceeds the {sequences.num_items} items: "
+                              "a history could leave fewer than rank_mine_k items to mine")
         self.split: LeaveOneOutSplit = split
         self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
         torch.manual_seed(seed)
@@ -118,8 +125,10 @@ class Trainer:
             loss, ranking = retrieval, torch.zeros(())
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
-                ranking = ranking_loss(model, self._rank_batch_on_device(rank),
-                                       cfg.rank_temperature, cfg.rank_trains == "head")
+                rank = with_hard_negatives(model, self._rank_batch_on_device(rank),
+                                           cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen)
+                ranking = ranking_loss(model, rank, cfg.rank_temperature,
+                                       cfg.rank_trains == "head")
                 loss = retrieval + cfg.rank_weight * ranking
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
