@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from relaygr.data import leave_one_out
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU
-from relaygr.train import TrainConfig, Trainer
+from relaygr.train import TrainConfig, Trainer, load_trained
 from relaygr.train.batches import TrainingData
 from relaygr.train.mining import retrieval_top_k, with_hard_negatives
 from tests.train.helpers import TINY, cyclic_sequences
@@ -84,3 +85,33 @@ def test_a_residual_run_with_hard_negatives_trains_and_serves_its_head(tmp_path:
     assert trainer.model.cfg.rank_score == "retrieval_residual"
     after = trainer.model.rank_head.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_rank_phase_trains_the_head_alone_and_keeps_the_best_validated_cascade(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    config = TINY.with_(rank_score="retrieval_residual", rank_hard_negatives=4, rank_mine_k=40,
+                        rank_trains="head", similarity="cosine", temperature=0.05,
+                        rank_weight=0.0)
+    plain = Trainer(config, seqs, tmp_path / "plain", dataset="d", seed=1, progress_bar=False,
+                    log=lambda _: None)
+    plain.fit()
+    phased = Trainer(config.with_(rank_phase_epochs=4, rank_phase_users=16), seqs,
+                     tmp_path / "phased", dataset="d", seed=1, progress_bar=False,
+                     log=lambda _: None)
+    result = phased.fit()
+    assert result.progress.rank_phase_done
+    before = load_trained(tmp_path / "plain").model.state_dict()
+    after = load_trained(tmp_path / "phased").model.state_dict()
+    head = {k for k in after if k.startswith("rank_head.")}
+    # the phase starts from the schedule's best weights and moves the head only
+    assert all(torch.equal(before[k], after[k]) for k in after if k not in head)
+    assert any(not torch.equal(before[k], after[k]) for k in head)
+    records = [json.loads(line) for line in (tmp_path / "phased" / "metrics.jsonl").open()]
+    phase = [r for r in records if "rank_phase_epoch" in r]
+    assert [r["rank_phase_epoch"] for r in phase] == [0, 1, 2, 3, 4]
+    assert phase[0]["ranking"] is None
+    # the saved head is the best validated one: re-validating it gives the best figure
+    phased.model.load_state_dict(after)
+    best = max(r["valid_cascade_ndcg@10"] for r in phase)
+    assert phased._validate_cascade().ndcg[10] == pytest.approx(best, abs=1e-12)

@@ -76,6 +76,13 @@ class TrainConfig:
     # The pool hard negatives come from: 200, the cascade's default retrieve-K, so the ranker
     # trains on the distribution it is evaluated and served on.
     rank_mine_k: int = 200
+    # Epochs of the ranking phase after the schedule (train/rank_phase.py): the best weights
+    # frozen, the ranking head alone trained on retrieval's top K, the best validated cascade
+    # kept. 0 (the default: what runs saved before this field did) skips it.
+    rank_phase_epochs: int = 0
+    # Ranking examples per batch in that phase: the whole batch, since without the retrieval
+    # loss and with frozen layers an example costs a forward pass only.
+    rank_phase_users: int = 128
     # schedule
     max_epochs: int = 101       # the reference config's epoch count
     eval_every_epochs: int = 1
@@ -100,6 +107,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         positive_ints = ("dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
                          "num_negatives", "rank_users", "rank_negatives", "max_epochs",
+                         "rank_phase_users",
                          "eval_every_epochs", "patience", "lr_decay_patience")
         for name in positive_ints:
             value = getattr(self, name)
@@ -120,6 +128,8 @@ class TrainConfig:
             raise ConfigError("TrainConfig.lr_min_ratio must be in [0, 1]")
         if not isinstance(self.valid_users, int) or self.valid_users < 0:
             raise ConfigError("TrainConfig.valid_users must be an int >= 0")
+        if not isinstance(self.rank_phase_epochs, int) or self.rank_phase_epochs < 0:
+            raise ConfigError("TrainConfig.rank_phase_epochs must be an int >= 0")
         if self.rank_score not in RANK_SCORES:
             raise ConfigError(f"TrainConfig.rank_score must be one of {RANK_SCORES}")
         if not isinstance(self.rank_mine_k, int) or self.rank_mine_k <= 0:
