@@ -15,7 +15,7 @@ from tests.train.helpers import write_cyclic_udata
 
 TINY_SETTINGS = ["dim=16", "num_layers=1", "num_heads=2", "max_seq_len=24", "batch_size=16",
                  "num_negatives=16", "rank_users=4", "rank_negatives=7", "max_epochs=2",
-                 "dropout=0.0"]
+                 "dropout=0.0", "rank_hard_negatives=4", "rank_mine_k=40"]
 
 
 def _run(argv: list[str]) -> int:
@@ -37,6 +37,7 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
                  str(run_dir), "--preset", "quick", "--no-progress", *settings]) == 0
     out = capsys.readouterr().out
     assert "40 users" in out and "test (retrieval head" in out
+    assert "ranking phase, epoch 3" in out         # the quick preset's ranking phase ran
     for name in ("config.json", "model.safetensors", "id_map.json", "metrics.jsonl",
                  "last/state.safetensors", "last/progress.json"):
         assert (run_dir / name).is_file(), name

@@ -180,12 +180,16 @@ class TrainConfig:
 # reference's protocol of training on every item but the test one except for 1,000 validation
 # users. As in the reference: no final LayerNorm, AdamW betas (0.9, 0.98), every position of
 # the epoch weighted alike. The ranking head trains on top of layers the retrieval loss alone
-# shapes (joint training cost the retrieval head 0.04 HR@10 in 20-epoch runs).
+# shapes (joint training cost the retrieval head 0.04 HR@10 in 20-epoch runs, and with hard
+# negatives it collapsed it), as the cascade's second stage: the retrieval logit plus a learned
+# correction, 48 of its 63 negatives from retrieval's top 200, then a ranking phase of 3 epochs
+# on the frozen best weights (the validation ablation is in docs/training.md).
 _FAST: dict[str, Any] = {"learning_rate": 2e-3, "negative_sharing": "catalogue",
                          "rank_weight": 0.3, "rank_users": 16, "rank_trains": "head",
                          "lr_schedule": "cosine", "eval_every_epochs": 2, "patience": 1000,
                          "valid_users": 1000, "final_norm": False, "adam_beta2": 0.98,
-                         "loss_mean": "epoch"}
+                         "loss_mean": "epoch", "rank_score": "retrieval_residual",
+                         "rank_hard_negatives": 48, "rank_phase_epochs": 3}
 
 PRESETS: dict[str, TrainConfig] = {
     "paper": TrainConfig(**_FAST, max_epochs=120, time_budget_s=115 * 60.0),
