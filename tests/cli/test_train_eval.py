@@ -15,7 +15,7 @@ from tests.train.helpers import write_cyclic_udata
 
 TINY_SETTINGS = ["dim=16", "num_layers=1", "num_heads=2", "max_seq_len=24", "batch_size=16",
                  "num_negatives=16", "rank_users=4", "rank_negatives=7", "max_epochs=2",
-                 "dropout=0.0"]
+                 "dropout=0.0", "rank_hard_negatives=4", "rank_mine_k=40"]
 
 
 def _run(argv: list[str]) -> int:
@@ -37,6 +37,7 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
                  str(run_dir), "--preset", "quick", "--no-progress", *settings]) == 0
     out = capsys.readouterr().out
     assert "40 users" in out and "test (retrieval head" in out
+    assert "ranking phase, epoch 3" in out         # the quick preset's ranking phase ran
     for name in ("config.json", "model.safetensors", "id_map.json", "metrics.jsonl",
                  "last/state.safetensors", "last/progress.json"):
         assert (run_dir / name).is_file(), name
@@ -47,8 +48,22 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
     assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
                  str(tmp_path), "--json", str(report_path), "--no-progress"]) == 0
     report = json.loads(report_path.read_text())
-    assert set(report["heads"]) == {"retrieval", "ranking", "popularity"}
+    assert set(report["heads"]) == {"retrieval", "ranking", "cascade", "popularity"}
     assert report["num_cases"] == 40 and report["split"] == "test"
+    stage = report["retrieval_stage"]
+    assert (stage["name"], stage["k"]) == ("head", 200)
+    # the cascade finds no more than retrieval proposed, which is at most what retrieval ranks
+    # in its top 200 (the stage never proposes a seen item; this data repeats some)
+    heads = report["heads"]
+    assert heads["cascade"]["hr@50"] <= stage["recall@200"] <= heads["retrieval"]["hr@200"]
+    subset_path = tmp_path / "subset.json"
+    assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+                 str(tmp_path), "--json", str(subset_path), "--no-progress", "--users", "10",
+                 "--retrieve-k", "30", "--heads", "retrieval,cascade", "--split", "valid"]) == 0
+    subset = json.loads(subset_path.read_text())
+    assert subset["num_cases"] == 10 and subset["users_subset"] == 10
+    assert set(subset["heads"]) == {"retrieval", "cascade", "popularity"}
+    assert set(subset["retrieval_stage"]) == {"name", "k", "recall@30"}
     for metrics in report["heads"].values():
         assert set(metrics) == {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200",
                                 "mrr", "num_cases"}

@@ -16,6 +16,8 @@ configs = st.fixed_dictionaries({
     "query_block": st.sampled_from([32, 64, 256]),
     "candidate_block": st.sampled_from([7, 64, 512]),
     "final_norm": st.booleans(),
+    "rank_score": st.sampled_from(["state", "retrieval_residual"]),
+    "retrieval_similarity": st.sampled_from(["dot", "cosine"]),
 })
 
 
@@ -44,11 +46,14 @@ def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: in
 
 @settings(max_examples=15, deadline=None)
 @given(length=st.integers(1, 300), num_candidates=st.integers(1, 30), timed=st.booleans(),
-       final_norm=st.booleans(), seed=st.integers(0, 2**16))
+       final_norm=st.booleans(), rank_score=st.sampled_from(["state", "retrieval_residual"]),
+       seed=st.integers(0, 2**16))
 def test_serving_path_equals_dense_reference(length: int, num_candidates: int, timed: bool,
-                                             final_norm: bool, seed: int) -> None:
-    """The chunked serving pass computes the paper's masked dense attention."""
-    model = make_model(seed, query_block=32, final_norm=final_norm)
+                                             final_norm: bool, rank_score: str, seed: int) -> None:
+    """The chunked serving pass computes the paper's masked dense attention, and the ranking
+    head (with or without the retrieval logit) reads the same states in both paths."""
+    model = make_model(seed, query_block=32, final_norm=final_norm, rank_score=rank_score,
+                       retrieval_similarity="cosine", retrieval_temperature=0.05)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, length, 500, timed)
     cands = torch.randint(1, 501, (num_candidates,), generator=gen)

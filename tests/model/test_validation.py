@@ -94,7 +94,8 @@ def test_errors_are_value_errors_and_leave_no_state(model) -> None:  # type: ign
 
 
 @pytest.mark.parametrize("bad", [{"dim": 30, "num_heads": 4}, {"num_layers": 0},
-                                 {"dropout": 1.0}, {"max_seq_len": -1}])
+                                 {"dropout": 1.0}, {"max_seq_len": -1},
+                                 {"rank_score": "retrieval"}])
 def test_bad_config(bad: dict) -> None:
     with pytest.raises(ConfigError):
         HSTUConfig(num_items=10, **bad)

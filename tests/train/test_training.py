@@ -48,6 +48,12 @@ def test_presets_are_valid_and_follow_the_paper() -> None:
         TrainConfig.from_dict({"dim": 8, "colour": 1})
     with pytest.raises(ConfigError, match="divisible"):
         TrainConfig(dim=50, num_heads=3)
+    # the ML-1M presets train the ranking head as the cascade's second stage
+    for name in ("paper", "quick"):
+        cfg = PRESETS[name]
+        assert (cfg.rank_score, cfg.rank_hard_negatives, cfg.rank_mine_k, cfg.rank_phase_epochs) \
+            == ("retrieval_residual", 48, 200, 3)
+        assert cfg.model_config(10).rank_score == "retrieval_residual"
 
 
 def test_training_windows_and_batch_orders_are_exact(tmp_path: Path) -> None:

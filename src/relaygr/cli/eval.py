@@ -1,12 +1,16 @@
 """``relaygr eval``: full-catalogue evaluation of a trained run on its held-out items.
 
     relaygr eval --checkpoint RUN_DIR --dataset ml-1m --data-dir DIR [--json PATH]
-                 [--split test|valid] [--heads retrieval,ranking]
+                 [--split test|valid] [--heads retrieval,ranking,cascade]
+                 [--retrieval head] [--retrieve-k 200] [--users N [--seed S]]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
 removed; HR@10/50/200, NDCG@10/50/200 and MRR are reported for the retrieval head, the ranking
 head (the whole catalogue scored as candidates against each user's prefilled K/V: the relay
-pattern, offline) and a popularity baseline. Without ``--checkpoint`` only the baseline runs.
+pattern, offline), the cascade (the retrieval stage's top K, ranked by the ranking head against
+the prefilled K/V; an item retrieval missed ranks below all K) with the stage's recall@K, and a
+popularity baseline. Without ``--checkpoint`` only the baseline runs. ``--split valid`` of a run
+that held out the validation item of some users only (``valid_users``) evaluates those users.
 """
 
 from __future__ import annotations
@@ -24,16 +28,20 @@ from rich.table import Table
 
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
+from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of
 from relaygr.errors import ConfigError
 from relaygr.train import (
     CUTOFFS,
     RankingMetrics,
+    TrainedModel,
     load_trained,
     popularity_ranks,
     serving_ranks,
 )
+from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
+from relaygr.train.stages import RETRIEVAL_STAGES, retrieval_stage
 
-HEAD_CHOICES = ("retrieval", "ranking")
+HEAD_CHOICES = HEADS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_data_arguments(parser)
     parser.add_argument("--split", choices=("test", "valid"), default="test")
     parser.add_argument("--heads", default=",".join(HEAD_CHOICES),
-                        help="comma-separated heads to evaluate (retrieval, ranking)")
+                        help="comma-separated heads to evaluate (retrieval, ranking, cascade)")
+    parser.add_argument("--retrieval", choices=sorted(RETRIEVAL_STAGES), default="head",
+                        help="the cascade's retrieval stage (head: the model's own)")
+    parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
+                        help="items the retrieval stage proposes to the ranker")
+    parser.add_argument("--users", type=int, default=None,
+                        help="evaluate a seeded subset of this many users (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --users subset")
     parser.add_argument("--batch-users", type=int, default=8,
                         help="users prefilled and ranked together")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -71,6 +86,17 @@ def _table(results: dict[str, RankingMetrics], title: str) -> Table:
     return table
 
 
+def _split_for(args: argparse.Namespace, trained: TrainedModel | None,
+               split: LeaveOneOutSplit) -> LeaveOneOutSplit:
+    """The run's own validation users under ``--split valid`` (see the module docstring)."""
+    if trained is None or args.split != "valid":
+        return split
+    held_out = trained.run.train.valid_users
+    if 0 < held_out < len(split.valid):
+        return hold_out_validation_of(split, held_out, trained.run.seed)
+    return split
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,30 +104,43 @@ def run(args: argparse.Namespace) -> int:
     trained = None if args.checkpoint is None else load_trained(args.checkpoint, args.device)
     id_map = None if trained is None else trained.id_map
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns), id_map)
-    split = leave_one_out(seqs)
+    split = _split_for(args, trained, leave_one_out(seqs))
     cases = split.test if args.split == "test" else split.valid
+    if args.users is not None:
+        cases = subset_cases(cases, args.users, args.seed)
     results: dict[str, RankingMetrics] = {}
     seconds: dict[str, float] = {}
+    recall: dict[str, float] = {}
     if trained is not None:
         info = trained.run.dataset
         if (info.num_users, info.num_events) != (seqs.num_users, seqs.num_events):
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
+        cascade = CascadeSpec(retrieval_stage(args.retrieval, trained.model), args.retrieve_k)
         ranks = serving_ranks(trained.model, seqs, cases, trained.model.cfg.max_seq_len,
                               trained.uses_timestamps, heads, args.batch_users,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, cascade=cascade)
         seconds["model"] = time.perf_counter() - started
         results.update({h: RankingMetrics.from_ranks(r) for h, r in ranks.items()})
+        if "cascade" in ranks:   # a proposed target ranks < K, a missed one >= K
+            recall[f"recall@{args.retrieve_k}"] = float(
+                (ranks["cascade"] < args.retrieve_k).double().mean())
     started = time.perf_counter()
     results["popularity"] = RankingMetrics.from_ranks(popularity_ranks(split, cases))
     seconds["popularity"] = time.perf_counter() - started
     title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
     Console().print(_table(results, title))
+    if recall:
+        print(f"retrieval stage ({args.retrieval}): " +
+              ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
     print("evaluation time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_report(args, results, seconds, len(cases)), indent=2))
+        report = _report(args, results, seconds, len(cases))
+        if recall:
+            report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k, **recall}
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 
@@ -109,7 +148,8 @@ def _report(args: argparse.Namespace, results: dict[str, RankingMetrics],
             seconds: dict[str, float], num_cases: int) -> dict[str, Any]:
     return {"checkpoint": None if args.checkpoint is None else str(args.checkpoint),
             "dataset": args.dataset, "data_dir": str(args.data_dir), "split": args.split,
-            "num_cases": num_cases, "heads": {h: m.to_dict() for h, m in results.items()},
+            "num_cases": num_cases, "users_subset": args.users, "users_seed": args.seed,
+            "heads": {h: m.to_dict() for h, m in results.items()},
             "seconds": seconds, "machine": {"platform": platform.platform(),
                                             "torch_threads": torch.get_num_threads(),
                                             "device": args.device}}

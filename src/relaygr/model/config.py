@@ -8,6 +8,7 @@ from typing import Any
 from relaygr.errors import ConfigError
 
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
+RANK_SCORES = ("state", "retrieval_residual")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,13 @@ class HSTUConfig:
     # divided by retrieval_temperature (the HSTU ML-1M recipe uses cosine / 0.05; 1.0 = no-op).
     retrieval_similarity: str = "dot"
     retrieval_temperature: float = 1.0
+    # What the ranking head scores a candidate token with. "state": an MLP on its final state
+    # alone. "retrieval_residual": the retrieval head's logit of the candidate (the last
+    # history state's query against the item vector, as ``retrieval_scores``) plus that MLP as
+    # a learned correction, so the ranker starts from retrieval's order and learns where to
+    # depart from it. "state" is the default because every checkpoint saved before this field
+    # existed was trained so (its config has no such key and must load as what it was).
+    rank_score: str = "state"
 
     def __post_init__(self) -> None:
         positive = ("num_items", "dim", "num_layers", "num_heads", "max_seq_len",
@@ -71,6 +79,9 @@ class HSTUConfig:
         if not self.retrieval_temperature > 0:
             raise ConfigError("HSTUConfig.retrieval_temperature must be > 0, got "
                               f"{self.retrieval_temperature!r}")
+        if self.rank_score not in RANK_SCORES:
+            raise ConfigError(f"HSTUConfig.rank_score must be one of {RANK_SCORES}, got "
+                              f"{self.rank_score!r}")
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +90,10 @@ class HSTUConfig:
     @property
     def cosine_retrieval(self) -> bool:
         return self.retrieval_similarity == "cosine"
+
+    @property
+    def rank_adds_retrieval(self) -> bool:
+        return self.rank_score == "retrieval_residual"
 
     @property
     def normalizer(self) -> float:

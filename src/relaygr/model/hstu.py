@@ -45,6 +45,16 @@ _L2_EPS = 1e-6
 
 
 @dataclass(frozen=True)
+class CandidateStates:
+    """What the ranking head reads in the dense path: ``candidates`` ``[B, C, d]``, the final
+    states of the candidate tokens, and ``user`` ``[B, d]``, the final state of each history's
+    last token (what ``PrefixKV.last_hidden`` holds in the serving path)."""
+
+    candidates: Tensor
+    user: Tensor
+
+
+@dataclass(frozen=True)
 class RankOutput:
     """Scores ``[C]`` and the K/V of the history tokens this ranking pass computed (None when
     the whole history came from the cache). ``concat_prefix(prefix, computed)`` is the prefix of
@@ -130,6 +140,25 @@ class HSTU(nn.Module):
         """``[..., d]`` user representations → ``[..., num_items + 1]`` logits (column 0 unused)."""
         return self.retrieval_query(user) @ self._retrieval_vectors(self.item_emb.weight).t()
 
+    # ---- ranking head: an MLP on a candidate token's state, plus the retrieval logit ---------
+
+    def rank_prior(self, user: Tensor, candidates: Tensor) -> Tensor | None:
+        """The part of a ranking score the head's MLP does not compute: ``[..., d]`` last
+        history states and ``[..., C]`` candidate ids → ``[..., C]`` retrieval logits (the
+        values ``retrieval_scores`` gives those ids) under ``rank_score="retrieval_residual"``;
+        None under ``"state"``."""
+        if not self.cfg.rank_adds_retrieval:
+            return None
+        query = self.retrieval_query(user).unsqueeze(-2)                    # [..., 1, d]
+        return (query * self.item_vectors(candidates)).sum(-1)             # [..., C]
+
+    def rank_logits(self, states: Tensor, prior: Tensor | None) -> Tensor:
+        """``[..., C, d]`` candidate-token final states → ``[..., C]`` scores: the head's MLP,
+        plus ``prior`` (``rank_prior``) when given. The serving pass (``rank``) and the dense
+        path (``rank_padded``) both score through here, so they compute the same function."""
+        scores = self.rank_head(states).squeeze(-1)                         # [..., C]
+        return scores if prior is None else scores + prior
+
     # ---- serving: prefill and rank -----------------------------------------------------------
 
     @torch.inference_mode()
@@ -188,16 +217,19 @@ class HSTU(nn.Module):
     def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
                     query_timestamps: Tensor | None = None) -> Tensor:
         """``[B, T]`` histories and ``[B, C]`` candidates → ``[B, C]`` ranking scores."""
-        hidden = self.candidate_states_padded(items, candidates, timestamps, query_timestamps)
-        return self.rank_head(hidden).squeeze(-1)
+        states = self.candidate_states_padded(items, candidates, timestamps, query_timestamps)
+        return self.rank_logits(states.candidates, self.rank_prior(states.user, candidates))
 
     def candidate_states_padded(self, items: Tensor, candidates: Tensor,
                                 timestamps: Tensor | None = None,
-                                query_timestamps: Tensor | None = None) -> Tensor:
-        """``[B, C, d]``: the final states of the candidate tokens, which ``rank_head`` scores."""
-        _, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps)
+                                query_timestamps: Tensor | None = None) -> CandidateStates:
+        """The final states ``rank_logits`` and ``rank_prior`` score: the candidate tokens'
+        ``[B, C, d]`` and each user's last history token's ``[B, d]``."""
+        hidden, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps)
         assert cand_hidden is not None
-        return cand_hidden
+        last = ((items != 0).sum(1) - 1).clamp(min=0)                        # [B]
+        user = hidden[torch.arange(len(items), device=items.device), last]   # [B, d]
+        return CandidateStates(cand_hidden, user)
 
     def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
                        query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:

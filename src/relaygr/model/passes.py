@@ -305,6 +305,9 @@ class Pass:
                 if t.done_tokens == t.new_tokens:
                     t.last_hidden = h[row - 1].clone()
             if p.cand_len:
-                t.scores.append(self.model.rank_head(h[row:row + p.cand_len]).squeeze(-1))
+                assert t.candidates is not None and t.last_hidden is not None
+                ids = t.candidates[p.cand_start:p.cand_start + p.cand_len]
+                prior = self.model.rank_prior(t.last_hidden, ids)
+                t.scores.append(self.model.rank_logits(h[row:row + p.cand_len], prior))
                 row += p.cand_len
                 t.done_candidates += p.cand_len

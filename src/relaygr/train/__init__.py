@@ -1,12 +1,13 @@
 """Training and offline evaluation of HSTU on interaction logs.
 
-Layers (lower never import upper): ``config`` / ``metrics`` <- ``batches`` <- ``losses`` <-
-``evaluate`` <- ``checkpoint`` <- ``trainer``.
+Layers (lower never import upper): ``config`` / ``metrics`` / ``stages`` <- ``batches`` <-
+``losses`` / ``mining`` <- ``evaluate`` / ``rank_phase`` <- ``checkpoint`` <- ``trainer``.
 
 Public names: ``Trainer`` / ``TrainResult`` (a run), ``TrainConfig`` with ``PRESETS`` /
 ``preset``, ``load_trained`` -> ``TrainedModel`` (a run directory's model + id map, for serving
 and benchmarks), ``RankingMetrics``, ``target_ranks``, and the evaluation paths
-``serving_ranks`` (prefill + rank, both heads), ``retrieval_ranks_padded``, ``popularity_ranks``.
+``serving_ranks`` (prefill + rank: both heads and their cascade), ``retrieval_ranks_padded``,
+``popularity_ranks``.
 """
 
 from relaygr.train.checkpoint import (

@@ -182,6 +182,7 @@ class TrainProgress:
     lr_scale: float = 1.0        # current learning rate / TrainConfig.learning_rate
     elapsed_s: float = 0.0       # training wall time over all sessions of the run
     stopped: str = ""            # why the run ended ("" while it may continue)
+    rank_phase_done: bool = False  # the ranking phase after the schedule has run (rank_phase)
     history: list[dict[str, Any]] = field(default_factory=list)
 
 

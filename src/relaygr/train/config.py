@@ -15,6 +15,7 @@ from typing import Any
 
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
+from relaygr.model.config import RANK_SCORES
 
 NEGATIVE_SHARING = ("position", "sequence", "catalogue")
 BATCH_ORDERS = ("random", "length_buckets")
@@ -63,6 +64,25 @@ class TrainConfig:
     # "head": it trains the ranking head's MLP only, on the candidate states of layers that the
     # retrieval loss alone shapes (the joint loss was measured to slow the retrieval head down).
     rank_trains: str = "all"
+    # How the ranking head scores (HSTUConfig.rank_score): "state", an MLP on the candidate
+    # token's state (what runs saved before this field trained); "retrieval_residual", the
+    # retrieval logit of the candidate plus that MLP as a correction.
+    rank_score: str = "state"
+    # Of the rank_negatives, how many are hard: drawn uniformly from the retrieval head's top
+    # rank_mine_k for the same history (history items excluded; mined in eval mode without a
+    # graph), the candidates the cascade's ranker will actually see. 0 (the default: what runs
+    # saved before this field trained) keeps every negative uniform.
+    rank_hard_negatives: int = 0
+    # The pool hard negatives come from: 200, the cascade's default retrieve-K, so the ranker
+    # trains on the distribution it is evaluated and served on.
+    rank_mine_k: int = 200
+    # Epochs of the ranking phase after the schedule (train/rank_phase.py): the best weights
+    # frozen, the ranking head alone trained on retrieval's top K, the best validated cascade
+    # kept. 0 (the default: what runs saved before this field did) skips it.
+    rank_phase_epochs: int = 0
+    # Ranking examples per batch in that phase: the whole batch, since without the retrieval
+    # loss and with frozen layers an example costs a forward pass only.
+    rank_phase_users: int = 128
     # schedule
     max_epochs: int = 101       # the reference config's epoch count
     eval_every_epochs: int = 1
@@ -87,6 +107,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         positive_ints = ("dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
                          "num_negatives", "rank_users", "rank_negatives", "max_epochs",
+                         "rank_phase_users",
                          "eval_every_epochs", "patience", "lr_decay_patience")
         for name in positive_ints:
             value = getattr(self, name)
@@ -107,6 +128,16 @@ class TrainConfig:
             raise ConfigError("TrainConfig.lr_min_ratio must be in [0, 1]")
         if not isinstance(self.valid_users, int) or self.valid_users < 0:
             raise ConfigError("TrainConfig.valid_users must be an int >= 0")
+        if not isinstance(self.rank_phase_epochs, int) or self.rank_phase_epochs < 0:
+            raise ConfigError("TrainConfig.rank_phase_epochs must be an int >= 0")
+        if self.rank_score not in RANK_SCORES:
+            raise ConfigError(f"TrainConfig.rank_score must be one of {RANK_SCORES}")
+        if not isinstance(self.rank_mine_k, int) or self.rank_mine_k <= 0:
+            raise ConfigError("TrainConfig.rank_mine_k must be a positive int")
+        if not (isinstance(self.rank_hard_negatives, int)
+                and 0 <= self.rank_hard_negatives <= min(self.rank_negatives, self.rank_mine_k)):
+            raise ConfigError("TrainConfig.rank_hard_negatives must be an int in [0, "
+                              "min(rank_negatives, rank_mine_k)]")
         if self.rank_trains not in RANK_TRAINS:
             raise ConfigError(f"TrainConfig.rank_trains must be one of {RANK_TRAINS}")
         if self.loss_mean not in LOSS_MEANS:
@@ -123,7 +154,8 @@ class TrainConfig:
                           num_heads=self.num_heads, max_seq_len=self.max_seq_len,
                           dropout=self.dropout, final_norm=self.final_norm,
                           retrieval_similarity=self.similarity,
-                          retrieval_temperature=self.temperature)
+                          retrieval_temperature=self.temperature,
+                          rank_score=self.rank_score)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -148,12 +180,16 @@ class TrainConfig:
 # reference's protocol of training on every item but the test one except for 1,000 validation
 # users. As in the reference: no final LayerNorm, AdamW betas (0.9, 0.98), every position of
 # the epoch weighted alike. The ranking head trains on top of layers the retrieval loss alone
-# shapes (joint training cost the retrieval head 0.04 HR@10 in 20-epoch runs).
+# shapes (joint training cost the retrieval head 0.04 HR@10 in 20-epoch runs, and with hard
+# negatives it collapsed it), as the cascade's second stage: the retrieval logit plus a learned
+# correction, 48 of its 63 negatives from retrieval's top 200, then a ranking phase of 3 epochs
+# on the frozen best weights (the validation ablation is in docs/training.md).
 _FAST: dict[str, Any] = {"learning_rate": 2e-3, "negative_sharing": "catalogue",
                          "rank_weight": 0.3, "rank_users": 16, "rank_trains": "head",
                          "lr_schedule": "cosine", "eval_every_epochs": 2, "patience": 1000,
                          "valid_users": 1000, "final_norm": False, "adam_beta2": 0.98,
-                         "loss_mean": "epoch"}
+                         "loss_mean": "epoch", "rank_score": "retrieval_residual",
+                         "rank_hard_negatives": 48, "rank_phase_epochs": 3}
 
 PRESETS: dict[str, TrainConfig] = {
     "paper": TrainConfig(**_FAST, max_epochs=120, time_budget_s=115 * 60.0),

@@ -1,4 +1,5 @@
-"""Full-catalogue evaluation of held-out items: the retrieval head, the ranking head, popularity.
+"""Full-catalogue evaluation of held-out items: the retrieval head, the ranking head, the
+cascade of the two, popularity.
 
 Each case (``EvalCases``) is a user's history and the item that followed it. The model reads the
 last ``max_seq_len`` items of the history; every item of the whole history is removed from the
@@ -9,12 +10,17 @@ recommendations (``metrics.target_ranks``).
   head scores ``PrefixKV.last_hidden`` and the ranking head scores the whole catalogue as
   candidates against the cached prefix with ``rank_batch`` (micro-batched inside the model).
   Both heads are therefore measured through the exact functions a server runs.
+* the cascade (``serving_ranks`` too): a retrieval stage (``stages``; the model's own retrieval
+  head by default) proposes its top K unseen items, the ranking head scores those K against the
+  cached prefix (``rank_batch``), and the result is ranked over the whole catalogue with every
+  item retrieval did not propose below the K (``cascade_ranks``): production's two stages.
 * ``popularity_ranks``: the baseline: items by training-interaction count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,10 +30,14 @@ from tqdm import tqdm
 
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import EvalCases, LeaveOneOutSplit
-from relaygr.model import HSTU, PrefillRequest, RankRequest
+from relaygr.errors import ConfigError
+from relaygr.model import HSTU, PrefillRequest, PrefixKV, RankRequest
 from relaygr.train.metrics import target_ranks
+from relaygr.train.stages import HeadRetrieval, Proposals, RetrievalQuery, RetrievalStage
 
-HEADS = ("retrieval", "ranking")
+HEADS = ("retrieval", "ranking", "cascade")
+# Items the cascade's retrieval stage proposes by default: the relay's ranking request size.
+DEFAULT_RETRIEVE_K = 200
 
 
 @dataclass(frozen=True)
@@ -85,12 +95,45 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
     return ranks
 
 
+@dataclass(frozen=True)
+class CascadeSpec:
+    """The cascade head's retrieval stage and how many items it proposes (``retrieve_k``)."""
+
+    stage: RetrievalStage
+    retrieve_k: int = DEFAULT_RETRIEVE_K
+
+
+def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tensor,
+                  histories: Sequence[np.ndarray], num_items: int) -> Tensor:
+    """Ranks over the whole catalogue of a cascade: the proposed items in the order of their
+    ranking ``ranked[j]`` (scores of ``proposals.row(j)``'s items), above every item not
+    proposed. Those all tie at ``-inf`` and ties count against the target, so a target the
+    retrieval stage missed ranks below all K (rank >= K): a miss at every cutoff <= K."""
+    full = torch.full((len(ranked), num_items + 1), -math.inf)
+    for j, scores in enumerate(ranked):
+        items, _ = proposals.row(j)
+        full[j, items.cpu()] = scores.float().cpu()
+    return target_ranks(full, targets, histories)
+
+
+def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals
+                     ) -> list[Tensor]:
+    """The relay path: each user's proposals scored as candidates against its cached prefix."""
+    requests = [RankRequest(proposals.row(j)[0], prefix=kv) for j, kv in enumerate(prefixes)]
+    return model.rank_batch(requests)
+
+
 @torch.inference_mode()
 def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
                   use_timestamps: bool, heads: tuple[str, ...] = HEADS, batch_users: int = 8,
-                  progress: bool = False) -> dict[str, Tensor]:
-    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc)."""
+                  progress: bool = False, cascade: CascadeSpec | None = None
+                  ) -> dict[str, Tensor]:
+    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc).
+    ``cascade`` (default: the model's own retrieval head, K = 200) sets the cascade head's
+    retrieval stage."""
     model.eval()
+    if "cascade" in heads and cascade is None:
+        cascade = CascadeSpec(HeadRetrieval(model))
     catalogue = torch.arange(1, model.cfg.num_items + 1, device=model.device)
     ranks: dict[str, list[Tensor]] = {h: [] for h in heads}
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
@@ -108,7 +151,25 @@ def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_le
             scores = model.rank_batch([RankRequest(catalogue, prefix=kv) for kv in prefixes])
             padded = torch.nn.functional.pad(torch.stack(scores), (1, 0))      # [b, N + 1]
             ranks["ranking"].append(target_ranks(padded, w.targets, w.histories))
+        if cascade is not None and "cascade" in heads:
+            query = RetrievalQuery(cases.users[rows], w.histories, prefixes)
+            proposals = cascade.stage.propose(query, cascade.retrieve_k)
+            ranked = _ranked_by_model(model, prefixes, proposals)
+            ranks["cascade"].append(cascade_ranks(proposals, ranked, w.targets, w.histories,
+                                                  model.cfg.num_items))
     return {h: torch.cat(r) for h, r in ranks.items()}
+
+
+def subset_cases(cases: EvalCases, num_users: int, seed: int) -> EvalCases:
+    """``num_users`` seeded-random cases of ``cases`` (in their original order), or all of them
+    when ``num_users`` is at least their number: a cheaper evaluation for ablations."""
+    if num_users <= 0:
+        raise ConfigError(f"the number of evaluated users must be positive, got {num_users}")
+    if num_users >= len(cases):
+        return cases
+    keep = np.sort(np.random.default_rng(seed).choice(len(cases), num_users, replace=False))
+    return EvalCases(users=cases.users[keep], history_lengths=cases.history_lengths[keep],
+                     targets=cases.targets[keep])
 
 
 def popularity_ranks(split: LeaveOneOutSplit, cases: EvalCases) -> Tensor:

@@ -95,7 +95,8 @@ def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
         with torch.no_grad():
             states = model.candidate_states_padded(batch.history, batch.candidates,
                                                    batch.timestamps)
-        scores = model.rank_head(states).squeeze(-1)                               # [R, C]
+            prior = model.rank_prior(states.user, batch.candidates)               # [R, C]
+        scores = model.rank_logits(states.candidates, prior)                       # [R, C]
     else:
         scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps)
     scores = scores / temperature

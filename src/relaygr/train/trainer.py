@@ -2,13 +2,16 @@
 
 Per batch: the retrieval sampled softmax over every position (``losses.retrieval_loss``) plus
 ``rank_weight`` times the ranking-head softmax at a random cut of ``rank_users`` users
-(``losses.ranking_loss``; with ``rank_trains="head"`` it trains the head's MLP alone), one AdamW
-step at the scheduled learning rate (constant or cosine, times the plateau scale). After every
+(``losses.ranking_loss``; with ``rank_trains="head"`` it trains the head's MLP alone; with
+``rank_hard_negatives`` some negatives come from the retrieval head's top K, ``mining``), one
+AdamW step at the scheduled learning rate (constant or cosine, times the plateau scale). After every
 ``eval_every_epochs`` epochs the retrieval head is validated on the leave-one-out validation items
 (NDCG@10 decides); a better score overwrites ``model.safetensors``, and ``patience`` validations
 without one stop the run. Every epoch ends with a resumable checkpoint
 (``checkpoint.save_train_state``), so ``resume`` continues bit-for-bit where the last completed
-epoch ended (same device and thread count).
+epoch ended (same device and thread count). With ``rank_phase_epochs``, the ranking phase
+(``rank_phase``) follows the schedule: the ranking head alone, on the best weights, with hard
+negatives; the saved model then carries the head of the best validated cascade.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from relaygr.train.checkpoint import (
     DatasetInfo,
     RunConfig,
     TrainProgress,
+    load_checkpoint,
     load_train_state,
     read_run_config,
     save_model,
@@ -40,9 +44,12 @@ from relaygr.train.checkpoint import (
     write_run_config,
 )
 from relaygr.train.config import TrainConfig
-from relaygr.train.evaluate import retrieval_ranks_padded
+from relaygr.train.evaluate import CascadeSpec, retrieval_ranks_padded, serving_ranks
 from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.metrics import CUTOFFS, RankingMetrics
+from relaygr.train.mining import with_hard_negatives
+from relaygr.train.rank_phase import RankPhase
+from relaygr.train.stages import HeadRetrieval
 
 Log = Callable[[str], None]
 
@@ -79,6 +86,11 @@ class Trainer:
         split = leave_one_out(sequences)
         if 0 < config.valid_users < len(split.valid):   # else every user is validated
             split = hold_out_validation_of(split, config.valid_users, seed)
+        if config.rank_hard_negatives and (
+                config.rank_mine_k + config.max_seq_len > sequences.num_items):
+            raise ConfigError(f"rank_mine_k ({config.rank_mine_k}) + max_seq_len "
+                              f"({config.max_seq_len}) exceeds the {sequences.num_items} items: "
+                              "a history could leave fewer than rank_mine_k items to mine")
         self.split: LeaveOneOutSplit = split
         self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
         torch.manual_seed(seed)
@@ -118,8 +130,10 @@ class Trainer:
             loss, ranking = retrieval, torch.zeros(())
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
-                ranking = ranking_loss(model, self._rank_batch_on_device(rank),
-                                       cfg.rank_temperature, cfg.rank_trains == "head")
+                rank = with_hard_negatives(model, self._rank_batch_on_device(rank),
+                                           cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen)
+                ranking = ranking_loss(model, rank, cfg.rank_temperature,
+                                       cfg.rank_trains == "head")
                 loss = retrieval + cfg.rank_weight * ranking
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -219,9 +233,38 @@ class Trainer:
             self.log(f"{line} | {epoch_s:.0f} s/epoch, {progress.elapsed_s / 60:.1f} min total")
         self.log(f"stopped: {progress.stopped}; best validation NDCG@10 "
                  f"{progress.best_ndcg:.4f} at epoch {progress.best_epoch}")
+        if self.cfg.rank_phase_epochs and not progress.rank_phase_done:
+            self._rank_phase(progress)
         best = next((h for h in progress.history if h["epoch"] == progress.best_epoch), None)
         best_metrics = None if best is None else _metrics_from_record(best)
         return TrainResult(self.run_dir, progress, best_metrics)
+
+
+    def _validate_cascade(self) -> RankingMetrics:
+        """The cascade on the validation items: retrieval's top ``rank_mine_k``, ranked."""
+        spec = CascadeSpec(HeadRetrieval(self.model), self.cfg.rank_mine_k)
+        ranks = serving_ranks(self.model, self.seqs, self.split.valid, self.cfg.max_seq_len,
+                              self.cfg.use_timestamps, ("cascade",), cascade=spec)
+        return RankingMetrics.from_ranks(ranks["cascade"])
+
+    def _rank_phase(self, progress: TrainProgress) -> None:
+        """The ranking phase (``rank_phase``) on the schedule's best weights; saves the model
+        with the best validated head and records the phase in the progress."""
+        started = time.perf_counter()
+        best = load_checkpoint(self.run_dir, self.device)
+        self.model.load_state_dict(best.state_dict())
+        phase = RankPhase(self.cfg, self.model, self.data, self.gen, self._validate_cascade)
+        epochs = phase.run(self.order, self.log)
+        save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
+        progress.rank_phase_done = True
+        progress.elapsed_s += time.perf_counter() - started
+        with (self.run_dir / "metrics.jsonl").open("a") as handle:
+            for e in epochs:
+                record = {"rank_phase_epoch": e.epoch, "ranking": e.loss,
+                          **{f"valid_cascade_{k}": v for k, v in e.valid.to_dict().items()}}
+                handle.write(json.dumps(record) + "\n")
+        save_train_state(self.run_dir, self.model, self.optimizer, progress, self.gen)
+        self.log(f"ranking phase done in {(time.perf_counter() - started) / 60:.1f} min")
 
 
 def cosine_factor(step: int, total_steps: int, min_ratio: float) -> float:

@@ -1,0 +1,36 @@
+"""A run saved before the ranking head's options existed loads as the model it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from relaygr.train import Trainer, load_trained
+from tests.train.helpers import TINY, cyclic_sequences
+
+NEW_MODEL_KEYS = ("rank_score",)
+NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k")
+
+
+def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    trainer = Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "run", dataset="d",
+                      progress_bar=False, log=lambda _: None)
+    trainer.fit()
+    path = tmp_path / "run" / "config.json"
+    config = json.loads(path.read_text())
+    for key in NEW_MODEL_KEYS:
+        del config["model"][key]
+    for key in NEW_TRAIN_KEYS:
+        del config["train"][key]
+    path.write_text(json.dumps(config))
+    old = load_trained(tmp_path / "run")
+    assert old.model.cfg.rank_score == "state"
+    saved = trainer.model.eval()        # one epoch: the best epoch is the last one
+    history = torch.from_numpy(seqs.sequence(0)[:10])
+    kv = old.model.prefill(history)
+    cands = torch.arange(1, seqs.num_items + 1)
+    torch.testing.assert_close(old.model.rank(cands, prefix=kv), saved.rank(cands, prefix=kv),
+                               rtol=0, atol=0)
