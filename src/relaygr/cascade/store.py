@@ -16,11 +16,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from relaygr.cascade.eventlog import EventLog
 from relaygr.errors import (
     ConfigError,
     EmptyInputError,
@@ -164,6 +166,7 @@ class InMemoryHistoryStore(HistoryStore):
             raise InvalidInputError(f"num_items must be an int >= 1, got {num_items!r}")
         self.num_items = num_items
         self._logs: dict[int, _UserLog] = {}
+        self._events: EventLog | None = None   # appends written to disk (persist_to)
 
     @classmethod
     def from_sequences(cls, sequences: Mapping[int, tuple[npt.ArrayLike, npt.ArrayLike | None]],
@@ -231,7 +234,28 @@ class InMemoryHistoryStore(HistoryStore):
             log = _UserLog(timed=ts is not None)
             self._logs[user_id] = log
         log.extend(ids, ts)
+        if self._events is not None:
+            self._events.record(user_id, ids, ts)
         return log.snapshot(user_id, log.length)
+
+    def persist_to(self, path: Path) -> int:
+        """Replay the appends recorded at ``path`` onto this store (built from the same base
+        data as when they were recorded), then record every later append there before it
+        returns (``cascade.eventlog``). Returns how many appends were replayed."""
+        assert self._events is None, "persist_to once"
+        events = EventLog(path)
+        replayed = 0
+        for user_id, items, timestamps in events.replay():
+            self.append(user_id, items, timestamps)
+            replayed += 1
+        self._events = events
+        return replayed
+
+    def close(self) -> None:
+        """Close the event log, if any (appends after this are in memory only)."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     def __contains__(self, user_id: object) -> bool:
         return user_id in self._logs

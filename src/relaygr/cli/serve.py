@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--num-items", type=int, default=10_000)
     m.add_argument("--max-seq-len", type=int, default=4096)
     m.add_argument("--num-users", type=int, default=1000, help="synthetic users")
+    m.add_argument("--events", default="auto",
+                   help="SQLite file keeping appended events across restarts (default with "
+                        "--checkpoint: RUN/events.sqlite; 'none': memory only)")
     m.add_argument("--synthetic-users", action="store_true",
                    help="serve --checkpoint with synthetic users instead of the users of the "
                         "data its run directory records")
@@ -74,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _events_path(flag: str, checkpoint: Path | None) -> Path | None:
+    if flag == "none":
+        return None
+    if flag == "auto":
+        return None if checkpoint is None else checkpoint / "events.sqlite"
+    return Path(flag)
+
+
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     system_fields: dict[str, Any] = {}
     if args.system_config is not None:
@@ -90,7 +101,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         checkpoint=args.checkpoint, num_users=args.num_users,
                         max_events=min(args.max_events, args.max_seq_len), seed=args.seed,
                         dataset=args.dataset, data_dir=args.data_dir,
-                        synthetic_users=args.synthetic_users)
+                        synthetic_users=args.synthetic_users,
+                        events=_events_path(args.events, args.checkpoint))
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()

@@ -48,8 +48,18 @@ def _load_checkpoint(path: Path, device: str) -> HSTU:
     return load_checkpoint(path, device=device)
 
 
-def load_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
-    """The served users (see the module docstring)."""
+def load_store(source: ModelSource, model: HSTU,
+               log: Callable[[str], None] = lambda _: None) -> InMemoryHistoryStore:
+    """The served users (see the module docstring), with the appends recorded at
+    ``source.events`` replayed and every later one recorded there."""
+    store = _base_store(source, model)
+    if source.events is not None:
+        replayed = store.persist_to(source.events)
+        log(f"events: {replayed} appends replayed from {source.events}; new ones kept there")
+    return store
+
+
+def _base_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
     room = model.cfg.max_seq_len - max(1, model.cfg.max_seq_len // 4)
     timed = True
     if source.checkpoint is not None:
@@ -174,7 +184,7 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     log(f"loading the model ({source.checkpoint or source.size}) on {device}")
     model = load_model(source, device)
     log("loading the users")
-    store = load_store(source, model)
+    store = load_store(source, model, log)
     log(f"{len(store)} users; {model.cfg.num_layers} layers, dim {model.cfg.dim}, "
         f"{model.cfg.num_items} items, {sum(p.numel() for p in model.parameters())} weights")
     if size_budgets:

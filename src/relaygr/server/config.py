@@ -96,6 +96,8 @@ class ModelSource:
     data_dir: Path | None = None
     # A checkpoint with synthetic users instead (load tests): never chosen silently.
     synthetic_users: bool = False
+    # Where appended events are kept across restarts (SQLite, cascade.eventlog); None: memory.
+    events: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
@@ -114,7 +116,7 @@ class ModelSource:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSource:
         values = dict(data)
-        for key in ("checkpoint", "data_dir"):
+        for key in ("checkpoint", "data_dir", "events"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
         return _from_dict(cls, values)

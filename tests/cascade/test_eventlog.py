@@ -1,0 +1,76 @@
+"""Appended events survive a restart: the log replays onto the same base, versions and all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.errors import ItemOutOfRangeError
+from relaygr.server import ServerConfig, build_embedded
+from relaygr.server.build import load_model
+from tests.engine.helpers import flops_cost_model
+from tests.server.helpers import SOURCE, run_with_client, system_config
+
+BASE = {1: (np.array([3, 4, 5]), None), 2: (np.array([7, 8]), np.array([100, 160]))}
+
+
+def _store() -> InMemoryHistoryStore:
+    return InMemoryHistoryStore.from_sequences(BASE, num_items=50)
+
+
+def test_appends_are_replayed_onto_the_same_base(tmp_path: Path) -> None:
+    path = tmp_path / "events.sqlite"
+    first = _store()
+    assert first.persist_to(path) == 0
+    first.append(1, [9, 10])
+    first.append(2, [11], [200])
+    first.append(3, [12, 13])                                  # a new user
+    with pytest.raises(ItemOutOfRangeError):
+        first.append(1, [51])                                  # refused: not recorded
+    first.close()
+    second = _store()
+    assert second.persist_to(path) == 3
+    for user in (1, 2, 3):
+        a, b = first.get(user), second.get(user)
+        assert a.items.tolist() == b.items.tolist() and a.version == b.version
+        assert (a.timestamps is None) == (b.timestamps is None)
+    assert second.get(2).timestamps.tolist() == [100, 160, 200]
+    assert list(second) == [1, 2, 3]
+
+
+def test_a_restarted_service_has_every_acknowledged_event(tmp_path: Path) -> None:
+    source = SOURCE.__class__(**{**SOURCE.__dict__, "events": tmp_path / "events.sqlite"})
+    cost = flops_cost_model(load_model(source).cfg)
+
+    def serve_once(body):  # type: ignore[no-untyped-def]
+        service = build_embedded(source, system_config(), ServerConfig(), cost)
+        return service, run_with_client(service, body)
+
+    async def write(client: httpx.AsyncClient) -> list[int]:
+        sent = []
+        t = 1_900_000_000                                       # after every synthetic event
+        for user in (1, 2, 30):                                 # 30: a new user
+            r = await client.post("/v1/events", json={"user_id": user, "items": [5, 6, 7],
+                                                      "timestamps": [t, t + 1, t + 2]})
+            assert r.status_code == 200, r.text
+            sent.append(r.json()["num_events"])
+        r = await client.post("/v1/recommend", json={
+            "user_id": 1, "recent_items": [9], "recent_timestamps": [t + 10],
+            "request_ts": t + 20})
+        assert r.status_code == 200, r.text
+        return sent
+
+    async def read(client: httpx.AsyncClient) -> None:
+        return None
+
+    before, counts = serve_once(write)
+    after, _ = serve_once(read)
+    for user in (1, 2, 30):
+        assert after.backend.store.get(user).items.tolist() == \
+            before.backend.store.get(user).items.tolist()
+    assert after.backend.store.num_events(30) == counts[2] == 3
+    assert after.backend.store.get(1).items[-4:].tolist() == [5, 6, 7, 9]
