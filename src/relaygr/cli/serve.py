@@ -73,7 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--ray-address", default=None, help="existing cluster (default: local)")
     r.add_argument("--replicas", type=int, default=None,
                    help="ranking replicas (default: one per GPU, else --instances)")
-    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per ranking replica")
+    r.add_argument("--replica-cpus", type=float, default=None,
+                   help="CPUs per ranking replica (default: an equal share of the Ray cluster "
+                        "with the ingress, at most 1)")
     p.set_defaults(func=run)
 
 

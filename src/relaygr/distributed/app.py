@@ -16,6 +16,7 @@ SIGINT/SIGTERM shut Serve down (replicas drain their requests first).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -105,6 +106,34 @@ class RayAppSpec:
             raise ConfigError(f"RayAppSpec.replicas must be >= 1, got {self.replicas}")
 
 
+@dataclass(frozen=True)
+class CpuShares:
+    """CPUs Ray reserves for the ingress and for each ranking replica."""
+
+    ingress: float
+    replica: float
+
+
+def plan_cpu_shares(cluster_cpus: float, replicas: int, replica_cpus: float | None,
+                    ingress_cpus: float | None = None) -> CpuShares:
+    """Shares that fit ``cluster_cpus``: each deployment (the ingress and every replica) gets an
+    equal share of the cluster, at most one CPU, unless given. Shares that cannot all be placed
+    are refused up front with the arithmetic (Ray would otherwise leave replicas pending, and
+    ``serve.run`` would wait for them without a word)."""
+    auto = min(1.0, math.floor(100 * cluster_cpus / (replicas + 1)) / 100)
+    shares = CpuShares(auto if ingress_cpus is None else ingress_cpus,
+                       auto if replica_cpus is None else replica_cpus)
+    need = shares.ingress + replicas * shares.replica
+    if shares.ingress <= 0 or shares.replica <= 0 or need > cluster_cpus + 1e-9:
+        raise ConfigError(
+            f"the ingress ({shares.ingress:g} CPU) and {replicas} replicas x "
+            f"{shares.replica:g} CPU need {need:g} CPUs; the Ray cluster has {cluster_cpus:g}. "
+            "Pass --replica-cpus (e.g. "
+            f"{math.floor(100 * (cluster_cpus - shares.ingress) / replicas) / 100:g}) or fewer "
+            "--replicas")
+    return shares
+
+
 def router_config(system: SystemConfig) -> RequestRouterConfig:
     """Serve's request router for the ranking deployment: the mode's relaygr router."""
     mode = spec_for(Mode.parse(system.mode))
@@ -142,6 +171,17 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
              runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False)
 
 
+def _warn_while_pending(done: threading.Event, after_s: float, shares: CpuShares,
+                        replicas: int) -> None:
+    """Say so when the application is still not running after ``after_s`` (and every
+    ``after_s`` after that): replicas Ray cannot place wait silently otherwise."""
+    while not done.wait(after_s):
+        cpus = ray.cluster_resources().get("CPU", 0.0)
+        print(f"relaygr: still waiting for the ingress and {replicas} replicas "
+              f"({shares.ingress:g} + {replicas} x {shares.replica:g} CPUs of the cluster's "
+              f"{cpus:g}): see `ray status` for pending actors", flush=True)
+
+
 def serve_forever(options: ServeOptions) -> int:
     """``relaygr serve --ray`` (see the module docstring)."""
     gpus = torch.cuda.device_count()
@@ -150,12 +190,22 @@ def serve_forever(options: ServeOptions) -> int:
     if options.cost_model is not None:
         cost_model = load_cost_model(options.cost_model, load_model(options.model),
                                      device).to_dict()
-    spec = RayAppSpec(options.model, options.system, options.server, options.replicas,
-                      options.replica_cpus, 1.0 if gpus and device.startswith("cuda") else 0.0,
-                      device=device, cost_model=cost_model)
     init_ray(options.ray_address)
+    shares = plan_cpu_shares(ray.cluster_resources().get("CPU", 0.0), options.replicas,
+                             options.replica_cpus)
+    spec = RayAppSpec(options.model, options.system, options.server, options.replicas,
+                      shares.replica, 1.0 if gpus and device.startswith("cuda") else 0.0,
+                      ingress_cpus=shares.ingress, device=device, cost_model=cost_model)
+    print(f"relaygr: Ray cluster of {ray.cluster_resources().get('CPU', 0.0):g} CPUs: ingress "
+          f"{shares.ingress:g}, {spec.replicas} replicas x {shares.replica:g}", flush=True)
     serve.start(http_options=HTTPOptions(host=options.server.host, port=options.server.port))
-    serve.run(build_application(spec), name=APP_NAME, route_prefix="/")
+    running = threading.Event()
+    threading.Thread(target=_warn_while_pending, args=(running, 20.0, shares, spec.replicas),
+                     daemon=True).start()
+    try:
+        serve.run(build_application(spec), name=APP_NAME, route_prefix="/")
+    finally:
+        running.set()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -133,7 +133,7 @@ class ServeOptions:
     ray: bool
     ray_address: str | None
     replicas: int
-    replica_cpus: float
+    replica_cpus: float | None      # None: a share that fits the Ray cluster
     log_level: str
     instance_processes: bool = False
     # Cache budgets sized from the model and its users (kvcache.sizing) unless the system
