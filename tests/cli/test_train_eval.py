@@ -64,6 +64,18 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
     assert subset["num_cases"] == 10 and subset["users_subset"] == 10
     assert set(subset["heads"]) == {"retrieval", "cascade", "popularity"}
     assert set(subset["retrieval_stage"]) == {"name", "k", "recall@30"}
+    # a run directory as the retrieval stage: the same run's own head, read from disk, proposes
+    # what --retrieval head proposes (its prefill of the same histories)
+    other_path = tmp_path / "other.json"
+    assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+                 str(tmp_path), "--json", str(other_path), "--no-progress", "--heads",
+                 "cascade", "--retrieval", str(run_dir)]) == 0
+    other = json.loads(other_path.read_text())
+    assert other["retrieval_stage"]["recall@200"] == stage["recall@200"]
+    assert other["heads"]["cascade"]["hr@10"] == pytest.approx(heads["cascade"]["hr@10"])
+    with pytest.raises(ConfigError, match="neither a stage"):
+        _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+              str(tmp_path), "--no-progress", "--retrieval", str(tmp_path / "missing")])
     for metrics in report["heads"].values():
         assert set(metrics) == {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200",
                                 "mrr", "num_cases"}

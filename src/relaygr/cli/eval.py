@@ -39,7 +39,12 @@ from relaygr.train import (
     serving_ranks,
 )
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
-from relaygr.train.stages import RETRIEVAL_STAGES, retrieval_stage
+from relaygr.train.stages import (
+    RETRIEVAL_STAGES,
+    CheckpointRetrieval,
+    RetrievalStage,
+    retrieval_stage,
+)
 
 HEAD_CHOICES = HEADS
 
@@ -53,8 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=("test", "valid"), default="test")
     parser.add_argument("--heads", default=",".join(HEAD_CHOICES),
                         help="comma-separated heads to evaluate (retrieval, ranking, cascade)")
-    parser.add_argument("--retrieval", choices=sorted(RETRIEVAL_STAGES), default="head",
-                        help="the cascade's retrieval stage (head: the model's own)")
+    parser.add_argument("--retrieval", default="head",
+                        help="the cascade's retrieval stage: head (the model's own retrieval "
+                             "head) or a run directory whose retrieval head proposes (a "
+                             "separate retrieval model over the same item ids)")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
     parser.add_argument("--users", type=int, default=None,
@@ -97,6 +104,23 @@ def _split_for(args: argparse.Namespace, trained: TrainedModel | None,
     return split
 
 
+def _stage(args: argparse.Namespace, ranker: TrainedModel) -> RetrievalStage:
+    """``--retrieval``: a registered stage name, or a run directory (``CheckpointRetrieval``)."""
+    if args.retrieval in RETRIEVAL_STAGES:
+        return retrieval_stage(args.retrieval, ranker.model)
+    path = Path(args.retrieval)
+    if not path.is_dir():
+        raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage "
+                          f"({', '.join(sorted(RETRIEVAL_STAGES))}) nor a run directory")
+    other = load_trained(path, args.device)
+    if other.id_map != ranker.id_map:
+        raise ConfigError(f"{path} numbers items differently from the ranking model's run")
+    if other.uses_timestamps:
+        raise ConfigError(f"{path} reads timestamps; a separate retrieval stage must be "
+                          "position-only")
+    return CheckpointRetrieval(other.model)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
-        cascade = CascadeSpec(retrieval_stage(args.retrieval, trained.model), args.retrieve_k)
+        cascade = CascadeSpec(_stage(args, trained), args.retrieve_k)
         ranks = serving_ranks(trained.model, seqs, cases, trained.model.cfg.max_seq_len,
                               trained.uses_timestamps, heads, args.batch_users,
                               progress=not args.no_progress, cascade=cascade)

@@ -83,6 +83,25 @@ class HeadRetrieval:
         return Proposals(top.indices, top.values)
 
 
+class CheckpointRetrieval:
+    """Another trained HSTU's retrieval head (same item ids as the ranker): it prefills each
+    user's history itself (the newest ``max_seq_len`` events), so the stage is independent of
+    the ranker's layers, as a separate retrieval model in production is. Position-only models
+    (the query carries no timestamps)."""
+
+    def __init__(self, model: HSTU) -> None:
+        self.model = model
+
+    @torch.inference_mode()
+    def propose(self, query: RetrievalQuery, k: int) -> Proposals:
+        keep = self.model.cfg.max_seq_len
+        device = self.model.device
+        prefixes = [self.model.prefill(torch.as_tensor(np.asarray(h[-keep:]), device=device))
+                    for h in query.histories]
+        own = RetrievalQuery(query.users, query.histories, prefixes)
+        return HeadRetrieval(self.model).propose(own, k)
+
+
 RETRIEVAL_STAGES: dict[str, Callable[[HSTU], RetrievalStage]] = {"head": HeadRetrieval}
 
 
