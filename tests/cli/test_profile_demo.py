@@ -27,6 +27,12 @@ def test_profile_writes_a_point_per_length_and_candidate_count(tmp_path: Path,
     for p in points.values():
         assert p["full_rank_ms"] > 0 and p["cached_rank_ms"] > 0 and p["prefill_ms"] > 0
         assert p["speedup"] == pytest.approx(p["full_rank_ms"] / p["cached_rank_ms"])
+        # the physical limit: matmul FLOPs at the peak plus scores at the element-wise rate
+        flops_ms = 1e3 * p["cached_rank_gflops"] * p["cached_rank_ms"] * 1e-3 \
+            / data["matmul_peak_gflops"]
+        assert p["cached_rank_limit_ms"] > flops_ms > 0
+        assert p["full_rank_limit_ms"] > p["cached_rank_limit_ms"]
+    assert data["elementwise_gelems"] > 0
     assert "matmul peak" in capsys.readouterr().out
 
 

@@ -33,6 +33,24 @@ def describe_device(device: torch.device | str = "cpu") -> str:
     return f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
+def elementwise_rate_gelems(device: torch.device | str = "cpu",
+                           dtype: torch.dtype = torch.float32, elems: int = 1 << 20,
+                           repeats: int = 9) -> float:
+    """Billions of attention-score elements per second this device takes through the
+    element-wise steps HSTU applies to each (bias add, SiLU, in place), on a block of ``elems``
+    (the default is ``score_block_elems``: the size the serving passes keep their score blocks
+    to). The time such work cannot go below, beside the matmul peak."""
+    device = torch.device(device)
+    scores = torch.randn(elems, device=device, dtype=dtype)
+    bias = torch.randn(elems, device=device, dtype=dtype)
+
+    def step() -> None:
+        torch.nn.functional.silu(scores.add_(bias), inplace=True)
+
+    timing = time_call(step, device, repeats=repeats, warmup=2)
+    return elems / (timing.median_ms * 1e-3) / 1e9
+
+
 def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                        sizes: tuple[int, ...] = (1024, 2048), repeats: int = 5) -> float:
     """Best GFLOP/s of square matmuls on ``device`` (larger sizes on CUDA, where peak needs it)."""

@@ -16,9 +16,14 @@ from pathlib import Path
 
 import torch
 
-from relaygr.bench.hardware import describe_device, matmul_peak_gflops
+from relaygr.bench.hardware import describe_device, elementwise_rate_gelems, matmul_peak_gflops
 from relaygr.model import HSTU, config_for_size
-from relaygr.model.flops import prefill_flops, rank_flops
+from relaygr.model.flops import (
+    prefill_flops,
+    prefill_score_elements,
+    rank_flops,
+    rank_score_elements,
+)
 from relaygr.timing import time_call
 
 # The catalogue size does not change latency (one embedding row per token); this is large enough
@@ -51,6 +56,11 @@ class ProfilePoint:
     full_rank_gflops: float
     cached_rank_gflops: float
     cached_rank_page_faults: float = 0.0   # minor page faults per cached ranking call
+    # The physical limit of each path on this device: its matmul FLOPs at the matmul peak plus
+    # its attention scores at the element-wise rate (ProfileResult), as if neither overlapped.
+    prefill_limit_ms: float = 0.0
+    full_rank_limit_ms: float = 0.0
+    cached_rank_limit_ms: float = 0.0
 
 
 @dataclass
@@ -63,11 +73,13 @@ class ProfileResult:
     matmul_peak_gflops: float
     host: str = ""
     points: list[ProfilePoint] = field(default_factory=list)
+    elementwise_gelems: float = 0.0   # score elements per second (bias + SiLU), billions
 
     def to_json(self) -> dict[str, object]:
         return {"device": self.device, "dtype": self.dtype, "threads": self.threads,
                 "host": self.host, "model": self.model,
                 "matmul_peak_gflops": self.matmul_peak_gflops,
+                "elementwise_gelems": self.elementwise_gelems,
                 "config": asdict(self.config), "points": [asdict(p) for p in self.points]}
 
     def write_json(self, path: Path) -> None:
@@ -89,7 +101,13 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
     model = HSTU(model_cfg).to(device=device, dtype=dtype).eval()
     result = ProfileResult(cfg, str(device), cfg.dtype, torch.get_num_threads(),
                            model_cfg.to_dict(), matmul_peak_gflops(device, dtype),
-                           describe_device(device))
+                           describe_device(device),
+                           elementwise_gelems=elementwise_rate_gelems(device, dtype))
+
+    def limit_ms(flops: int, scores: int) -> float:
+        return 1e3 * (flops / (result.matmul_peak_gflops * 1e9)
+                      + scores / (result.elementwise_gelems * 1e9))
+
     gen = torch.Generator().manual_seed(cfg.seed)
     task = None
     if progress is not None:
@@ -116,7 +134,13 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
                                          full.median_ms),
                 cached_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=True),
                                            cached.median_ms),
-                cached_rank_page_faults=cached.page_faults_per_call))
+                cached_rank_page_faults=cached.page_faults_per_call,
+                prefill_limit_ms=limit_ms(prefill_flops(model_cfg, n),
+                                          prefill_score_elements(model_cfg, n)),
+                full_rank_limit_ms=limit_ms(rank_flops(model_cfg, c, n, s, cached=False),
+                                            rank_score_elements(model_cfg, c, n, s, False)),
+                cached_rank_limit_ms=limit_ms(rank_flops(model_cfg, c, n, s, cached=True),
+                                              rank_score_elements(model_cfg, c, n, s))))
             if progress is not None:
                 progress.advance(task)  # type: ignore[attr-defined]
     return result

@@ -47,9 +47,11 @@ def render(result: ProfileResult) -> Table:
     table = Table(title=(f"relaygr profile: {result.model['num_layers']} layers, dim "
                          f"{result.model['dim']}, {result.model['num_heads']} heads on "
                          f"{result.device} ({result.dtype}, {result.threads} threads); "
-                         f"matmul peak {peak:.0f} GFLOP/s"))
+                         f"matmul peak {peak:.0f} GFLOP/s, element-wise "
+                         f"{result.elementwise_gelems:.1f} G scores/s"))
     for name in ("prefix", "cands", "prefill ms", "full ms", "cached ms", "speedup",
-                 "prefill %peak", "full %peak", "cached %peak", "cached faults"):
+                 "prefill %peak", "full %peak", "cached %peak", "cached limit ms",
+                 "cached % of limit", "cached faults"):
         table.add_column(name, justify="right")
     for p in result.points:
         table.add_row(str(p.prefix_tokens), str(p.candidates), f"{p.prefill_ms:.1f}",
@@ -57,6 +59,8 @@ def render(result: ProfileResult) -> Table:
                       f"{100 * p.prefill_gflops / peak:.0f}%",
                       f"{100 * p.full_rank_gflops / peak:.0f}%",
                       f"{100 * p.cached_rank_gflops / peak:.0f}%",
+                      f"{p.cached_rank_limit_ms:.2f}",
+                      f"{100 * p.cached_rank_limit_ms / p.cached_rank_ms:.0f}%",
                       f"{p.cached_rank_page_faults:.0f}")
     return table
 
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,
                         candidate_counts=args.candidates, suffix_tokens=args.suffix,
                         device=args.device, dtype=args.dtype, repeats=args.repeats)
-    console = Console(width=max(Console().width, 110))
+    console = Console(width=max(Console().width, 150))
     with Progress(console=console, transient=True) as progress:
         result = run_profile(cfg, progress)
     console.print(render(result))

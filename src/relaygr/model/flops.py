@@ -1,8 +1,10 @@
-"""Matmul FLOPs of the serving passes: what "achieved fraction of peak" is measured against.
+"""Work of the serving passes: what "achieved fraction of peak" and the physical limit use.
 
-Counts 2 FLOPs per multiply-add of the projections, the attention products (QKᵀ and AV over the
-keys a token may see, i.e. causal work only, never the masked half of a block) and the ranking
-head. Element-wise work (SiLU, norms, bias) is not counted: it is real time but not FLOPs.
+``*_flops`` count 2 FLOPs per multiply-add of the projections, the attention products (QKᵀ and
+AV over the keys a token may see, i.e. causal work only, never the masked half of a block) and
+the ranking head. ``*_score_elements`` count the attention scores a pass makes (one per query,
+key and head, causal only): each gets the element-wise work the matmuls do not do (relative bias,
+SiLU, mask, normaliser), which costs real time on a CPU whose matrix units are fast.
 """
 
 from __future__ import annotations
@@ -43,3 +45,23 @@ def rank_flops(cfg: HSTUConfig, candidates: int, prefix_tokens: int, suffix_toke
     else:
         work = prefill_flops(cfg, history)
     return work + candidate_flops(cfg, candidates, history)
+
+
+def _scores(cfg: HSTUConfig, keys_seen: int) -> int:
+    return cfg.num_layers * cfg.num_heads * keys_seen
+
+
+def prefill_score_elements(cfg: HSTUConfig, new_tokens: int, past_tokens: int = 0) -> int:
+    """Attention scores of computing ``new_tokens`` after ``past_tokens`` cached ones."""
+    return _scores(cfg, new_tokens * past_tokens + new_tokens * (new_tokens + 1) // 2)
+
+
+def rank_score_elements(cfg: HSTUConfig, candidates: int, prefix_tokens: int,
+                        suffix_tokens: int = 0, cached: bool = True) -> int:
+    """Attention scores of one ranking request, from a cached prefix or as a full pass."""
+    history = prefix_tokens + suffix_tokens
+    if cached:
+        work = prefill_score_elements(cfg, suffix_tokens, prefix_tokens) if suffix_tokens else 0
+    else:
+        work = prefill_score_elements(cfg, history)
+    return work + _scores(cfg, candidates * (history + 1))
