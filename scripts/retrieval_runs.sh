@@ -35,10 +35,12 @@ baselines() {
 if [ -n "$SEEDS_A" ]; then
   relaygr eval-retrieval --checkpoint "$RUNS/cvgae-sccdr" --protocol cvgae \
     --json "$RUNS/report-cvgae.json" $(baselines cvgae)
+  relaygr eval-retrieval --checkpoint "$RUNS/cvgae-sccdr" --protocol full \
+    --json "$RUNS/report-full-cvgae.json" $(baselines cvgae)
 fi
 if [ -n "$SEEDS_B" ]; then
-  for protocol in disencdr full; do
-    relaygr eval-retrieval --checkpoint "$RUNS/disencdr-sccdr" --protocol $protocol \
-      --json "$RUNS/report-$protocol.json" $(baselines disencdr)
-  done
+  relaygr eval-retrieval --checkpoint "$RUNS/disencdr-sccdr" --protocol disencdr \
+    --json "$RUNS/report-disencdr.json" $(baselines disencdr)
+  relaygr eval-retrieval --checkpoint "$RUNS/disencdr-sccdr" --protocol full \
+    --json "$RUNS/report-full-disencdr.json" $(baselines disencdr)
 fi

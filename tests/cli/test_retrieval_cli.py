@@ -32,7 +32,12 @@ def test_train_then_eval_with_a_baseline(tmp_path: Path,
         assert set(metrics) == {"hr@10", "ndcg@10", "hr@10_std", "ndcg@10_std"}
         assert 0.0 <= metrics["ndcg@10"] <= metrics["hr@10"] <= 1.0
     assert (tmp_path / "m" / "seed-1" / "split" / "bb.npz").is_file()
-    # the cvgae run cannot answer the full protocol (it needs the disencdr split)
+    # the cvgae run cannot answer the disencdr protocol (its 999 negatives); full takes either
     assert main(["eval-retrieval", "--checkpoint", str(tmp_path / "m"),
-                 "--protocol", "full"]) == 2
+                 "--protocol", "disencdr"]) == 2
     assert "disencdr" in capsys.readouterr().err
+    full = tmp_path / "full.json"
+    assert main(["eval-retrieval", "--checkpoint", str(tmp_path / "m"), "--protocol", "full",
+                 "--json", str(full)]) == 0
+    hits = json.loads(full.read_text())["model"]["aa"]
+    assert hits["hit@50"] <= hits["hit@100"] <= hits["hit@200"]

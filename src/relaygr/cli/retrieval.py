@@ -8,7 +8,7 @@
 
 ``--pair a_b`` names the target domain's folder; its partner ``b_a`` is read beside it. Each seed
 gets its own split (fixed-seed negatives, written to ``RUN/seed-<s>/split``) and model. The
-``full`` protocol evaluates runs trained on the ``disencdr`` split.
+``full`` protocol ranks a run's own test rows (either split) against the whole catalogue.
 """
 
 from __future__ import annotations

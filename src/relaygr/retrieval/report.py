@@ -81,7 +81,7 @@ def score_run(run_dir: Path, protocol: Protocol,
               reference: dict[int, dict[str, DomainSplit]] | None = None) -> RunScores:
     """Test metrics of every seed of ``run_dir`` (checked against ``reference`` splits)."""
     info = read_run_info(run_dir)
-    if info.split is not protocol.split_kind:
+    if not protocol.accepts(info.split):
         raise CheckpointError(f"{run_dir} holds {info.split.value} splits; protocol "
                               f"{protocol.value} needs {protocol.split_kind.value}")
     per_seed: dict[int, Metrics] = {}

@@ -4,8 +4,8 @@ negatives.
 - ``cvgae`` (CVGAE, TKDE 2025): ``train`` and ``test_original`` merged; one random interaction
   per user held out for test; 99 negatives the user never interacted with; HR/NDCG@10.
 - ``disencdr`` (DisenCDR, SIGIR 2022): the released ``test.txt``; 999 negatives.
-- ``full``: the ``disencdr`` split ranked against every item of the domain, the user's training
-  (and validation) items masked; HIT@50/100/200.
+- ``full``: a run's own test rows (``disencdr`` or ``cvgae`` split) ranked against every item of
+  the domain, the user's training (and validation) items masked; HIT@50/100/200.
 
 Every split also carves a validation set from the training interactions (one random item from
 each of ``valid_share`` of the users, negatives as the protocol's): epochs and options are chosen
@@ -39,7 +39,11 @@ class Protocol(str, Enum):
 
     @property
     def split_kind(self) -> SplitKind:
+        """The split a run needs to be evaluated under this protocol (``full``: any)."""
         return SplitKind.CVGAE if self is Protocol.CVGAE else SplitKind.DISENCDR
+
+    def accepts(self, kind: SplitKind) -> bool:
+        return self is Protocol.FULL or kind is self.split_kind
 
     @classmethod
     def parse(cls, name: str) -> Protocol:
