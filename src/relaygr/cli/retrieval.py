@@ -6,6 +6,9 @@
     relaygr eval-retrieval --checkpoint RUN --protocol cvgae|disencdr|full --json PATH
                            [--baseline NAME=RUN ...]
 
+``--dataset ml-1m --data-dir ML1M_DIR`` trains the single-domain variant on MovieLens-1M
+(leave-one-out; use ``--preset single --set lambda_intra=0.1`` for intra-CL + matching loss).
+
 ``--pair a_b`` names the target domain's folder; its partner ``b_a`` is read beside it. Each seed
 gets its own split (fixed-seed negatives, written to ``RUN/seed-<s>/split``) and model. The
 ``full`` protocol ranks a run's own test rows (either split) against the whole catalogue.
@@ -24,7 +27,8 @@ from relaygr.cli.train import parse_overrides
 from relaygr.errors import ConfigError
 from relaygr.retrieval.checkpoint import RunInfo, save_result, save_splits, write_run_info
 from relaygr.retrieval.config import PRESETS, preset
-from relaygr.retrieval.data import load_pair
+from relaygr.retrieval.data import Domain, load_pair
+from relaygr.retrieval.movielens import load_movielens
 from relaygr.retrieval.report import report
 from relaygr.retrieval.splits import Protocol, SplitKind, make_split
 from relaygr.retrieval.trainer import RetrievalTrainer
@@ -34,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train-retrieval", help="train the SCCDR retrieval model",
                                   description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--pair", required=True, help="target_source folder, e.g. sport_cloth")
+    train.add_argument("--dataset", default="amazon-pair", choices=["amazon-pair", "ml-1m"],
+                       help="a cross-domain pair (default) or MovieLens-1M as one domain")
+    train.add_argument("--pair", default=None, help="target_source folder, e.g. sport_cloth")
     train.add_argument("--data-dir", required=True, type=Path,
                        help="folder holding the pair folders (amazon-disencdr)")
     train.add_argument("--out", required=True, type=Path, help="run directory to write")
@@ -61,17 +67,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     cfg = preset(args.preset).with_(**parse_overrides(args.overrides))
-    pair = load_pair(args.data_dir, args.pair)
+    if args.dataset == "ml-1m":
+        pair, name = load_movielens(args.data_dir), "ml-1m"
+        domains: tuple[Domain, ...] = pair.domains[:1]
+    elif args.pair is None:
+        raise ConfigError("--pair is required for --dataset amazon-pair")
+    else:
+        pair, name = load_pair(args.data_dir, args.pair), args.pair
+        domains = pair.domains
     kind = SplitKind(args.split)
-    names = tuple(d.name for d in pair.domains)
-    info = RunInfo(args.pair, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
+    names = tuple(d.name for d in domains)
+    info = RunInfo(name, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
                    {"data_dir": str(args.data_dir), **pair.summary()})
     write_run_info(args.out, info)
-    print(f"{args.pair}: {pair.num_users} users; " + "; ".join(
-        f"{d.name} {d.num_items} items, {len(d.train)} train" for d in pair.domains), flush=True)
+    print(f"{name}: {pair.num_users} users; " + "; ".join(
+        f"{d.name} {d.num_items} items, {len(d.train)} train" for d in domains), flush=True)
     for seed in args.seeds:
         started = time.perf_counter()
-        splits = {d.name: make_split(d, kind, seed, cfg.valid_share) for d in pair.domains}
+        splits = {d.name: make_split(d, kind, seed, cfg.valid_share) for d in domains}
         save_splits(args.out, seed, splits)
         trainer = RetrievalTrainer(cfg, splits, pair.num_users, seed,
                                    progress_bar=not args.no_progress)
