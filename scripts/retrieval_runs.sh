@@ -2,11 +2,12 @@
 # Every retrieval figure of docs/retrieval.md for one pair: SCCDR and its trained baselines on the
 # cvgae split (3 seeds) and the disencdr split, then the three protocols' reports.
 #   scripts/retrieval_runs.sh sport_cloth [SEEDS_CVGAE] [SEEDS_DISENCDR] [PRESETS]
+# (an empty SEEDS argument skips that split)
 set -euo pipefail
 PAIR=${1:?pair, e.g. sport_cloth}
-SEEDS_A=${2:-"0 1 2"}
-SEEDS_B=${3:-"0"}
-PRESETS=${4:-"sccdr mixed single lightgcn"}
+SEEDS_A=${2-"0 1 2"}
+SEEDS_B=${3-"0"}
+PRESETS=${4-"sccdr mixed single lightgcn"}
 DATA=${DATA:-/work/shared/datasets/cross-domain/amazon-disencdr}
 RUNS=${RUNS:-/work/runs/sccdr}/$PAIR
 PY=${PY:-python}
