@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -49,3 +50,24 @@ def test_full_ranks_mask_the_users_known_items() -> None:
     rows = np.array([[0, 2], [1, 2]])
     known = np.array([[0, 5], [0, 4]])                 # user 0 bought the two top items
     assert full_ranks(scorer, "d", rows, 6, known).tolist() == [1, 3]
+
+
+def test_a_baseline_on_other_negatives_is_refused() -> None:
+    import pytest
+
+    from relaygr.errors import CheckpointError
+    from relaygr.retrieval.report import _same_splits, mean_std
+    from relaygr.retrieval.splits import DomainSplit, SplitKind
+
+    rows = np.array([[0, 1]])
+
+    def split(negs: list[int]) -> DomainSplit:
+        return DomainSplit("d", SplitKind.CVGAE, 9, rows, rows, rows, np.array([negs]),
+                           np.array([negs]))
+
+    _same_splits({"d": split([2, 3])}, {"d": split([2, 3])}, Path("same"))
+    with pytest.raises(CheckpointError):
+        _same_splits({"d": split([2, 3])}, {"d": split([2, 4])}, Path("other"))
+    summary = mean_std([{"d": {"hr@10": 0.2}}, {"d": {"hr@10": 0.4}}])
+    assert summary["d"]["hr@10"] == pytest.approx(0.3)
+    assert summary["d"]["hr@10_std"] == pytest.approx(0.1)
