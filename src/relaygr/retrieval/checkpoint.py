@@ -1,0 +1,151 @@
+"""Retrieval run directories: one trained model per seed, with the exact split it was trained and
+is evaluated on, and a record of the data it came from.
+
+Layout of ``RUN``::
+
+    run.json                  RunInfo: pair, data folders with sizes and file digests, split
+                              kind, preset, config, seeds
+    seed-<s>/model.safetensors   weights of the best validation epoch
+    seed-<s>/split/<domain>.npz  train / valid / test rows and the fixed-seed negatives
+    seed-<s>/metrics.jsonl       one line per epoch: losses, validation HR/NDCG@10
+    seed-<s>/result.json         best epoch, best validation score, training time, stop reason
+
+Only safetensors, JSON and npz (no pickles). Files are written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from relaygr.errors import CheckpointError, ConfigError
+from relaygr.retrieval.config import SCCDRConfig
+from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.model import RetrievalModel
+from relaygr.retrieval.splits import DomainSplit, SplitKind
+from relaygr.retrieval.trainer import TrainResult
+
+RUN_FORMAT = "relaygr-retrieval-run/1"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What ``run.json`` records (see the module doc)."""
+
+    pair: str
+    domains: tuple[str, ...]     # target first
+    num_users: int
+    split: SplitKind
+    preset: str
+    config: SCCDRConfig
+    seeds: tuple[int, ...]
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RUN_FORMAT, "pair": self.pair, "domains": list(self.domains),
+                "num_users": self.num_users, "split": self.split.value, "preset": self.preset,
+                "config": self.config.to_dict(), "seeds": list(self.seeds), "data": self.data}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunInfo:
+        if d.get("format") != RUN_FORMAT:
+            raise CheckpointError(f"not a retrieval run (format {d.get('format')!r})")
+        try:
+            return cls(d["pair"], tuple(d["domains"]), int(d["num_users"]), SplitKind(d["split"]),
+                       d["preset"], SCCDRConfig.from_dict(d["config"]), tuple(d["seeds"]),
+                       d["data"])
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            raise CheckpointError(f"invalid run.json: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TrainedRetrieval:
+    """One seed's model (eval mode, best epoch) and its splits by domain."""
+
+    model: RetrievalModel
+    splits: dict[str, DomainSplit]
+    seed: int
+
+
+def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def seed_dir(run_dir: Path, seed: int) -> Path:
+    return Path(run_dir) / f"seed-{seed}"
+
+
+def write_run_info(run_dir: Path, info: RunInfo) -> None:
+    _atomic(Path(run_dir) / "run.json", lambda p: p.write_text(json.dumps(info.to_dict(),
+                                                                          indent=2)))
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} is not a retrieval run (no run.json)")
+    try:
+        return RunInfo.from_dict(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise CheckpointError(f"cannot parse {path}: {exc}") from None
+
+
+def save_splits(run_dir: Path, seed: int, splits: dict[str, DomainSplit]) -> None:
+    for name, split in splits.items():
+        path = seed_dir(run_dir, seed) / "split" / f"{name}.npz"
+        _atomic(path, split.save)
+
+
+def load_splits(run_dir: Path, seed: int, domains: tuple[str, ...]) -> dict[str, DomainSplit]:
+    return {d: DomainSplit.load(seed_dir(run_dir, seed) / "split" / f"{d}.npz", d)
+            for d in domains}
+
+
+def save_result(run_dir: Path, seed: int, result: TrainResult) -> None:
+    out = seed_dir(run_dir, seed)
+    state = {k: v.detach().cpu().contiguous() for k, v in result.model.state_dict().items()}
+    _atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
+    lines = "".join(json.dumps(h) + "\n" for h in result.history)
+    _atomic(out / "metrics.jsonl", lambda p: p.write_text(lines))
+    summary = {"best_epoch": result.best_epoch, "best_valid_ndcg@10": result.best_score,
+               "elapsed_s": result.elapsed_s, "stopped": result.stopped}
+    _atomic(out / "result.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+
+
+def load_seed(run_dir: Path, info: RunInfo, seed: int) -> TrainedRetrieval:
+    """Rebuild seed ``seed``'s model from its split's training graph and load its weights."""
+    splits = load_splits(run_dir, seed, info.domains)
+    graphs = {d: BipartiteGraph(info.num_users, s.num_items, s.train) for d, s in splits.items()}
+    model = RetrievalModel(graphs, info.config)
+    path = seed_dir(run_dir, seed) / "model.safetensors"
+    try:
+        model.load_state_dict(load_file(str(path)), strict=True)
+    except (OSError, SafetensorError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load {path}: {exc}") from None
+    model.eval()
+    return TrainedRetrieval(model, splits, seed)
+
+
+def read_result(run_dir: Path, seed: int) -> dict[str, Any]:
+    path = seed_dir(run_dir, seed) / "result.json"
+    if not path.is_file():
+        raise CheckpointError(f"seed {seed} of {run_dir} has not finished (no result.json)")
+    out: dict[str, Any] = json.loads(path.read_text())
+    return out
+
+
+def read_history(run_dir: Path, seed: int) -> list[dict[str, Any]]:
+    path = seed_dir(run_dir, seed) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+

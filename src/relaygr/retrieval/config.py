@@ -1,0 +1,167 @@
+"""SCCDR training configuration: one frozen dataclass, validated at construction, and presets.
+
+The paper (Chang et al., WWW 2025) is only public as an abstract; every choice it leaves open is a
+field here (stop-gradient placement, Katz order and decay, pacing function, view augmentation,
+loss weights), chosen by measurement on a validation split (docs/retrieval.md).
+
+Presets name the variants compared in the harness:
+
+- ``sccdr``: separated intra/inter CL (distinct views per domain, stop-gradient on the partner
+  side of inter-CL) and the Katz curriculum for inter-CL negatives.
+- ``mixed``: the same losses in one objective, no stop-gradient, uniform inter-CL negatives.
+- ``single``: each domain's GraphSAGE alone, matching loss only.
+- ``lightgcn``: each domain's LightGCN alone, matching loss only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
+from typing import Any
+
+from relaygr.errors import ConfigError
+
+
+class Encoder(str, Enum):
+    SAGE = "sage"           # GraphSAGE, mean aggregator, one tower per domain
+    LIGHTGCN = "lightgcn"   # LightGCN (no weights besides the embeddings)
+
+
+class StopGradient(str, Enum):
+    NONE = "none"           # inter-CL gradients reach both towers (the "mixed" objective)
+    PARTNER = "partner"     # each inter-CL direction updates only its anchor's tower
+
+
+class Pacing(str, Enum):
+    NONE = "none"           # inter-CL negatives drawn uniformly from all users, no curriculum
+    LINEAR = "linear"       # available share of the difficulty-ordered pool grows linearly
+    ROOT = "root"           # ... as a square root (more hard negatives early)
+    STEP = "step"           # ... in three equal stages
+
+
+class Similarity(str, Enum):
+    COSINE = "cosine"       # unit vectors, logit = cos / temperature
+    DOT = "dot"             # raw inner product / temperature (norms may carry popularity)
+
+
+class MatchingLoss(str, Enum):
+    SOFTMAX = "softmax"     # sampled softmax over uniform negatives shared by the batch
+    BPR = "bpr"             # pairwise BPR with one uniform negative per positive
+
+
+@dataclass(frozen=True)
+class SCCDRConfig:
+    """Everything that decides a retrieval training run besides the data and the seed."""
+
+    encoder: Encoder = Encoder.SAGE
+    dim: int = 64
+    num_layers: int = 2
+    # matching (recommendation) loss
+    matching_loss: MatchingLoss = MatchingLoss.SOFTMAX
+    similarity: Similarity = Similarity.COSINE
+    # 0.6 by validation on sport_cloth (0.1 / 0.3 / 0.6 / 1.0): sharper temperatures memorise
+    # the sparse training graph and fall below popularity (docs/retrieval.md)
+    temperature: float = 0.6        # similarity / temperature is the matching logit
+    # add alpha * log(1 + training degree) of the item to its logit (alpha learnt): the mean
+    # aggregator and cosine scoring both discard an item's popularity, which sampled-negative
+    # protocols reward
+    popularity_prior: bool = True
+    num_negatives: int = 256        # uniform negatives per batch (softmax)
+    # intra-domain CL: BCE between two edge-dropout views of the same node (label 1) and of a
+    # shuffled node (label 0)
+    lambda_intra: float = 0.1
+    edge_dropout: float = 0.1
+    intra_temperature: float = 0.5
+    # inter-domain CL: aligned-user InfoNCE with curriculum negatives, and neighbour similarity
+    lambda_inter: float = 0.1
+    neighbour_weight: float = 0.5   # share of the neighbour-similarity term in the inter loss
+    inter_temperature: float = 0.2
+    inter_negatives: int = 32       # negatives per anchor user
+    stop_gradient: StopGradient = StopGradient.PARTNER
+    # Katz curriculum: S = sum_{k=1..katz_hops} beta^(2k) (R R^T)^k on the joint user-item graph
+    pacing: Pacing = Pacing.LINEAR
+    katz_beta: float = 0.1
+    katz_hops: int = 2
+    pool_size: int = 64             # difficulty-ordered negatives kept per anchor
+    start_share: float = 0.25       # share of the pool (easiest first) available at epoch 0
+    curriculum_epochs: int = 8      # epochs until the whole pool is available (of max_epochs)
+    # optimisation
+    batch_size: int = 8192          # a step costs a full-graph pass: few, large batches
+    learning_rate: float = 1e-2
+    weight_decay: float = 0.0
+    max_epochs: int = 12            # the 30-minute budget per pair on 2 shared cores
+    patience: int = 3               # validations without a better score before stopping
+    valid_share: float = 0.25       # share of users who give one training item to validation
+
+    def __post_init__(self) -> None:
+        for name, kind in (("encoder", Encoder), ("stop_gradient", StopGradient),
+                           ("pacing", Pacing), ("matching_loss", MatchingLoss),
+                           ("similarity", Similarity)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                choices = ", ".join(k.value for k in kind)
+                raise ConfigError(f"{name} must be one of {choices}; got {value!r}") from None
+        positive = ("dim", "num_layers", "num_negatives", "inter_negatives", "pool_size",
+                    "batch_size", "max_epochs", "patience", "katz_hops", "curriculum_epochs")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("temperature", "intra_temperature", "inter_temperature", "learning_rate",
+                     "katz_beta"):
+            if not float(getattr(self, name)) > 0:
+                raise ConfigError(f"{name} must be > 0; got {getattr(self, name)}")
+        for name in ("lambda_intra", "lambda_inter", "weight_decay"):
+            if float(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0; got {getattr(self, name)}")
+        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
+        if self.edge_dropout >= 1.0:
+            raise ConfigError("edge_dropout must be < 1 (a view needs edges)")
+        if self.inter_negatives > self.pool_size:
+            raise ConfigError(f"inter_negatives ({self.inter_negatives}) exceeds pool_size "
+                              f"({self.pool_size})")
+
+    @property
+    def normalize(self) -> bool:
+        return self.similarity is Similarity.COSINE
+
+    @property
+    def uses_inter(self) -> bool:
+        return self.lambda_inter > 0
+
+    @property
+    def uses_intra(self) -> bool:
+        return self.lambda_intra > 0
+
+    def with_(self, **changes: Any) -> SCCDRConfig:
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f"unknown SCCDR config keys: {', '.join(unknown)}")
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SCCDRConfig:
+        return cls().with_(**data)
+
+
+PRESETS: dict[str, SCCDRConfig] = {
+    "sccdr": SCCDRConfig(),
+    "mixed": SCCDRConfig(stop_gradient=StopGradient.NONE, pacing=Pacing.NONE),
+    "single": SCCDRConfig(lambda_intra=0.0, lambda_inter=0.0, pacing=Pacing.NONE),
+    "lightgcn": SCCDRConfig(encoder=Encoder.LIGHTGCN, lambda_intra=0.0, lambda_inter=0.0,
+                            pacing=Pacing.NONE, num_layers=3),
+}
+
+
+def preset(name: str) -> SCCDRConfig:
+    """The named variant's config (see the module doc); unknown names raise ``ConfigError``."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown retrieval preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]

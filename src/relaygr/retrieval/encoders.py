@@ -1,0 +1,92 @@
+"""The per-domain towers: GraphSAGE (mean aggregator) and LightGCN, in plain PyTorch.
+
+A tower owns its domain's user and item ID embeddings (layer 0) and maps a normalised adjacency
+(``relaygr.retrieval.graph``) to user and item vectors (L2-normalised when ``normalize``:
+cosine scoring; raw for dot-product scoring, where an item's norm can carry its popularity).
+GraphSAGE layer ``l``::
+
+    h_v^(l+1) = W_l [h_v^(l) || mean_{u in N(v)} h_u^(l)]      (LeakyReLU between layers)
+
+so a user's vector depends only on its own embedding and its items' layer states: that is what
+``SAGETower.user_from_items`` recomputes at request time from a list of recent items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TowerOutput:
+    """Final vectors (``users``: ``(U, d)``, ``items``: ``(I, d)``) and, for
+    GraphSAGE, every layer's item states before the last (``item_states[l]``: ``(I, d)``)."""
+
+    users: torch.Tensor
+    items: torch.Tensor
+    item_states: tuple[torch.Tensor, ...] = ()
+
+
+class SAGETower(nn.Module):
+    """GraphSAGE over one domain's bipartite graph (full-graph sparse matmul)."""
+
+    def __init__(self, num_users: int, num_items: int, dim: int, num_layers: int,
+                 normalize: bool = True) -> None:
+        super().__init__()
+        self.num_users, self.num_items, self.normalize = num_users, num_items, normalize
+        self.user_emb = nn.Embedding(num_users, dim)
+        self.item_emb = nn.Embedding(num_items, dim)
+        nn.init.normal_(self.user_emb.weight, std=0.1)
+        nn.init.normal_(self.item_emb.weight, std=0.1)
+        self.layers = nn.ModuleList(nn.Linear(2 * dim, dim) for _ in range(num_layers))
+
+    def _step(self, layer: int, h: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        out = self.layers[layer](torch.cat([h, agg], dim=-1))   # (n, 2d) -> (n, d)
+        return out if layer == len(self.layers) - 1 else F.leaky_relu(out, 0.2)
+
+    def forward(self, mean_adj: torch.Tensor) -> TowerOutput:
+        h = torch.cat([self.user_emb.weight, self.item_emb.weight])   # (U + I, d)
+        states = []
+        for layer in range(len(self.layers)):
+            states.append(h[self.num_users:])
+            h = self._step(layer, h, torch.sparse.mm(mean_adj, h))
+        h = F.normalize(h, dim=-1) if self.normalize else h
+        return TowerOutput(h[:self.num_users], h[self.num_users:], tuple(states))
+
+    def user_from_items(self, items: torch.Tensor, item_states: tuple[torch.Tensor, ...],
+                        user: int | None) -> torch.Tensor:
+        """A user's unit vector from its item ids (``(n,)``, n >= 1) and the item layer states of
+        a full-graph pass; ``user`` None means an unseen user (zero layer-0 embedding)."""
+        dim = self.user_emb.embedding_dim
+        h = (self.user_emb.weight[user] if user is not None
+             else torch.zeros(dim, dtype=self.user_emb.weight.dtype))
+        for layer, states in enumerate(item_states):
+            h = self._step(layer, h, states[items].mean(dim=0))
+        return F.normalize(h, dim=-1) if self.normalize else h
+
+
+class LightGCNTower(nn.Module):
+    """LightGCN: propagate ID embeddings with ``D^-1/2 A D^-1/2``, average the layers."""
+
+    def __init__(self, num_users: int, num_items: int, dim: int, num_layers: int,
+                 normalize: bool = True) -> None:
+        super().__init__()
+        self.num_users, self.num_items, self.num_layers = num_users, num_items, num_layers
+        self.normalize = normalize
+        self.user_emb = nn.Embedding(num_users, dim)
+        self.item_emb = nn.Embedding(num_items, dim)
+        nn.init.normal_(self.user_emb.weight, std=0.1)
+        nn.init.normal_(self.item_emb.weight, std=0.1)
+
+    def forward(self, sym_adj: torch.Tensor) -> TowerOutput:
+        h = torch.cat([self.user_emb.weight, self.item_emb.weight])
+        total = h
+        for _ in range(self.num_layers):
+            h = torch.sparse.mm(sym_adj, h)
+            total = total + h
+        out = total / (self.num_layers + 1)
+        out = F.normalize(out, dim=-1) if self.normalize else out
+        return TowerOutput(out[:self.num_users], out[self.num_users:])

@@ -1,0 +1,87 @@
+"""A domain's user-item bipartite graph and the normalised adjacencies the encoders use.
+
+Nodes are numbered users first (``0..num_users-1``), then items (``num_users + item``). The
+graph is undirected: every interaction is an edge both ways. ``mean_adjacency`` is ``D^-1 A``
+(GraphSAGE's mean aggregator: each row averages the node's neighbours; an isolated node's row is
+empty), ``sym_adjacency`` is ``D^-1/2 A D^-1/2`` (LightGCN). Both come as torch sparse COO
+tensors of shape ``(num_nodes, num_nodes)``, float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+
+@dataclass(frozen=True)
+class BipartiteGraph:
+    """The interactions ``edges`` (``(n, 2)`` user, item) of one domain."""
+
+    num_users: int
+    num_items: int
+    edges: np.ndarray
+
+    def __post_init__(self) -> None:
+        assert self.edges.ndim == 2 and self.edges.shape[1] == 2, "edges are (n, 2)"
+        if len(self.edges):
+            assert self.edges[:, 0].max() < self.num_users, "user id out of range"
+            assert self.edges[:, 1].max() < self.num_items, "item id out of range"
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_users + self.num_items
+
+    def interactions(self) -> sp.csr_matrix:
+        """``R``: ``(num_users, num_items)`` 0/1 (duplicate edges count once)."""
+        r = sp.csr_matrix((np.ones(len(self.edges), np.float32),
+                           (self.edges[:, 0], self.edges[:, 1])),
+                          shape=(self.num_users, self.num_items))
+        r.data[:] = 1.0
+        return r
+
+    def adjacency(self) -> sp.csr_matrix:
+        """``A = [[0, R], [R^T, 0]]`` over all nodes."""
+        r = self.interactions()
+        a: sp.csr_matrix = sp.bmat([[None, r], [r.T, None]], format="csr", dtype=np.float32)
+        return a
+
+    def mean_adjacency(self) -> torch.Tensor:
+        a = self.adjacency()
+        deg = np.asarray(a.sum(axis=1)).ravel()
+        inv = np.divide(1.0, deg, out=np.zeros_like(deg), where=deg > 0)
+        return to_torch(sp.diags(inv) @ a)
+
+    def sym_adjacency(self) -> torch.Tensor:
+        a = self.adjacency()
+        deg = np.asarray(a.sum(axis=1)).ravel()
+        inv = np.divide(1.0, np.sqrt(deg), out=np.zeros_like(deg), where=deg > 0)
+        d = sp.diags(inv)
+        return to_torch(d @ a @ d)
+
+    def user_item_mean(self) -> torch.Tensor:
+        """``(num_users, num_items)``: each user's row averages its items (neighbour means)."""
+        r = self.interactions()
+        deg = np.asarray(r.sum(axis=1)).ravel()
+        inv = np.divide(1.0, deg, out=np.zeros_like(deg), where=deg > 0)
+        return to_torch(sp.diags(inv) @ r)
+
+    def drop_edges(self, rate: float, rng: np.random.Generator) -> BipartiteGraph:
+        """A view keeping each edge with probability ``1 - rate`` (edge dropout)."""
+        keep = rng.random(len(self.edges)) >= rate
+        return BipartiteGraph(self.num_users, self.num_items, self.edges[keep])
+
+    def items_of(self) -> list[np.ndarray]:
+        """Each user's items, sorted (index = user id)."""
+        r = self.interactions()
+        return [r.indices[r.indptr[u]:r.indptr[u + 1]].copy() for u in range(self.num_users)]
+
+
+def to_torch(m: sp.spmatrix) -> torch.Tensor:
+    """A scipy matrix as a coalesced float32 torch sparse COO tensor."""
+    coo = sp.coo_matrix(m)
+    idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+    val = torch.from_numpy(coo.data.astype(np.float32))
+    return torch.sparse_coo_tensor(idx, val, coo.shape, check_invariants=False).coalesce()

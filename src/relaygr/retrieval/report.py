@@ -1,0 +1,118 @@
+"""Evaluate a run (every seed) and its baselines under one protocol, on the run's own splits.
+
+The answer is the JSON ``relaygr eval-retrieval`` writes::
+
+    {"protocol": "cvgae", "pair": ..., "seeds": [...],
+     "model": {"sport": {"hr@10": mean, "hr@10_std": std, ...}, "cloth": {...}},
+     "baselines": {"popularity": {...}, "<name>": {...}},
+     "per_seed": {"model": {"0": {...}}, ...}}
+
+Baseline runs must hold the same splits (same pair, split kind and seeds; test rows and
+negatives identical), so every number in one report ranks the same held-out items against the
+same negatives. Std is the population std over seeds (0 for one seed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from relaygr.errors import CheckpointError
+from relaygr.retrieval.checkpoint import load_seed, load_splits, read_run_info
+from relaygr.retrieval.evaluate import (
+    PopularityScorer,
+    Scorer,
+    VectorScorer,
+    full_ranks,
+    hits,
+    hr_ndcg,
+    sampled_ranks,
+)
+from relaygr.retrieval.splits import DomainSplit, Protocol
+
+Metrics = dict[str, dict[str, float]]   # domain -> metric -> value
+
+
+def evaluate_splits(scorer: Scorer, splits: dict[str, DomainSplit], protocol: Protocol) -> Metrics:
+    """One scorer's test metrics on each domain's split under ``protocol``."""
+    out: Metrics = {}
+    for d, s in splits.items():
+        if protocol is Protocol.FULL:
+            known = np.concatenate([s.train, s.valid])
+            out[d] = hits(full_ranks(scorer, d, s.test, s.num_items, known))
+        else:
+            out[d] = hr_ndcg(sampled_ranks(scorer, d, s.test, s.test_negatives))
+    return out
+
+
+def mean_std(per_seed: list[Metrics]) -> Metrics:
+    out: Metrics = {}
+    for d in per_seed[0]:
+        out[d] = {}
+        for k in per_seed[0][d]:
+            values = np.array([m[d][k] for m in per_seed])
+            out[d][k] = float(values.mean())
+            out[d][f"{k}_std"] = float(values.std())
+    return out
+
+
+def _same_splits(a: dict[str, DomainSplit], b: dict[str, DomainSplit], where: Path) -> None:
+    for d in a:
+        if d not in b or not (np.array_equal(a[d].test, b[d].test)
+                              and np.array_equal(a[d].test_negatives, b[d].test_negatives)):
+            raise CheckpointError(f"{where} was trained on other splits than the model's run")
+
+
+@dataclass(frozen=True)
+class RunScores:
+    """Per-seed test metrics of one run."""
+
+    per_seed: dict[int, Metrics]
+
+    @property
+    def summary(self) -> Metrics:
+        return mean_std(list(self.per_seed.values()))
+
+
+def score_run(run_dir: Path, protocol: Protocol,
+              reference: dict[int, dict[str, DomainSplit]] | None = None) -> RunScores:
+    """Test metrics of every seed of ``run_dir`` (checked against ``reference`` splits)."""
+    info = read_run_info(run_dir)
+    if not protocol.accepts(info.split):
+        raise CheckpointError(f"{run_dir} holds {info.split.value} splits; protocol "
+                              f"{protocol.value} needs {protocol.split_kind.value}")
+    per_seed: dict[int, Metrics] = {}
+    for seed in info.seeds:
+        trained = load_seed(run_dir, info, seed)
+        if reference is not None:
+            if seed not in reference:
+                raise CheckpointError(f"{run_dir} has seed {seed}, the model's run does not")
+            _same_splits(reference[seed], trained.splits, run_dir)
+        m = trained.model
+        scorer = VectorScorer({d: m.user_vectors(d) for d in info.domains},
+                              {d: m.item_vectors(d) for d in info.domains})
+        per_seed[seed] = evaluate_splits(scorer, trained.splits, protocol)
+    return RunScores(per_seed)
+
+
+def report(run_dir: Path, protocol: Protocol, baselines: dict[str, Path]) -> dict[str, Any]:
+    """The JSON report of the module doc."""
+    info = read_run_info(run_dir)
+    splits = {seed: load_splits(run_dir, seed, info.domains) for seed in info.seeds}
+    runs = {"model": score_run(run_dir, protocol)}
+    pop: dict[int, Metrics] = {}
+    for seed, sp in splits.items():
+        scorer = PopularityScorer.of({d: s.train for d, s in sp.items()},
+                                     {d: s.num_items for d, s in sp.items()})
+        pop[seed] = evaluate_splits(scorer, sp, protocol)
+    runs["popularity"] = RunScores(pop)
+    for name, path in baselines.items():
+        runs[name] = score_run(path, protocol, reference=splits)
+    return {"protocol": protocol.value, "pair": info.pair, "seeds": list(info.seeds),
+            "model_preset": info.preset,
+            "model": runs["model"].summary,
+            "baselines": {k: r.summary for k, r in runs.items() if k != "model"},
+            "per_seed": {k: {str(s): m for s, m in r.per_seed.items()} for k, r in runs.items()}}

@@ -1,0 +1,216 @@
+"""Training loop of the dual-tower model: matching + intra-CL per domain, inter-CL across them.
+
+One step takes ``batch_size`` training edges of each domain. Per domain ``d`` (partner ``p``)::
+
+    L_d = L_match(d) + lambda_intra * L_intra(d) + lambda_inter * L_inter(d -> p)
+    L_inter(d -> p) = (1 - w) * L_aligned + w * L_neighbour
+
+Intra-CL views are two edge-dropout graphs drawn per epoch, distinct for each domain. Inter-CL
+anchors are the batch's users; their partner-domain vectors are the positives, curriculum (or
+uniform) users' partner-domain vectors the negatives. Under ``StopGradient.PARTNER`` everything
+taken from the partner domain is detached, so inter-CL moves only the anchor's tower and never
+pulls the partner's representation (learnt by its own matching and intra-CL) toward it.
+
+Validation after every epoch on the split's validation rows (never test); the best mean NDCG@10
+over the domains is kept; ``patience`` validations without improvement stop the run. Seeded:
+the same seed, data and config give the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from relaygr.retrieval import losses
+from relaygr.retrieval.config import MatchingLoss, Pacing, SCCDRConfig, StopGradient
+from relaygr.retrieval.curriculum import NegativeSampler, difficulty_pools
+from relaygr.retrieval.encoders import TowerOutput
+from relaygr.retrieval.evaluate import VectorScorer, hr_ndcg, sampled_ranks
+from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.model import RetrievalModel
+from relaygr.retrieval.splits import DomainSplit
+
+
+@dataclass
+class TrainResult:
+    """The best-validation model and the run's per-epoch records."""
+
+    model: RetrievalModel
+    best_epoch: int
+    best_score: float
+    elapsed_s: float
+    stopped: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def joint_interactions(graphs: dict[str, BipartiteGraph]) -> Any:
+    """``[R_1 | R_2]``: the users' items in both domains side by side (Katz's graph)."""
+    import scipy.sparse as sp
+    return sp.hstack([g.interactions() for g in graphs.values()], format="csr")
+
+
+def validate(model: RetrievalModel, splits: dict[str, DomainSplit]) -> dict[str, dict[str, float]]:
+    """HR/NDCG@10 of each domain's validation rows against their negatives."""
+    model.refresh()
+    scorer = VectorScorer({d: model.user_vectors(d) for d in splits},
+                          {d: model.item_vectors(d) for d in splits})
+    return {d: hr_ndcg(sampled_ranks(scorer, d, s.valid, s.valid_negatives))
+            for d, s in splits.items()}
+
+
+class RetrievalTrainer:
+    """Trains a ``RetrievalModel`` on each domain's ``split.train`` (see the module doc)."""
+
+    def __init__(self, cfg: SCCDRConfig, splits: dict[str, DomainSplit], num_users: int,
+                 seed: int, progress_bar: bool = True) -> None:
+        assert len(splits) in (1, 2), "one domain, or a pair"
+        self.cfg, self.splits, self.seed = cfg, splits, seed
+        self.progress_bar = progress_bar
+        torch.manual_seed(seed)
+        self.rng = np.random.default_rng(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.graphs = {d: BipartiteGraph(num_users, s.num_items, s.train)
+                       for d, s in splits.items()}
+        self.model = RetrievalModel(self.graphs, cfg)
+        self.sampler = self._sampler(num_users)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
+                                          weight_decay=cfg.weight_decay)
+
+    def _sampler(self, num_users: int) -> NegativeSampler | None:
+        if not self.cfg.uses_inter or len(self.splits) < 2:
+            return None
+        pools = None
+        if self.cfg.pacing is not Pacing.NONE:
+            pools = difficulty_pools(joint_interactions(self.graphs), self.cfg.katz_beta,
+                                     self.cfg.katz_hops, self.cfg.pool_size, self.rng)
+        return NegativeSampler(num_users, self.cfg.pacing, pools, self.cfg.start_share,
+                               self.cfg.curriculum_epochs)
+
+    def _views(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        if not self.cfg.uses_intra:
+            return {}
+        views = {}
+        for d, g in self.graphs.items():
+            tower = self.model.tower(d)
+            views[d] = (tower.adjacency_of(g.drop_edges(self.cfg.edge_dropout, self.rng)),
+                        tower.adjacency_of(g.drop_edges(self.cfg.edge_dropout, self.rng)))
+        return views
+
+    def _matching(self, domain: str, out: TowerOutput, batch: torch.Tensor) -> torch.Tensor:
+        users, items = out.users[batch[:, 0]], out.items[batch[:, 1]]
+        n_items = len(out.items)
+        bias = self.model.tower(domain).item_bias()
+        bpr = self.cfg.matching_loss is MatchingLoss.BPR
+        neg = torch.randint(0, n_items, (len(batch) if bpr else self.cfg.num_negatives,),
+                            generator=self.gen)
+        loss = losses.bpr_matching if bpr else losses.softmax_matching
+        if bias is None:
+            return loss(users, items, out.items[neg], self.cfg.temperature)
+        return loss(users, items, out.items[neg], self.cfg.temperature, bias[batch[:, 1]],
+                    bias[neg])
+
+    def _intra(self, domain: str, views: tuple[torch.Tensor, torch.Tensor],
+               batch: torch.Tensor) -> torch.Tensor:
+        tower = self.model.tower(domain)
+        v1, v2 = tower(views[0]), tower(views[1])
+        total = torch.zeros(())
+        for ids, a, b in ((batch[:, 0].unique(), v1.users, v2.users),
+                          (batch[:, 1].unique(), v1.items, v2.items)):
+            shuffled = torch.randperm(len(ids), generator=self.gen)
+            total = total + losses.intra_bce(a[ids], b[ids], shuffled,
+                                             self.cfg.intra_temperature)
+        return total / 2
+
+    def _inter(self, anchor_out: TowerOutput, partner: str, partner_out: TowerOutput,
+               anchors: torch.Tensor, epoch: int) -> torch.Tensor:
+        assert self.sampler is not None
+        cfg = self.cfg
+        p_users = partner_out.users
+        p_nbr = torch.sparse.mm(self.model.tower(partner).neighbour_mean, partner_out.items)
+        if cfg.stop_gradient is StopGradient.PARTNER:
+            p_users, p_nbr = p_users.detach(), p_nbr.detach()
+        negs = self.sampler.sample(anchors, cfg.inter_negatives, epoch, self.gen)
+        a = anchor_out.users[anchors]
+        aligned = losses.aligned_user(a, p_users[anchors], p_users[negs], cfg.inter_temperature)
+        nbr = losses.neighbour_similarity(a, p_nbr[anchors])
+        return (1 - cfg.neighbour_weight) * aligned + cfg.neighbour_weight * nbr
+
+    def _step(self, batches: dict[str, torch.Tensor], views: dict[str, Any],
+              epoch: int) -> dict[str, float]:
+        cfg, parts = self.cfg, {"match": 0.0, "intra": 0.0, "inter": 0.0}
+        outs = {d: self.model.tower(d)() for d in self.splits}
+        loss = torch.zeros(())
+        for d, batch in batches.items():
+            match = self._matching(d, outs[d], batch)
+            loss = loss + match
+            parts["match"] += float(match.detach())
+            if cfg.uses_intra:
+                intra = self._intra(d, views[d], batch)
+                loss = loss + cfg.lambda_intra * intra
+                parts["intra"] += float(intra.detach())
+            if self.sampler is not None:
+                partner = next(p for p in self.splits if p != d)
+                inter = self._inter(outs[d], partner, outs[partner], batch[:, 0].unique(), epoch)
+                loss = loss + cfg.lambda_inter * inter
+                parts["inter"] += float(inter.detach())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        parts["total"] = float(loss.detach())
+        return parts
+
+    def _epoch(self, epoch: int) -> dict[str, float]:
+        edges = {d: torch.from_numpy(s.train) for d, s in self.splits.items()}
+        steps = math.ceil(max(len(e) for e in edges.values()) / self.cfg.batch_size)
+        perms = {d: torch.randperm(len(e), generator=self.gen) for d, e in edges.items()}
+        views = self._views()
+        sums: dict[str, float] = {}
+        bar = tqdm(range(steps), desc=f"epoch {epoch + 1}", unit="step", leave=False,
+                   disable=not self.progress_bar, dynamic_ncols=True)
+        for step in bar:
+            batches = {}
+            for d, e in edges.items():
+                idx = torch.arange(step * self.cfg.batch_size, (step + 1) * self.cfg.batch_size)
+                batches[d] = e[perms[d][idx % len(e)]]
+            parts = self._step(batches, views, epoch)
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v / steps
+            bar.set_postfix(loss=f"{parts['total']:.3f}")
+        return sums
+
+    def fit(self) -> TrainResult:
+        cfg, started = self.cfg, time.perf_counter()
+        best_score, best_epoch, since_best = -1.0, 0, 0
+        best_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+        history: list[dict[str, Any]] = []
+        stopped = "max_epochs"
+        for epoch in range(cfg.max_epochs):
+            self.model.train()
+            train_loss = self._epoch(epoch)
+            valid = validate(self.model, self.splits)
+            score = float(np.mean([m["ndcg@10"] for m in valid.values()]))
+            history.append({"epoch": epoch + 1, "loss": train_loss, "valid": valid,
+                            "score": score, "elapsed_s": time.perf_counter() - started})
+            if self.progress_bar:
+                shown = " ".join(f"{d} {m['hr@10']:.4f}/{m['ndcg@10']:.4f}"
+                                 for d, m in valid.items())
+                tqdm.write(f"epoch {epoch + 1}: loss {train_loss['total']:.4f} "
+                           f"valid HR/NDCG@10 {shown}")
+            if score > best_score:
+                best_score, best_epoch, since_best = score, epoch + 1, 0
+                best_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+            else:
+                since_best += 1
+                if since_best >= cfg.patience:
+                    stopped = "patience"
+                    break
+        self.model.load_state_dict(best_state)
+        self.model.refresh()
+        return TrainResult(self.model, best_epoch, best_score, time.perf_counter() - started,
+                           stopped, history)

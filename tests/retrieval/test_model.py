@@ -1,0 +1,70 @@
+"""Graphs, towers and the serving API on a tiny graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
+from relaygr.retrieval.config import SCCDRConfig
+from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.model import RetrievalModel
+
+EDGES = np.array([[0, 0], [0, 1], [1, 1], [2, 2], [3, 0], [3, 1], [3, 2]])
+# float32 sums of a few terms of size ~1: a few ulps (eps 1.19e-7) of error, never more
+TOL = 8 * float(np.finfo(np.float32).eps)
+
+
+def test_adjacencies() -> None:
+    g = BipartiteGraph(5, 4, EDGES)                    # user 4 and item 3 are isolated
+    mean = g.mean_adjacency().to_dense().numpy()
+    sums = mean.sum(axis=1)
+    np.testing.assert_allclose(sums[[0, 1, 2, 3, 5, 6, 7]], 1.0, atol=TOL)
+    assert sums[4] == 0 and sums[8] == 0
+    assert mean[0, 5] == 0.5 and mean[3, 7] == pytest.approx(1 / 3, abs=TOL)
+    sym = g.sym_adjacency().to_dense().numpy()
+    np.testing.assert_allclose(sym, sym.T, atol=TOL)
+    # user 3 (degree 3) - item 0 (node 5, degree 2): 1 / sqrt(3 * 2)
+    assert sym[3, 5] == pytest.approx(1 / np.sqrt(6), abs=TOL)
+    assert [a.tolist() for a in g.items_of()] == [[0, 1], [1], [2], [0, 1, 2], []]
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
+def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) -> None:
+    torch.manual_seed(0)
+    cfg = SCCDRConfig(dim=8, num_layers=2, similarity=similarity)
+    model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, cfg)
+    users, items = model.user_vectors("a"), model.item_vectors("a")
+    assert users.dtype == np.float32 and items.shape == (4, 9) and items.flags.c_contiguous
+    np.testing.assert_allclose(model.user_vector("a", [0, 1, 2], user=3), users[3], atol=TOL)
+    np.testing.assert_allclose(model.user_vector("a", [1], user=1), users[1], atol=TOL)
+    cold = model.user_vector("a", [0, 1])             # unseen user: no ID embedding
+    assert cold.shape == (9,) and np.isfinite(cold).all()
+    with pytest.raises(ItemOutOfRangeError):
+        model.user_vector("a", [4])
+    with pytest.raises(InvalidInputError):
+        model.user_vector("a", [])
+    with pytest.raises(InvalidInputError):
+        model.user_vector("b", [0])
+
+
+def test_lightgcn_has_no_request_time_user_tower() -> None:
+    model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)},
+                           SCCDRConfig(encoder="lightgcn", dim=4))
+    assert model.item_vectors("a").shape == (4, 5)   # dim + the popularity column
+    with pytest.raises(ConfigError):
+        model.user_vector("a", [0])
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError):
+        SCCDRConfig(stop_gradient="sometimes")
+    with pytest.raises(ConfigError):
+        SCCDRConfig(edge_dropout=1.0)
+    with pytest.raises(ConfigError):
+        SCCDRConfig(inter_negatives=65, pool_size=64)
+    with pytest.raises(ConfigError):
+        SCCDRConfig().with_(no_such_key=1)
+    cfg = SCCDRConfig(pacing="root")
+    assert SCCDRConfig.from_dict(cfg.to_dict()) == cfg
