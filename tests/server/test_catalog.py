@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from relaygr.data import load_sequences
+from relaygr.data import IdMap, load_sequences
 from relaygr.server import ModelSource, ServerConfig, build_embedded
 from relaygr.server.build import load_model
 from relaygr.server.catalog import ItemCatalog, UnknownItemError, read_titles
@@ -20,7 +20,7 @@ from tests.train.helpers import TINY
 
 
 def test_catalog_translates_both_ways_and_names_unknown_ids(tmp_path: Path) -> None:
-    catalog = ItemCatalog([260, 1, 3952], 3, {260: "Star Wars (1977)"})
+    catalog = ItemCatalog(IdMap((260, 1, 3952)), 3, {260: "Star Wars (1977)"})
     assert catalog.to_model([3952, 260]) == [3, 1] and catalog.to_api([3, 1]) == [3952, 260]
     assert catalog.titles_of([260, 1]) == ["Star Wars (1977)", None]
     with pytest.raises(UnknownItemError, match=r"catalogue: 2, 7, 100, .*, 107 and 3 more"):

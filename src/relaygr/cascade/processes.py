@@ -32,17 +32,16 @@ are pickled frames over a socket pair, each side driven by its own event loop:
 
 Failure model: a host that dies (or is killed) fails every call in flight and every later one
 with ``InstanceStoppedError``, so the cascade fails over to the user's next choice exactly as
-for a failed in-process instance. ``fail``/``restart`` go to the instance in the host.
+for a failed in-process instance; its handles are then ``down``, and ``revive`` (what
+``cascade.supervisor`` calls) opens them on a fresh host. ``fail``/``restart`` go to the
+instance in the host. The parent's end of a host is ``cascade.host_link.HostLink``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import multiprocessing
 import os
-import socket
 import time
 import weakref
 from collections.abc import Awaitable
@@ -52,19 +51,15 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.host_link import HostLink
 from relaygr.cascade.instance_host import (
-    Call,
     Control,
     HostSpec,
     Open,
     Preinfer,
-    Push,
     Rank,
     Ranked,
     Reply,
-    host_main,
-    read_frame,
-    write_frame,
 )
 from relaygr.cascade.payload import PrefixPayload
 from relaygr.cascade.system import InstanceFactory
@@ -94,127 +89,6 @@ def threads_per_instance(num_instances: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_instances)
 
 
-class _Link:
-    """The parent's end of one host process: calls by sequence number, snapshots pushed to the
-    handles of the instances it hosts."""
-
-    def __init__(self, index: int, spec: HostSpec, start_timeout_s: float) -> None:
-        self.index = index
-        self.spec = spec
-        self.start_timeout_s = start_timeout_s
-        self.process: multiprocessing.process.BaseProcess | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.alive = False
-        self.calls: dict[int, asyncio.Future[Reply]] = {}
-        self.handles: dict[int, ProcessInstance] = {}      # iid -> handle, while it is open
-        self._seq = itertools.count(1)
-        self._reader_task: asyncio.Task[None] | None = None
-        self._starting: asyncio.Future[None] | None = None
-        self._sock: socket.socket | None = None
-
-    async def ensure_started(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self.loop is not None and self.loop is not loop:
-            raise ConfigError("instance processes serve the event loop that started them")
-        if self.alive:
-            return
-        if self.process is not None:
-            raise InstanceStoppedError(f"instance process {self.index} has exited")
-        if self._starting is None:
-            self.loop = loop
-            self._starting = loop.create_future()
-            self._reader_task = loop.create_task(self._start())
-        await asyncio.shield(self._starting)
-
-    async def respawn(self) -> None:
-        """A fresh host process in place of one that exited (once, however many of its
-        instances ask): the instances it hosted are opened again by their handles."""
-        if self.alive:
-            return
-        if self._starting is not None and not self._starting.done():
-            await asyncio.shield(self._starting)        # another handle is respawning it
-            return
-        self.terminate()
-        self.process, self.writer, self._sock, self._starting = None, None, None, None
-        await self.ensure_started()
-
-    async def _start(self) -> None:
-        assert self._starting is not None
-        parent_end, child_end = socket.socketpair()
-        self._sock = parent_end
-        ctx = multiprocessing.get_context("spawn")
-        self.process = ctx.Process(target=host_main, args=(child_end, self.spec), daemon=True,
-                                   name=f"relaygr-instances-{self.index}")
-        try:
-            await asyncio.to_thread(self.process.start)
-            child_end.close()
-            reader, self.writer = await asyncio.open_connection(sock=parent_end)
-            _, first = await asyncio.wait_for(read_frame(reader), self.start_timeout_s)
-            if not isinstance(first, Reply) or first.value != "ready":
-                raise ConfigError(f"instance process {self.index} did not start: {first!r}")
-        except BaseException as exc:
-            self._starting.set_exception(InstanceStoppedError(
-                f"instance process {self.index} failed to start: {exc!r}"))
-            self.terminate()
-            return
-        self.alive = True
-        self._starting.set_result(None)
-        await self._read_replies(reader)
-
-    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                seq, msg = await read_frame(reader)
-                if isinstance(msg, Push):
-                    handle = self.handles.get(msg.iid)
-                    if handle is not None:
-                        handle.last = msg.snapshot
-                elif isinstance(msg, Reply):
-                    future = self.calls.pop(seq, None)
-                    if future is not None and not future.done():
-                        future.set_result(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
-            pass
-        finally:
-            self.alive = False
-            for future in self.calls.values():
-                if not future.done():
-                    future.set_exception(InstanceStoppedError(
-                        f"instance process {self.index} exited"))
-            self.calls.clear()
-
-    def call(self, message: Call) -> asyncio.Future[Reply]:
-        """Send ``message``; the future resolves with its reply (or the host's exit)."""
-        assert self.loop is not None
-        future: asyncio.Future[Reply] = self.loop.create_future()
-        if not self.alive or self.writer is None:
-            future.set_exception(InstanceStoppedError(f"instance process {self.index} is down"))
-            return future
-        seq = next(self._seq)
-        self.calls[seq] = future
-        write_frame(self.writer, seq, message)
-        return future
-
-    def terminate(self) -> None:
-        """End the host: its socket is shut now (so its loop sees the end at once), then
-        SIGTERM, then SIGKILL if it is still there."""
-        self.alive = False
-        if self._sock is not None:
-            with contextlib.suppress(OSError):      # now, not when the loop gets to the close
-                self._sock.shutdown(socket.SHUT_RDWR)
-        if self.writer is not None:
-            if self.loop is not None and not self.loop.is_closed():
-                self.writer.close()
-            elif self._sock is not None:
-                self._sock.close()          # the loop is gone: close the socket itself
-        if self.process is not None and self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5.0)
-            if self.process.is_alive():
-                self.process.kill()
-
-
 class ProcessInstance:
     """The parent's handle for one instance in a host process (``InstanceHandle``).
 
@@ -223,7 +97,7 @@ class ProcessInstance:
     the host's last reported pre-infer queue.
     """
 
-    def __init__(self, link: _Link, iid: int, config: SystemConfig, name: str,
+    def __init__(self, link: HostLink, iid: int, config: SystemConfig, name: str,
                  device: str) -> None:
         self.link = link
         self.iid = iid
@@ -248,7 +122,7 @@ class ProcessInstance:
 
     @property
     def queue_depth(self) -> int:
-        return self._ranks + self.snapshot().prefill_queue_depth
+        return self._ranks + self.last.prefill_queue_depth   # read per request: no copy
 
     def snapshot(self) -> InstanceSnapshot:
         """The host's last report, with health as the parent sees it now (a host that died
@@ -263,6 +137,9 @@ class ProcessInstance:
     async def revive(self) -> None:
         """Open this instance again on a fresh host process (its caches start empty)."""
         await self.link.respawn()
+        await self._open()
+
+    async def _open(self) -> None:
         self._value(await self.link.call(Open(self.iid, self.config, self._name, self.device)))
         self.link.handles[self.iid] = self
 
@@ -279,8 +156,7 @@ class ProcessInstance:
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         await self.link.ensure_started()
-        self._value(await self.link.call(Open(self.iid, self.config, self._name, self.device)))
-        self.link.handles[self.iid] = self
+        await self._open()
         self._up = True
 
     async def stop(self) -> None:
@@ -368,8 +244,8 @@ class InstanceProcesses:
     spec: HostSpec
     num_processes: int
     start_timeout_s: float = 120.0
-    _links: list[_Link] = field(default_factory=list, init=False, repr=False)
-    _by_name: dict[str, _Link] = field(default_factory=dict, init=False, repr=False)
+    _links: list[HostLink] = field(default_factory=list, init=False, repr=False)
+    _by_name: dict[str, HostLink] = field(default_factory=dict, init=False, repr=False)
     _iids: itertools.count[int] = field(default_factory=lambda: itertools.count(1),
                                        init=False, repr=False)
     _checked: weakref.WeakSet[HSTU] = field(default_factory=weakref.WeakSet, init=False,
@@ -379,7 +255,7 @@ class InstanceProcesses:
     def __post_init__(self) -> None:
         if self.num_processes <= 0:
             raise ConfigError("InstanceProcesses needs at least one process")
-        self._links = [_Link(i, self.spec, self.start_timeout_s)
+        self._links = [HostLink(i, self.spec, self.start_timeout_s)
                        for i in range(self.num_processes)]
 
     @classmethod

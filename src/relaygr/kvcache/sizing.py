@@ -12,6 +12,7 @@ sizing is what a server uses when none was given, and it says so at start-up.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,4 @@ def available_host_bytes() -> int:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    import os
-
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

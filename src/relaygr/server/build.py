@@ -142,14 +142,14 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
     from relaygr.data import IdMap
     from relaygr.train.checkpoint import ID_MAP_FILE
 
-    originals = IdMap.load(source.checkpoint / ID_MAP_FILE).items
-    if not all(isinstance(i, int) for i in originals):
+    id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
+    if not all(isinstance(i, int) for i in id_map.items):     # the API's ids are integers
         return ItemCatalog.identity(model.cfg.num_items)
     data_dir = source.data_dir
     if data_dir is None and not source.synthetic_users:
         data_dir = _recorded_dataset(source).data_dir
     titles = read_titles(data_dir) if data_dir is not None else {}
-    return ItemCatalog([int(i) for i in originals], model.cfg.num_items, titles)
+    return ItemCatalog(id_map, model.cfg.num_items, titles)
 
 
 def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore,
@@ -163,7 +163,7 @@ def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore
     if device.type == "cuda":   # one cap for both tiers: the tighter of host and GPU memory
         available = min(available, torch.cuda.mem_get_info(device)[0])
     budgets = size_budgets(KVLayout.for_model(model.cfg, model.dtype),
-                           [len(store.get(user).items) for user in store],
+                           [store.num_events(user) for user in store],
                            model.cfg.max_seq_len, system.page_tokens, system.num_instances,
                            available)
     log(budgets.describe())

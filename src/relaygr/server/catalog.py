@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relaygr.data import IdMap
 from relaygr.errors import ItemOutOfRangeError
 
 # How many unknown ids an error names (the rest are counted).
@@ -29,20 +30,18 @@ class UnknownItemError(ItemOutOfRangeError):
 
 
 class ItemCatalog:
-    """Original (API) item id <-> dense (model) id, and titles by original id."""
+    """Original (API) item id <-> dense (model) id, through the run's ``IdMap``, and titles by
+    original id."""
 
-    def __init__(self, originals: Sequence[int] | None, num_items: int,
+    def __init__(self, id_map: IdMap | None, num_items: int,
                  titles: Mapping[int, str] | None = None) -> None:
-        """``originals[i]`` is the original id of dense id ``i + 1``; None: the API speaks the
+        """``id_map`` of integer ids covering the model's items; None: the API speaks the
         dense ids 1..``num_items`` themselves."""
+        assert id_map is None or id_map.num_items == num_items, \
+            "an id map must cover the model's items"
         self.num_items = num_items
         self.titles = dict(titles or {})
-        self._originals: np.ndarray | None = None
-        self._dense: dict[int, int] = {}
-        if originals is not None:
-            assert len(originals) == num_items, "an id map must cover the model's items"
-            self._originals = np.asarray(originals, dtype=np.int64)
-            self._dense = {int(o): d for d, o in enumerate(self._originals.tolist(), 1)}
+        self.id_map = id_map
 
     @classmethod
     def identity(cls, num_items: int) -> ItemCatalog:
@@ -50,13 +49,13 @@ class ItemCatalog:
 
     @property
     def translates(self) -> bool:
-        return self._originals is not None
+        return self.id_map is not None
 
     def to_model(self, ids: Sequence[int]) -> list[int]:
         """Dense ids of API ids; ``UnknownItemError`` naming every id (up to ten) not held."""
-        if self._originals is None:
+        if self.id_map is None:
             return list(ids)
-        dense = [self._dense.get(int(i), 0) for i in ids]
+        dense = self.id_map.dense_ids(np.asarray(ids, dtype=np.int64)).tolist()
         unknown = [i for i, d in zip(ids, dense, strict=True) if d == 0]
         if unknown:
             named = ", ".join(str(i) for i in unknown[:_NAMED])
@@ -66,9 +65,9 @@ class ItemCatalog:
 
     def to_api(self, dense: Sequence[int]) -> list[int]:
         """API ids of dense ids (each in 1..num_items)."""
-        if self._originals is None:
+        if self.id_map is None:
             return [int(d) for d in dense]
-        return self._originals[np.asarray(dense, dtype=np.int64) - 1].tolist()
+        return [int(self.id_map.items[d - 1]) for d in dense]
 
     def titles_of(self, api_ids: Sequence[int]) -> list[str | None] | None:
         """Titles of API ids, None for the whole list when the dataset has none."""

@@ -104,8 +104,9 @@ class RelayService:
 
     async def rank(self, request: RankRequest) -> RecommendResponse:
         start = time.perf_counter()
-        request = self._dense_visit(request).model_copy(
-            update={"candidates": self.catalog.to_model(request.candidates)})
+        if self.catalog.translates:
+            request = self._dense_visit(request).model_copy(
+                update={"candidates": self.catalog.to_model(request.candidates)})
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.candidates(request.candidates)
@@ -121,7 +122,9 @@ class RelayService:
         return _preinfer_out(outcome)
 
     async def events(self, request: EventsRequest) -> EventsResponse:
-        request = request.model_copy(update={"items": self.catalog.to_model(request.items)})
+        if self.catalog.translates:
+            request = request.model_copy(
+                update={"items": self.catalog.to_model(request.items)})
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.events(request)
             count = self.backend.append_events(request.user_id, request.items,
@@ -130,6 +133,8 @@ class RelayService:
 
     def _dense_visit(self, request: _V) -> _V:
         """The request with its item ids translated to the model's (``UnknownItemError``)."""
+        if not self.catalog.translates:
+            return request
         return request.model_copy(
             update={"recent_items": self.catalog.to_model(request.recent_items)})
 

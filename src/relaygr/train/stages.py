@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from relaygr.errors import ConfigError
-from relaygr.model import HSTU, PrefixKV
+from relaygr.model import HSTU, PrefillRequest, PrefixKV
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,9 @@ class CheckpointRetrieval:
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         keep = self.model.cfg.max_seq_len
         device = self.model.device
-        prefixes = [self.model.prefill(torch.as_tensor(np.asarray(h[-keep:]), device=device))
-                    for h in query.histories]
+        prefixes = self.model.prefill_batch([
+            PrefillRequest(torch.as_tensor(np.asarray(h[-keep:]), device=device))
+            for h in query.histories])
         own = RetrievalQuery(query.users, query.histories, prefixes)
         return HeadRetrieval(self.model).propose(own, k)
 

@@ -1,0 +1,158 @@
+"""The parent's end of one instance host process: spawn, framed calls, pushed snapshots.
+
+``HostLink`` starts its host process (``instance_host.host_main``) on first use, numbers every
+call and resolves its future with the host's ``Reply``, and hands the snapshots the host pushes
+to the handles of the instances it carries (``SnapshotSink``: ``ProcessInstance`` in
+``cascade.processes``). When the host exits, every call in flight and every later one fails with
+``InstanceStoppedError``; ``respawn`` starts a fresh host in its place (once, however many of its
+instances ask), and the handles open their instances there again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import socket
+from typing import Protocol
+
+from relaygr.cascade.instance_host import (
+    Call,
+    HostSpec,
+    Push,
+    Reply,
+    host_main,
+    read_frame,
+    write_frame,
+)
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.errors import ConfigError
+
+
+class SnapshotSink(Protocol):
+    """Where a host's pushed snapshot of one instance lands (the instance's handle)."""
+
+    last: InstanceSnapshot
+
+
+class HostLink:
+    """The parent's end of one host process: calls by sequence number, snapshots pushed to the
+    handles of the instances it hosts."""
+
+    def __init__(self, index: int, spec: HostSpec, start_timeout_s: float) -> None:
+        self.index = index
+        self.spec = spec
+        self.start_timeout_s = start_timeout_s
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.alive = False
+        self.calls: dict[int, asyncio.Future[Reply]] = {}
+        self.handles: dict[int, SnapshotSink] = {}      # iid -> handle, while it is open
+        self._seq = itertools.count(1)
+        self._reader_task: asyncio.Task[None] | None = None
+        self._starting: asyncio.Future[None] | None = None
+        self._sock: socket.socket | None = None
+
+    async def ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.loop is not None and self.loop is not loop:
+            raise ConfigError("instance processes serve the event loop that started them")
+        if self.alive:
+            return
+        if self.process is not None:
+            raise InstanceStoppedError(f"instance process {self.index} has exited")
+        if self._starting is None:
+            self.loop = loop
+            self._starting = loop.create_future()
+            self._reader_task = loop.create_task(self._start())
+        await asyncio.shield(self._starting)
+
+    async def respawn(self) -> None:
+        """A fresh host process in place of one that exited (once, however many of its
+        instances ask): the instances it hosted are opened again by their handles."""
+        if self.alive:
+            return
+        if self._starting is not None and not self._starting.done():
+            await asyncio.shield(self._starting)        # another handle is respawning it
+            return
+        self.terminate()
+        self.process, self.writer, self._sock, self._starting = None, None, None, None
+        await self.ensure_started()
+
+    async def _start(self) -> None:
+        assert self._starting is not None
+        parent_end, child_end = socket.socketpair()
+        self._sock = parent_end
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=host_main, args=(child_end, self.spec), daemon=True,
+                                   name=f"relaygr-instances-{self.index}")
+        try:
+            await asyncio.to_thread(self.process.start)
+            child_end.close()
+            reader, self.writer = await asyncio.open_connection(sock=parent_end)
+            _, first = await asyncio.wait_for(read_frame(reader), self.start_timeout_s)
+            if not isinstance(first, Reply) or first.value != "ready":
+                raise ConfigError(f"instance process {self.index} did not start: {first!r}")
+        except BaseException as exc:
+            self._starting.set_exception(InstanceStoppedError(
+                f"instance process {self.index} failed to start: {exc!r}"))
+            self.terminate()
+            return
+        self.alive = True
+        self._starting.set_result(None)
+        await self._read_replies(reader)
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                seq, msg = await read_frame(reader)
+                if isinstance(msg, Push):
+                    handle = self.handles.get(msg.iid)
+                    if handle is not None:
+                        handle.last = msg.snapshot
+                elif isinstance(msg, Reply):
+                    future = self.calls.pop(seq, None)
+                    if future is not None and not future.done():
+                        future.set_result(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
+            pass
+        finally:
+            self.alive = False
+            for future in self.calls.values():
+                if not future.done():
+                    future.set_exception(InstanceStoppedError(
+                        f"instance process {self.index} exited"))
+            self.calls.clear()
+
+    def call(self, message: Call) -> asyncio.Future[Reply]:
+        """Send ``message``; the future resolves with its reply (or the host's exit)."""
+        assert self.loop is not None
+        future: asyncio.Future[Reply] = self.loop.create_future()
+        if not self.alive or self.writer is None:
+            future.set_exception(InstanceStoppedError(f"instance process {self.index} is down"))
+            return future
+        seq = next(self._seq)
+        self.calls[seq] = future
+        write_frame(self.writer, seq, message)
+        return future
+
+    def terminate(self) -> None:
+        """End the host: its socket is shut now (so its loop sees the end at once), then
+        SIGTERM, then SIGKILL if it is still there."""
+        self.alive = False
+        if self._sock is not None:
+            with contextlib.suppress(OSError):      # now, not when the loop gets to the close
+                self._sock.shutdown(socket.SHUT_RDWR)
+        if self.writer is not None:
+            if self.loop is not None and not self.loop.is_closed():
+                self.writer.close()
+            elif self._sock is not None:
+                self._sock.close()          # the loop is gone: close the socket itself
+        if self.process is not None and self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5.0)
+            if self.process.is_alive():
+                self.process.kill()
