@@ -48,7 +48,7 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
     assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
                  str(tmp_path), "--json", str(report_path), "--no-progress"]) == 0
     report = json.loads(report_path.read_text())
-    assert set(report["heads"]) == {"retrieval", "ranking", "cascade", "popularity"}
+    assert set(report["heads"]) == {"retrieval", "ranking", "cascade", "stage", "popularity"}
     assert report["num_cases"] == 40 and report["split"] == "test"
     stage = report["retrieval_stage"]
     assert (stage["name"], stage["k"]) == ("head", 200)
@@ -62,8 +62,8 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
                  "--retrieve-k", "30", "--heads", "retrieval,cascade", "--split", "valid"]) == 0
     subset = json.loads(subset_path.read_text())
     assert subset["num_cases"] == 10 and subset["users_subset"] == 10
-    assert set(subset["heads"]) == {"retrieval", "cascade", "popularity"}
-    assert set(subset["retrieval_stage"]) == {"name", "k", "recall@30"}
+    assert set(subset["heads"]) == {"retrieval", "cascade", "stage", "popularity"}
+    assert set(subset["retrieval_stage"]) == {"name", "k", "stage_weight", "recall@30"}
     # a run directory as the retrieval stage: the same run's own head, read from disk, proposes
     # what --retrieval head proposes (its prefill of the same histories)
     other_path = tmp_path / "other.json"
@@ -73,6 +73,20 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
     other = json.loads(other_path.read_text())
     assert other["retrieval_stage"]["recall@200"] == stage["recall@200"]
     assert other["heads"]["cascade"]["hr@10"] == pytest.approx(heads["cascade"]["hr@10"])
+    # the stage's score as an input of the ranking: its weight chosen on the validation users
+    fused_path = tmp_path / "fused.json"
+    assert _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+                 str(tmp_path), "--json", str(fused_path), "--no-progress", "--heads",
+                 "cascade", "--retrieval", str(run_dir), "--fit-stage-weight"]) == 0
+    fused = json.loads(fused_path.read_text())["retrieval_stage"]
+    assert fused["stage_weight"] == fused["stage_weight_fit"]["chosen"]
+    assert set(fused["stage_weight_fit"]["grid"]) == {"0.0", "0.25", "0.5", "0.75", "1.0",
+                                                      "1.5", "2.0", "3.0"}
+    printed = capsys.readouterr().out
+    assert "chosen" in printed and "popularity" in printed
+    with pytest.raises(ConfigError, match="report it on --split test"):
+        _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
+              str(tmp_path), "--no-progress", "--split", "valid", "--fit-stage-weight"])
     with pytest.raises(ConfigError, match="neither a stage"):
         _run(["eval", "--checkpoint", str(run_dir), "--dataset", "ml-100k", "--data-dir",
               str(tmp_path), "--no-progress", "--retrieval", str(tmp_path / "missing")])
@@ -80,7 +94,6 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
         assert set(metrics) == {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200",
                                 "mrr", "num_cases"}
         assert 0.0 <= metrics["ndcg@10"] <= metrics["hr@10"] <= metrics["hr@50"] <= 1.0
-    assert "popularity" in capsys.readouterr().out
 
 
 def test_bad_input_is_a_typed_error(tmp_path: Path) -> None:

@@ -87,11 +87,13 @@ def test_cascade_whose_ranker_is_retrieval_is_retrieval_truncated_at_k(tmp_path:
     k = 20
     ranks = serving_ranks(model, seqs, cases, 24, False, ("retrieval", "cascade"),
                           cascade=CascadeSpec(HeadRetrieval(model), k))
-    retrieval, cascade = ranks["retrieval"], ranks["cascade"]
+    retrieval, cascade, stage = ranks["retrieval"], ranks["cascade"], ranks["stage"]
     hit = retrieval < k
     assert 0 < int(hit.sum()) < len(cases)      # both kinds of case occur
     assert torch.equal(cascade[hit], retrieval[hit])
     assert bool((cascade[~hit] >= k).all())
+    # the stage alone: its own order of its K proposals, the retrieval head's ranks below K
+    assert torch.equal(stage[hit], retrieval[hit]) and bool((stage[~hit] >= k).all())
 
 
 def test_subset_of_users_is_seeded_and_ordered(tmp_path: Path) -> None:

@@ -34,3 +34,15 @@ def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -
     cands = torch.arange(1, seqs.num_items + 1)
     torch.testing.assert_close(old.model.rank(cands, prefix=kv), saved.rank(cands, prefix=kv),
                                rtol=0, atol=0)
+
+
+def test_a_run_saved_before_valid_seed_keeps_the_users_its_seed_chose(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    Trainer(TINY.with_(max_epochs=1, valid_users=4), seqs, tmp_path / "run", dataset="d",
+            seed=3, progress_bar=False, log=lambda _: None).fit()
+    path = tmp_path / "run" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["train"]["valid_seed"] == 0            # new runs: their own, fixed seed
+    del config["train"]["valid_seed"]
+    path.write_text(json.dumps(config))
+    assert load_trained(tmp_path / "run").run.train.valid_seed == 3

@@ -369,3 +369,13 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
     (tmp_path / "u.data").rename(tmp_path / "moved.data")
     with pytest.raises(ConfigError, match="pass --dataset ml-100k --data-dir DIR"):
         load_store(ModelSource(checkpoint=tmp_path / "run"), model)
+
+
+def test_runs_of_different_seeds_hold_out_the_same_validation_users(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=32)
+    runs = [Trainer(TINY.with_(valid_users=8), seqs, tmp_path / f"run{seed}", dataset="d",
+                    seed=seed, progress_bar=False) for seed in (0, 1)]
+    assert runs[0].split.valid.users.tolist() == runs[1].split.valid.users.tolist()
+    other = Trainer(TINY.with_(valid_users=8, valid_seed=5), seqs, tmp_path / "run5",
+                    dataset="d", progress_bar=False)
+    assert other.split.valid.users.tolist() != runs[0].split.valid.users.tolist()

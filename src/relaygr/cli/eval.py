@@ -2,15 +2,18 @@
 
     relaygr eval --checkpoint RUN_DIR --dataset ml-1m --data-dir DIR [--json PATH]
                  [--split test|valid] [--heads retrieval,ranking,cascade]
-                 [--retrieval head] [--retrieve-k 200] [--users N [--seed S]]
+                 [--retrieval head|RUN] [--retrieve-k 200] [--users N [--seed S]]
+                 [--stage-weight W | --fit-stage-weight]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
 removed; HR@10/50/200, NDCG@10/50/200 and MRR are reported for the retrieval head, the ranking
 head (the whole catalogue scored as candidates against each user's prefilled K/V: the relay
 pattern, offline), the cascade (the retrieval stage's top K, ranked by the ranking head against
 the prefilled K/V; an item retrieval missed ranks below all K) with the stage's recall@K, and a
-popularity baseline. Without ``--checkpoint`` only the baseline runs. ``--split valid`` of a run
-that held out the validation item of some users only (``valid_users``) evaluates those users.
+popularity baseline. The cascade ranks by the ranker's score plus ``--stage-weight`` times the
+stage's (``--fit-stage-weight`` chooses it on the run's validation users). Without
+``--checkpoint`` only the baseline runs. ``--split valid`` of a run that held out the validation
+item of some users only (``valid_users``) evaluates those users.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rich.table import Table
 
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
+from relaygr.data.sequences import UserSequences
 from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of
 from relaygr.errors import ConfigError
 from relaygr.train import (
@@ -39,6 +43,7 @@ from relaygr.train import (
     serving_ranks,
 )
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
+from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.stages import (
     RETRIEVAL_STAGES,
     CheckpointRetrieval,
@@ -64,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "separate retrieval model over the same item ids)")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
+    parser.add_argument("--stage-weight", type=float, default=0.0,
+                        help="the cascade ranks by ranker score + this x the stage's score "
+                             "(default 0: the ranker alone)")
+    parser.add_argument("--fit-stage-weight", action="store_true",
+                        help="choose --stage-weight on the run's validation users (best "
+                             "NDCG@10 of a grid), then evaluate with it")
     parser.add_argument("--users", type=int, default=None,
                         help="evaluate a seeded subset of this many users (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --users subset")
@@ -98,9 +109,13 @@ def _split_for(args: argparse.Namespace, trained: TrainedModel | None,
     """The run's own validation users under ``--split valid`` (see the module docstring)."""
     if trained is None or args.split != "valid":
         return split
+    return _held_out(trained, split)
+
+
+def _held_out(trained: TrainedModel, split: LeaveOneOutSplit) -> LeaveOneOutSplit:
     held_out = trained.run.train.valid_users
     if 0 < held_out < len(split.valid):
-        return hold_out_validation_of(split, held_out, trained.run.seed)
+        return hold_out_validation_of(split, held_out, trained.run.train.valid_seed)
     return split
 
 
@@ -113,12 +128,33 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel) -> RetrievalStage:
         raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage "
                           f"({', '.join(sorted(RETRIEVAL_STAGES))}) nor a run directory")
     other = load_trained(path, args.device)
+    mine, theirs = ranker.run.train, other.run.train
+    if args.fit_stage_weight and (mine.valid_users, mine.valid_seed) != (
+            theirs.valid_users, theirs.valid_seed):
+        raise ConfigError(f"{path} held out other validation users than the ranking model's "
+                          "run: --fit-stage-weight would choose on items the stage trained on")
     if other.id_map != ranker.id_map:
         raise ConfigError(f"{path} numbers items differently from the ranking model's run")
     if other.uses_timestamps:
         raise ConfigError(f"{path} reads timestamps; a separate retrieval stage must be "
                           "position-only")
     return CheckpointRetrieval(other.model)
+
+
+def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
+         cascade: CascadeSpec) -> StageWeightFit:
+    """``--fit-stage-weight``: the grid on the run's validation users, printed."""
+    if args.split != "test":
+        raise ConfigError("--fit-stage-weight chooses the weight on the validation users; "
+                          "report it on --split test")
+    valid = _held_out(trained, leave_one_out(seqs)).valid
+    fit = fit_stage_weight(trained.model, seqs, valid, trained.model.cfg.max_seq_len,
+                           trained.uses_timestamps, cascade, batch_users=args.batch_users,
+                           progress=not args.no_progress)
+    print(f"stage weight on {len(valid)} validation users (HR@10 / NDCG@10): " + ", ".join(
+        f"{w:g}: {m.hr[10]:.4f} / {m.ndcg[10]:.4f}" for w, m in fit.metrics.items())
+        + f"; chosen {fit.best:g}")
+    return fit
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if args.users is not None:
         cases = subset_cases(cases, args.users, args.seed)
     results: dict[str, RankingMetrics] = {}
+    extra: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     recall: dict[str, float] = {}
     if trained is not None:
@@ -141,7 +178,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
-        cascade = CascadeSpec(_stage(args, trained), args.retrieve_k)
+        stage = _stage(args, trained)
+        if args.fit_stage_weight and "cascade" in heads:
+            fit = _fit(args, trained, seqs, CascadeSpec(stage, args.retrieve_k))
+            args.stage_weight = fit.best
+            extra["stage_weight_fit"] = fit.to_dict()
+        cascade = CascadeSpec(stage, args.retrieve_k, args.stage_weight)
         ranks = serving_ranks(trained.model, seqs, cases, trained.model.cfg.max_seq_len,
                               trained.uses_timestamps, heads, args.batch_users,
                               progress=not args.no_progress, cascade=cascade)
@@ -163,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = _report(args, results, seconds, len(cases))
         if recall:
-            report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k, **recall}
+            report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k,
+                                         "stage_weight": args.stage_weight, **recall, **extra}
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 

@@ -71,7 +71,9 @@ class RunConfig:
         if data.get("format") != RUN_FORMAT:
             raise CheckpointError(f"not a relaygr run config (format {data.get('format')!r})")
         try:
-            return cls(HSTUConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"]),
+            # runs saved before valid_seed chose their validation users with the run seed
+            train = {"valid_seed": int(data["seed"]), **data["train"]}
+            return cls(HSTUConfig.from_dict(data["model"]), TrainConfig.from_dict(train),
                        DatasetInfo(**data["dataset"]), int(data["seed"]), str(data["preset"]))
         except (KeyError, TypeError, ConfigError) as exc:
             raise CheckpointError(f"invalid run config: {exc}") from None

@@ -12,15 +12,17 @@ recommendations (``metrics.target_ranks``).
   Both heads are therefore measured through the exact functions a server runs.
 * the cascade (``serving_ranks`` too): a retrieval stage (``stages``; the model's own retrieval
   head by default) proposes its top K unseen items, the ranking head scores those K against the
-  cached prefix (``rank_batch``), and the result is ranked over the whole catalogue with every
-  item retrieval did not propose below the K (``cascade_ranks``): production's two stages.
+  cached prefix (``rank_batch``), optionally plus a weight times the stage's score (``fuse``),
+  and the result is ranked over the whole catalogue with every item retrieval did not propose
+  below the K (``cascade_ranks``): production's two stages. Beside it, ``"stage"``: the stage
+  alone, the figure the cascade is compared with.
 * ``popularity_ranks``: the baseline: items by training-interaction count.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,10 +99,29 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
 
 @dataclass(frozen=True)
 class CascadeSpec:
-    """The cascade head's retrieval stage and how many items it proposes (``retrieve_k``)."""
+    """The cascade head's retrieval stage, how many items it proposes (``retrieve_k``), and the
+    weight of the stage's own score in the final one (``stage_weight``): a proposal is ranked by
+    ``ranker score + stage_weight x stage score``, the retrieval score as an input of the
+    ranking stage, as production rankers take it. 0 ranks by the ranker alone."""
 
     stage: RetrievalStage
     retrieve_k: int = DEFAULT_RETRIEVE_K
+    stage_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.retrieve_k <= 0:
+            raise ConfigError(f"retrieve-k must be positive, got {self.retrieve_k}")
+        if not (math.isfinite(self.stage_weight) and self.stage_weight >= 0):
+            raise ConfigError(f"the stage weight must be finite and >= 0, got {self.stage_weight}")
+
+
+def fuse(proposals: Proposals, ranked: Sequence[Tensor], stage_weight: float) -> list[Tensor]:
+    """The final score of each user's proposals: the ranker's plus ``stage_weight`` x the
+    stage's (``CascadeSpec``); the ranker's scores alone when the weight is 0."""
+    if stage_weight == 0:
+        return list(ranked)
+    return [r.float() + stage_weight * proposals.row(j)[1].to(r.device).float()
+            for j, r in enumerate(ranked)]
 
 
 def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tensor,
@@ -123,26 +144,47 @@ def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Propo
     return model.rank_batch(requests)
 
 
-@torch.inference_mode()
-def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
-                  use_timestamps: bool, heads: tuple[str, ...] = HEADS, batch_users: int = 8,
-                  progress: bool = False, cascade: CascadeSpec | None = None
-                  ) -> dict[str, Tensor]:
-    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc).
-    ``cascade`` (default: the model's own retrieval head, K = 200) sets the cascade head's
-    retrieval stage."""
-    model.eval()
-    if "cascade" in heads and cascade is None:
-        cascade = CascadeSpec(HeadRetrieval(model))
-    catalogue = torch.arange(1, model.cfg.num_items + 1, device=model.device)
-    ranks: dict[str, list[Tensor]] = {h: [] for h in heads}
+def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
+                      use_timestamps: bool, batch_users: int, progress: bool
+                      ) -> Iterator[tuple[np.ndarray, CaseWindow, list[PrefixKV]]]:
+    """``(rows, window, prefixes)`` for consecutive slices of ``batch_users`` cases: what the
+    model reads for them and its ``prefill`` of it (the relay's cached prefix)."""
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
         w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps)
         prefills = []
         for j, n in enumerate(w.lengths.tolist()):
             ts = None if w.timestamps is None else w.timestamps[j, :n]
             prefills.append(PrefillRequest(w.items[j, :n].to(model.device), ts))
-        prefixes = model.prefill_batch(prefills)
+        yield rows, w, model.prefill_batch(prefills)
+
+
+def ranked_proposals(model: HSTU, cases: EvalCases, rows: np.ndarray, w: CaseWindow,
+                     prefixes: Sequence[PrefixKV], cascade: CascadeSpec
+                     ) -> tuple[Proposals, list[Tensor]]:
+    """The cascade for one slice: the stage's proposals and the ranker's scores of them
+    (candidates against the cached prefix), before fusion."""
+    query = RetrievalQuery(cases.users[rows], w.histories, prefixes)
+    proposals = cascade.stage.propose(query, cascade.retrieve_k)
+    return proposals, _ranked_by_model(model, prefixes, proposals)
+
+
+@torch.inference_mode()
+def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
+                  use_timestamps: bool, heads: tuple[str, ...] = HEADS, batch_users: int = 8,
+                  progress: bool = False, cascade: CascadeSpec | None = None
+                  ) -> dict[str, Tensor]:
+    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc).
+    ``cascade`` (default: the model's own retrieval head, K = 200, the ranker's score alone)
+    sets the cascade head's retrieval stage; with the cascade comes ``"stage"``: the stage
+    alone, its K proposals in its own order (at cutoffs <= K, the stage's own ranking), the
+    figure the cascade must beat."""
+    model.eval()
+    if "cascade" in heads and cascade is None:
+        cascade = CascadeSpec(HeadRetrieval(model))
+    catalogue = torch.arange(1, model.cfg.num_items + 1, device=model.device)
+    ranks: dict[str, list[Tensor]] = {h: [] for h in heads}
+    for rows, w, prefixes in prefilled_batches(model, seqs, cases, max_seq_len, use_timestamps,
+                                               batch_users, progress):
         if "retrieval" in heads:
             users = torch.stack([kv.last_hidden for kv in prefixes])              # [b, d]
             ranks["retrieval"].append(
@@ -152,11 +194,13 @@ def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_le
             padded = torch.nn.functional.pad(torch.stack(scores), (1, 0))      # [b, N + 1]
             ranks["ranking"].append(target_ranks(padded, w.targets, w.histories))
         if cascade is not None and "cascade" in heads:
-            query = RetrievalQuery(cases.users[rows], w.histories, prefixes)
-            proposals = cascade.stage.propose(query, cascade.retrieve_k)
-            ranked = _ranked_by_model(model, prefixes, proposals)
-            ranks["cascade"].append(cascade_ranks(proposals, ranked, w.targets, w.histories,
-                                                  model.cfg.num_items))
+            proposals, ranked = ranked_proposals(model, cases, rows, w, prefixes, cascade)
+            ranks.setdefault("stage", []).append(cascade_ranks(
+                proposals, [proposals.row(j)[1] for j in range(len(rows))], w.targets,
+                w.histories, model.cfg.num_items))
+            ranks["cascade"].append(cascade_ranks(
+                proposals, fuse(proposals, ranked, cascade.stage_weight), w.targets,
+                w.histories, model.cfg.num_items))
     return {h: torch.cat(r) for h, r in ranks.items()}
 
 

@@ -85,7 +85,7 @@ class Trainer:
         self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
         split = leave_one_out(sequences)
         if 0 < config.valid_users < len(split.valid):   # else every user is validated
-            split = hold_out_validation_of(split, config.valid_users, seed)
+            split = hold_out_validation_of(split, config.valid_users, config.valid_seed)
         if config.rank_hard_negatives and (
                 config.rank_mine_k + config.max_seq_len > sequences.num_items):
             raise ConfigError(f"rank_mine_k ({config.rank_mine_k}) + max_seq_len "
