@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.ledger import read_ledger
 from relaygr.routing import rendezvous_order
@@ -28,7 +29,8 @@ NAMES = ["replica-a", "replica-b"]
 
 def service_over(ranker: LocalRanker) -> RelayService:
     model = load_model(SOURCE)
-    backend = RayBackend(ranker, model, load_store(SOURCE, model), ranker.system)
+    store = load_store(SOURCE, model, HistoryWindow.for_model(model.cfg, ranker.system))
+    backend = RayBackend(ranker, model, store, ranker.system)
     return RelayService(backend, ServerConfig())
 
 
