@@ -31,7 +31,7 @@ def test_the_window_starts_on_block_boundaries_and_holds_at_most_max_tokens() ->
     assert [window.start(t) for t in (1, 8, 9, 11, 12, 14, 15)] == [0, 0, 3, 3, 6, 6, 9]
     for total in range(1, 200):
         start = window.start(total)
-        assert start % 3 == 0 and 8 - 3 < total - start <= 8 or (start == 0 and total <= 8)
+        assert (start % 3 == 0 and 8 - 3 < total - start <= 8) or (start == 0 and total <= 8)
         assert window.start(total + 1) >= start                 # it only moves forward
     assert not window.slid(8, 8) and window.slid(8, 9) and not window.slid(9, 11)
     assert window.slid(9, 40)                                   # one slide however far
