@@ -60,10 +60,9 @@ class SystemConfig:
     # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
     cross_request_reuse: bool = True
     # The model reads a history's newest max_seq_len events, from a start that moves in blocks
-    # of this fraction of max_seq_len (cascade.window). An eighth: the model reads at least 7/8
-    # of what it could, and a long user's window is computed afresh once per max_seq_len / 8
-    # appended events (one full pass, less than one per visit at any visit size the window
-    # allows), so the relay's reuse survives long histories.
+    # of this fraction of max_seq_len (at least 1 event; cascade.window). An eighth: the model
+    # reads at least 7/8 of what it could, and a long user's window is computed afresh (one full
+    # pass) once per max_seq_len / 8 appended events (512 at 4096: a hundred visits of a few).
     window_slide_fraction: float = 0.125
 
     def __post_init__(self) -> None:
