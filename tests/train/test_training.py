@@ -366,6 +366,17 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
                                        synthetic_users=True), model, window)
     assert all(synthetic.get(u).timestamps is None
                and len(synthetic.get(u).items) <= model.cfg.max_seq_len for u in (1, 2, 3))
+    # a history longer than the window: its newest window, cut on a block boundary
+    long_dir = tmp_path / "long"
+    long_dir.mkdir()
+    raw = [int(line.split()[1]) for line in (tmp_path / "u.data").read_text().splitlines()]
+    (long_dir / "u.data").write_text("".join(f"1\t{raw[k % len(raw)]}\t5\t{1000 + k}\n"
+                                             for k in range(61)))
+    long = load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k",
+                                  data_dir=long_dir), model, window)
+    [whole] = list(iter_histories("ml-100k", long_dir, id_map=seqs.id_map))
+    assert len(whole.items) == 61 and (window.max_tokens, window.slide_tokens) == (24, 3)
+    assert long.get(1).items.tolist() == whole.items[39:].tolist()   # ceil((61 - 24) / 3) * 3
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         ModelSource(dataset="ml-100k", data_dir=tmp_path)
     # the recorded data gone: a refusal that says what to pass, never synthetic users
