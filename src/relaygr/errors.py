@@ -24,7 +24,8 @@ class ItemOutOfRangeError(InvalidInputError):
 
 
 class SequenceTooLongError(InvalidInputError):
-    """The history (prefix + suffix) is longer than the model's ``max_seq_len``."""
+    """A sequence is longer than the model reads: a model input (prefix + suffix) past its
+    ``max_seq_len``, or a visit's own events past what the history window leaves them."""
 
 
 class TimestampError(InvalidInputError):

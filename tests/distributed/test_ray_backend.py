@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.ledger import read_ledger
 from relaygr.routing import rendezvous_order
@@ -21,6 +22,7 @@ from relaygr.server import RelayService, ServerConfig
 from relaygr.server.build import load_model, load_store
 from tests.distributed.helpers import LocalRanker, full_scores
 from tests.server.helpers import SOURCE, client_for, system_config
+from tests.server.test_window import serve_across_slides, slides_of
 from tests.tolerance import SCORE_TOL
 
 NAMES = ["replica-a", "replica-b"]
@@ -28,7 +30,8 @@ NAMES = ["replica-a", "replica-b"]
 
 def service_over(ranker: LocalRanker) -> RelayService:
     model = load_model(SOURCE)
-    backend = RayBackend(ranker, model, load_store(SOURCE, model), ranker.system)
+    store = load_store(SOURCE, model, HistoryWindow.for_model(model.cfg, ranker.system))
+    backend = RayBackend(ranker, model, store, ranker.system)
     return RelayService(backend, ServerConfig())
 
 
@@ -136,3 +139,19 @@ def test_replica_sheds_ranking_as_503(tmp_path: Path) -> None:
     assert shed and len(shed) + sum(r.status_code == 200 for r in answers) == 20
     assert all(r.headers["retry-after"] == "2" for r in shed)
     assert service.backend.snapshot().counters.shed_rank == len(shed)
+
+
+def test_the_ingress_reads_the_same_sliding_window(tmp_path: Path) -> None:
+    ranker = LocalRanker(NAMES, ledger=tmp_path)
+    service = service_over(ranker)
+    store = service.backend.store
+    user = max(store, key=store.num_events)
+
+    async def body(client: httpx.AsyncClient) -> None:
+        answers = await serve_across_slides(client, service, user)
+        counters = service.backend.snapshot().counters
+        assert counters.window_slides == slides_of(8, 40)
+        assert counters.windowed_requests == 8
+        assert {a["path"] for a in answers} <= {"pending_wait", "device_hit", "host_hit"}
+
+    asyncio.run(with_client(service, body))

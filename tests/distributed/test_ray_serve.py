@@ -19,6 +19,7 @@ import httpx
 import pytest
 import torch
 
+from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ledger import LegRecord, read_ledger
 from relaygr.server import ServerConfig
 from relaygr.server.build import load_model, load_store
@@ -68,7 +69,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def _check_scores(responses: list[httpx.Response]) -> None:
     model = load_model(SOURCE)
-    store = load_store(SOURCE, model)      # the ingress's store (no events are appended here)
+    window = HistoryWindow.for_model(model.cfg, system_config())
+    store = load_store(SOURCE, model, window)   # the ingress's store (no events appended here)
     for r in responses:
         assert r.status_code == 200, r.text
         out = r.json()

@@ -52,6 +52,7 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
 
 
 def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> None:
+    from relaygr.cascade.window import HistoryWindow
     from relaygr.kvcache.sizing import DEVICE_RESIDENT_USERS, HOST_TO_DEVICE
     from relaygr.server.build import load_store, sized_budgets
 
@@ -61,7 +62,8 @@ def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> 
     assert options.size_budgets
     model = load_model(options.model)
     heard: list[str] = []
-    system = sized_budgets(options.system, model, load_store(options.model, model), heard.append)
+    store = load_store(options.model, model, HistoryWindow.for_model(model.cfg, options.system))
+    system = sized_budgets(options.system, model, store, heard.append)
     # a tiny model (2 layers, dim 32): a few MiB, not the hundreds of MiB of the fixed default
     assert system.device_budget_bytes < options.system.device_budget_bytes // 16
     assert system.host_budget_bytes == HOST_TO_DEVICE * system.device_budget_bytes

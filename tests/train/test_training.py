@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.window import HistoryWindow
 from relaygr.data import iter_histories, leave_one_out
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.model import HSTU
@@ -350,25 +352,37 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
             progress_bar=False, log=lambda _: None).fit()
     source = ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k", data_dir=tmp_path)
     model = load_model(source)
-    store = load_store(source, model)
-    room = model.cfg.max_seq_len - model.cfg.max_seq_len // 4   # visits can still append
+    window = HistoryWindow.for_model(model.cfg, SystemConfig())
+    store = load_store(source, model, window)
     for user in iter_histories("ml-100k", tmp_path, id_map=seqs.id_map):
         served = store.get(int(user.user_id))
         assert served.timestamps is None                     # the run trained position-only
-        assert served.items.tolist() == user.items[-room:].tolist()
+        start = window.start(len(user.items))                # its newest window (slides later)
+        assert served.items.tolist() == user.items[start:].tolist()
     # without --dataset: the users of the data the run directory records, the same users
-    recorded = load_store(ModelSource(checkpoint=tmp_path / "run"), model)
+    recorded = load_store(ModelSource(checkpoint=tmp_path / "run"), model, window)
     assert sorted(recorded) == sorted(store) and len(store) == 16
     synthetic = load_store(ModelSource(checkpoint=tmp_path / "run", num_users=3,
-                                       synthetic_users=True), model)
-    assert all(synthetic.get(u).timestamps is None and len(synthetic.get(u).items) <= room
-               for u in (1, 2, 3))
+                                       synthetic_users=True), model, window)
+    assert all(synthetic.get(u).timestamps is None
+               and len(synthetic.get(u).items) <= model.cfg.max_seq_len for u in (1, 2, 3))
+    # a history longer than the window: its newest window, cut on a block boundary
+    long_dir = tmp_path / "long"
+    long_dir.mkdir()
+    raw = [int(line.split()[1]) for line in (tmp_path / "u.data").read_text().splitlines()]
+    (long_dir / "u.data").write_text("".join(f"1\t{raw[k % len(raw)]}\t5\t{1000 + k}\n"
+                                             for k in range(61)))
+    long = load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k",
+                                  data_dir=long_dir), model, window)
+    [whole] = list(iter_histories("ml-100k", long_dir, id_map=seqs.id_map))
+    assert len(whole.items) == 61 and (window.max_tokens, window.slide_tokens) == (24, 3)
+    assert long.get(1).items.tolist() == whole.items[39:].tolist()   # ceil((61 - 24) / 3) * 3
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         ModelSource(dataset="ml-100k", data_dir=tmp_path)
     # the recorded data gone: a refusal that says what to pass, never synthetic users
     (tmp_path / "u.data").rename(tmp_path / "moved.data")
     with pytest.raises(ConfigError, match="pass --dataset ml-100k --data-dir DIR"):
-        load_store(ModelSource(checkpoint=tmp_path / "run"), model)
+        load_store(ModelSource(checkpoint=tmp_path / "run"), model, window)
 
 
 def test_runs_of_different_seeds_hold_out_the_same_validation_users(tmp_path: Path) -> None:

@@ -59,6 +59,11 @@ class SystemConfig:
     # False: the relay works only within one request (MLPerf's closed rules): no host tier, no
     # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
     cross_request_reuse: bool = True
+    # The model reads a history's newest max_seq_len events, from a start that moves in blocks
+    # of this fraction of max_seq_len (at least 1 event; cascade.window). An eighth: the model
+    # reads at least 7/8 of what it could, and a long user's window is computed afresh (one full
+    # pass) once per max_seq_len / 8 appended events (512 at 4096: a hundred visits of a few).
+    window_slide_fraction: float = 0.125
 
     def __post_init__(self) -> None:
         Mode.parse(self.mode)
@@ -77,6 +82,9 @@ class SystemConfig:
         for name in ("retrieval_delay_ms", "preprocess_delay_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"SystemConfig.{name} must be >= 0")
+        if not 0 < self.window_slide_fraction <= 0.5:
+            raise ConfigError("SystemConfig.window_slide_fraction must be in (0, 0.5], got "
+                              f"{self.window_slide_fraction!r}")
         if self.retrieval_k < self.num_candidates:
             raise ConfigError("SystemConfig.retrieval_k must be >= num_candidates")
 

@@ -2,7 +2,8 @@
 
 A ``PrefixSpec`` carries ``version_at`` (the history store's versions of the user's shorter
 prefixes), which is a call into the sender's store. The receiver derives it from the events
-with the store's own hash instead, and checks it against the version the sender sent.
+with the store's own hash instead, and checks it against the version the sender sent. A windowed
+prefix (``cascade.window``) carries its window's start, which its versions hash too.
 """
 
 from __future__ import annotations
@@ -23,21 +24,24 @@ UNKNOWN_VERSION = -1
 @dataclass(frozen=True)
 class PrefixPayload:
     """A user's long-term prefix as events: what an instance in another process needs to
-    pre-infer or recompute it."""
+    pre-infer or recompute it. The events are the user's ``window_start..`` (the window the
+    model reads; 0 while the history fits it)."""
 
     pid: PrefixId
     items: np.ndarray              # [n] int64
     timestamps: np.ndarray | None  # [n] int64, None for an untimed user
+    window_start: int = 0
 
     def to_spec(self) -> PrefixSpec:
         items = np.ascontiguousarray(self.items, dtype=np.int64)
         ts = None if self.timestamps is None else \
             np.ascontiguousarray(self.timestamps, dtype=np.int64)
-        sums = event_hash_sums(items, ts, 0, 0)
+        start = self.window_start
+        sums = event_hash_sums(items, ts, start, 0)
         timed = ts is not None
 
         def version_at(n: int) -> int:
-            return version_of(int(sums[n - 1]) if n else 0, n, timed)
+            return version_of(int(sums[n - 1]) if n else 0, n, timed, start)
 
         if version_at(items.shape[0]) != self.pid.version:
             # The sender's store hashes differently: only this exact prefix is known, so a
@@ -48,9 +52,10 @@ class PrefixPayload:
                 return version if n == full else UNKNOWN_VERSION
 
         return PrefixSpec(self.pid, torch.from_numpy(items.copy()),
-                          None if ts is None else torch.from_numpy(ts.copy()), version_at)
+                          None if ts is None else torch.from_numpy(ts.copy()), version_at,
+                          start)
 
     @classmethod
     def of(cls, spec: PrefixSpec) -> PrefixPayload:
         ts = None if spec.timestamps is None else spec.timestamps.numpy()
-        return cls(spec.pid, spec.items.numpy(), ts)
+        return cls(spec.pid, spec.items.numpy(), ts, spec.window_start)

@@ -6,6 +6,12 @@ new value, so a cache entry built from ``n`` events is fresh exactly when
 ``version_at(user, n) == entry.version``. It costs O(1): the store keeps, per user, the running
 sum (mod 2**64) of position-salted event hashes, computed with numpy when events arrive.
 
+Windows (``cascade.window``): ``version_at(user, n, start)`` is the version of the events
+``start..n-1`` read as a window of their own (the model sees them at positions ``0..n-start-1``).
+It hashes the start too, so the same events read from another start (at other positions) have
+another version, and ``start == 0`` gives the plain prefix version. Also O(1): the difference of
+two running sums.
+
 Snapshots (``UserHistory``) are read-only numpy views that later appends never touch (appends
 write past the snapshot's end or into a fresh buffer). Thread-safety: not thread-safe for
 writers; the engine runs on one asyncio thread. Snapshots may be read from any thread.
@@ -34,6 +40,8 @@ from relaygr.errors import (
 from relaygr.routing.hashing import GOLDEN_GAMMA, mix64, mix64_array
 
 _TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
+_WINDOW_TAG = 0x57494E444F57                                # a window's start, hashed apart
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -72,13 +80,15 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
-                      timestamps: npt.ArrayLike | None = None) -> int:
-        """The version the user's first ``num_events`` events followed by ``items`` would have
-        (what ``version_at`` returns once they are appended there); changes nothing."""
+                      timestamps: npt.ArrayLike | None = None, start: int = 0) -> int:
+        """The version the user's events ``start..num_events-1`` followed by ``items`` would
+        have (what ``version_at(user, num_events + len(items), start)`` returns once they are
+        appended there); changes nothing."""
 
     @abstractmethod
-    def version_at(self, user_id: int, num_events: int) -> int:
-        """Hash of the user's first ``num_events`` events, in O(1)."""
+    def version_at(self, user_id: int, num_events: int, start: int = 0) -> int:
+        """Hash of the user's events ``start..num_events-1`` (the first ``num_events`` when
+        ``start`` is 0) and of ``start``, in O(1); ``0 <= start <= num_events <= length``."""
 
     @abstractmethod
     def num_events(self, user_id: int) -> int:
@@ -107,9 +117,12 @@ def event_hash_sums(items: np.ndarray, timestamps: np.ndarray | None, start: int
         return np.cumsum(h, dtype=np.uint64) + np.uint64(base)
 
 
-def version_of(hash_sum: int, num_events: int, timed: bool) -> int:
+def version_of(hash_sum: int, num_events: int, timed: bool, start: int = 0) -> int:
+    """The version of ``num_events`` events from position ``start`` whose position-salted
+    hashes (``event_hash_sums`` from ``start``, base 0) sum to ``hash_sum`` mod 2**64."""
     tag = _TIMED_TAG if timed else _UNTIMED_TAG
-    return mix64(hash_sum ^ mix64(num_events * GOLDEN_GAMMA + tag))
+    version = mix64(hash_sum ^ mix64(num_events * GOLDEN_GAMMA + tag))
+    return version if start == 0 else mix64(version ^ mix64(start * GOLDEN_GAMMA + _WINDOW_TAG))
 
 
 class _UserLog:
@@ -138,6 +151,11 @@ class _UserLog:
         self.sums[n + 1:n + k + 1] = event_hash_sums(items, timestamps, n, int(self.sums[n]))
         self.length = n + k
 
+    def version(self, start: int, stop: int) -> int:
+        """The version of events ``start..stop-1`` (``version_of`` their hash sum)."""
+        hash_sum = (int(self.sums[stop]) - int(self.sums[start])) & _MASK64
+        return version_of(hash_sum, stop - start, self.timed, start)
+
     def snapshot(self, user_id: int, n: int) -> UserHistory:
         items = self.items[:n].view()
         items.flags.writeable = False
@@ -145,7 +163,7 @@ class _UserLog:
         if self.timestamps is not None:
             ts = self.timestamps[:n].view()
             ts.flags.writeable = False
-        return UserHistory(user_id, items, ts, version_of(int(self.sums[n]), n, self.timed))
+        return UserHistory(user_id, items, ts, self.version(0, n))
 
 
 def _as_int_array(name: str, values: npt.ArrayLike) -> np.ndarray:
@@ -193,21 +211,22 @@ class InMemoryHistoryStore(HistoryStore):
         log = self._log(user_id)
         return log.snapshot(user_id, self._check_count(log, num_events))
 
-    def version_at(self, user_id: int, num_events: int) -> int:
+    def version_at(self, user_id: int, num_events: int, start: int = 0) -> int:
         log = self._log(user_id)
         n = self._check_count(log, num_events)
-        return version_of(int(log.sums[n]), n, log.timed)
+        return log.version(self._check_start(start, n), n)
 
     def num_events(self, user_id: int) -> int:
         return self._log(user_id).length
 
     def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
-                      timestamps: npt.ArrayLike | None = None) -> int:
+                      timestamps: npt.ArrayLike | None = None, start: int = 0) -> int:
         log = self._log(user_id)
         n = self._check_count(log, num_events)
+        first = self._check_start(start, n)
         ids = _as_int_array("items", items)
         if ids.size == 0:
-            return version_of(int(log.sums[n]), n, log.timed)
+            return log.version(first, n)
         if log.timed != (timestamps is not None):
             raise TimestampError(f"this user's history is {'timed' if log.timed else 'untimed'}"
                                  f"; timestamps must be {'given' if log.timed else 'omitted'}")
@@ -215,7 +234,8 @@ class InMemoryHistoryStore(HistoryStore):
         if ts is not None and ts.shape != ids.shape:
             raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
         sums = event_hash_sums(ids, ts, n, int(log.sums[n]))
-        return version_of(int(sums[-1]), n + ids.size, log.timed)
+        hash_sum = (int(sums[-1]) - int(log.sums[first])) & _MASK64
+        return version_of(hash_sum, n + ids.size - first, log.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
                timestamps: npt.ArrayLike | None = None) -> UserHistory:
@@ -280,6 +300,13 @@ class InMemoryHistoryStore(HistoryStore):
             raise InvalidInputError(f"num_events must be an int in [0, {log.length}], "
                                     f"got {num_events!r}")
         return int(num_events)
+
+    @staticmethod
+    def _check_start(start: int, num_events: int) -> int:
+        if not isinstance(start, (int, np.integer)) or isinstance(start, bool) \
+                or not 0 <= start <= num_events:
+            raise InvalidInputError(f"start must be an int in [0, {num_events}], got {start!r}")
+        return int(start)
 
     @staticmethod
     def _check_timestamps(log: _UserLog | None, ids: np.ndarray,

@@ -7,6 +7,10 @@
                ─► router.follow (same instance unless it failed) ─► instance.rank ◄─┘ second leg
                ─► the visit's events are appended to the history (new prefix version)
 
+The prefix is the part of the user's history the model reads: its newest events, in a window
+that slides in blocks once the history outgrows the model (``cascade.window``: what is reused
+between slides, what is recomputed at one). The counters count the slides.
+
 An instance that fails mid-request is skipped: the ranking leg goes to the user's next healthy
 choice (which recomputes), so every request gets an answer and only its latency suffers.
 """
@@ -30,6 +34,7 @@ from relaygr.cascade.retrieval import Retriever
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.supervisor import InstanceSupervisor
+from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import BatchPolicy, InstanceStoppedError
@@ -42,8 +47,7 @@ from relaygr.engine.types import (
     RankResult,
     RankTiming,
 )
-from relaygr.errors import InvalidInputError, NoHealthyInstanceError, OverloadedError
-from relaygr.kvcache import PrefixId
+from relaygr.errors import NoHealthyInstanceError, OverloadedError
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.trigger import TriggerConfig, make_trigger
@@ -83,6 +87,7 @@ class Recommendation:
     ranking_due_s: float       # time.perf_counter() when ranking was due
     ranking_done_s: float
     timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
+    window_start: int = 0      # the history event the model read first (cascade.window)
 
 
 @dataclass
@@ -92,6 +97,8 @@ class SystemCounters:
     shed_preinfer: int = 0
     shed_rank: int = 0
     paths: Counter[str] = field(default_factory=Counter)
+    window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
+    windowed_requests: int = 0   # ranked from a window that starts after the first event
 
 
 @dataclass
@@ -124,6 +131,7 @@ class RelaySystem:
         self.spec = spec_for(self.mode)
         self.model = model.eval()
         self.store = store
+        self.window = HistoryWindow.for_model(model.cfg, config)
         router_options = dict(self.spec.router_options)
         if self.spec.router == "affinity":
             router_options.setdefault("spill_queue_depth", config.spill_queue_depth)
@@ -163,15 +171,15 @@ class RelaySystem:
         return [InstanceView(i.name, i.healthy, i.queue_depth) for i in self.instances]
 
     # ---- one request -------------------------------------------------------------------------
-    def _prefix_spec(self, user_id: int) -> tuple[PrefixSpec, np.ndarray]:
-        history = self.store.get(user_id)
-        if history.num_events == 0:
-            raise InvalidInputError(f"user {user_id} has an empty history")
-        ts = None if history.timestamps is None else torch.tensor(history.timestamps)
-        spec = PrefixSpec(PrefixId(user_id, history.num_events, history.version),
-                          torch.tensor(history.items), ts,
-                          lambda n: self.store.version_at(user_id, n))
-        return spec, history.items
+    def _prefix_spec(self, user_id: int, suffix_tokens: int) -> tuple[PrefixSpec, np.ndarray]:
+        """The window's prefix a visit adding ``suffix_tokens`` events reads, and the user's
+        whole history (what retrieval excludes)."""
+        prefix = self.window.prefix(self.store, user_id, suffix_tokens)
+        ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
+        start = prefix.window_start
+        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts,
+                          lambda n: self.store.version_at(user_id, start + n, start), start)
+        return spec, self.store.get(user_id).items
 
     async def recommend(self, visit: Visit) -> Recommendation:
         """The whole cascade for one visit: retrieval, pre-processing and relayed ranking."""
@@ -204,17 +212,20 @@ class RelaySystem:
     def append_events(self, user_id: int, items: Sequence[int],
                       timestamps: Sequence[int] | None = None) -> int:
         """Append behaviour events (the prefix version changes); returns the new length."""
-        return self.store.append(user_id, items, timestamps).num_events
+        before = self.store.num_events(user_id) if user_id in self.store else 0
+        after = self.store.append(user_id, items, timestamps).num_events
+        self.counters.window_slides += int(before > 0 and self.window.slid(before, after))
+        return after
 
     def _first_leg(self, visit: Visit, preinfer: bool, suffix_tokens: int | None = None
                    ) -> _Leg:
-        spec, history_items = self._prefix_spec(visit.user_id)
+        s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
+        spec, history_items = self._prefix_spec(visit.user_id, s)
         n_cand = visit.num_candidates or self.config.num_candidates
         decision = self.router.route(visit.user_id, self.views())
         instance = self.by_name[decision.instance_id]
         leg = _Leg(visit, spec, history_items, n_cand, decision)
         if preinfer and self.spec.preinfer:
-            s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
             if instance.rank_queue_depth >= self.config.shed_preinfer_queue_depth:
                 leg.preinfer = PreinferResult(PreinferAction.SKIPPED, None, 0)
                 self.counters.shed_preinfer += 1
@@ -230,22 +241,22 @@ class RelaySystem:
             suffix = torch.tensor(visit.recent_items, dtype=torch.int64)
             if visit.recent_timestamps is not None:
                 suffix_ts = torch.tensor(visit.recent_timestamps, dtype=torch.int64)
-            grown = PrefixId(visit.user_id, spec.num_tokens + len(visit.recent_items),
-                             self.store.version_after(visit.user_id, spec.num_tokens,
-                                                      visit.recent_items,
-                                                      visit.recent_timestamps))
+            grown = self.window.grown(self.store, spec.pid, spec.window_start,
+                                      visit.recent_items, visit.recent_timestamps)
         job = RankJob(spec, candidates, suffix, suffix_ts, visit.request_ts, grown)
         due = time.perf_counter()
         result = await self._rank(leg.decision, job)
         done = time.perf_counter()
         if visit.recent_items:
-            self.store.append(visit.user_id, visit.recent_items, visit.recent_timestamps)
+            self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps)
         self.counters.requests += 1
+        self.counters.windowed_requests += int(spec.window_start > 0)
         self.counters.paths[result.path.value] += 1
         return Recommendation(candidates, result.scores, result.path, result.instance,
                               await leg.preinfer_result(),
                               leg.decision.instance_id if leg.preinfer is not None else None,
-                              spec.num_tokens, job.suffix_tokens, due, done, result.timing)
+                              spec.num_tokens, job.suffix_tokens, due, done, result.timing,
+                              spec.window_start)
 
     async def _rank(self, first: RouteDecision, job: RankJob) -> RankResult:
         decision = self.router.follow(first, self.views())

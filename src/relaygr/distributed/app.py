@@ -32,6 +32,7 @@ from ray.serve.config import HTTPOptions, RequestRouterConfig
 import relaygr
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
+from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
@@ -74,7 +75,7 @@ class RelayIngress:
         model = load_model(spec.model)
         if model_digest(model) != spec.model_digest:
             raise ConfigError("the ingress built a different model than the driver")
-        store = load_store(spec.model, model)
+        store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
         backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts)
         self.service = RelayService(backend, spec.server, load_catalog(spec.model, model),
                                     model_info(spec.model, model))

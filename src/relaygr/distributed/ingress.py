@@ -5,7 +5,7 @@
 meanwhile, then sends the second leg (``RankCall``) with ``follow`` set to the replica that took
 the first, so Serve's request router (``RelayRequestRouter``) sends both legs of the request to
 the replica that owns the user. The ingress appends the visit's events to the store after
-ranking, as the embedded system does.
+ranking, as the embedded system does, and reads the same history window (``cascade.window``).
 
 Fallbacks: a lost pre-infer leg only costs the relay (ranking recomputes); a ranking leg whose
 replica died is sent again with that replica in ``avoid`` (the user's next choice, which
@@ -38,6 +38,7 @@ from relaygr.cascade.retrieval import Retriever
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.system import Recommendation, Visit
+from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.calls import (
     ControlCall,
     PrefixPayload,
@@ -48,8 +49,7 @@ from relaygr.distributed.calls import (
     ReplicaState,
     RouteNote,
 )
-from relaygr.errors import InvalidInputError, NoHealthyInstanceError, OverloadedError
-from relaygr.kvcache import PrefixId
+from relaygr.errors import NoHealthyInstanceError, OverloadedError
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.server.backend import PrefillOutcome
 from relaygr.server.snapshot import InstanceSnapshot, ServingCounters, ServingSnapshot
@@ -66,6 +66,8 @@ class _Counters:
     shed_preinfer: int = 0
     shed_rank: int = 0
     lost_preinfer: int = 0
+    window_slides: int = 0
+    windowed_requests: int = 0
 
 
 class RayBackend:
@@ -77,6 +79,7 @@ class RayBackend:
         self.model = model.eval()
         self._store = store
         self.system = system
+        self.window = HistoryWindow.for_model(model.cfg, system)
         self.max_attempts = max_attempts
         self.stages = EarlierStages(model, Retriever.from_model(model), system.retrieval_k,
                                     system.retrieval_history, system.retrieval_delay_ms / 1e3,
@@ -107,12 +110,13 @@ class RayBackend:
 
     async def recommend(self, visit: Visit) -> Recommendation:
         request_id = uuid.uuid4().hex
-        prefix = self._prefix(visit.user_id)
+        prefix = self._prefix(visit.user_id, len(visit.recent_items))
         n_cand = visit.num_candidates or self.system.num_candidates
         first = asyncio.ensure_future(self._preinfer(PreinferCall(
             request_id=request_id, user_id=visit.user_id, prefix=prefix,
             suffix_tokens=len(visit.recent_items), candidates=n_cand)))
-        seen = np.concatenate([prefix.items, np.asarray(visit.recent_items, dtype=np.int64)])
+        seen = np.concatenate([self._store.get(visit.user_id).items,
+                               np.asarray(visit.recent_items, dtype=np.int64)])
         try:
             candidates = await self.stages.run(seen, n_cand)
         finally:
@@ -123,7 +127,8 @@ class RayBackend:
     async def prefill(self, user_id: int, suffix_tokens: int,
                       num_candidates: int | None) -> PrefillOutcome:
         pre = await self._preinfer(PreinferCall(
-            request_id=uuid.uuid4().hex, user_id=user_id, prefix=self._prefix(user_id),
+            request_id=uuid.uuid4().hex, user_id=user_id,
+            prefix=self._prefix(user_id, suffix_tokens),
             suffix_tokens=suffix_tokens,
             candidates=num_candidates or self.system.num_candidates))
         if pre is None:
@@ -136,20 +141,25 @@ class RayBackend:
         return PrefillOutcome(pre.replica, pre.result)
 
     async def rank(self, visit: Visit, candidates: Tensor) -> Recommendation:
-        prefix = self._prefix(visit.user_id)
+        prefix = self._prefix(visit.user_id, len(visit.recent_items))
         follow = self._decisions.pop(visit.user_id, None)
         return await self._second_leg(uuid.uuid4().hex, visit, prefix,
                                       candidates.to(torch.int64), None, follow)
 
     def append_events(self, user_id: int, items: Sequence[int],
                       timestamps: Sequence[int] | None) -> int:
-        return self._store.append(user_id, items, timestamps).num_events
+        before = self._store.num_events(user_id) if user_id in self._store else 0
+        after = self._store.append(user_id, items, timestamps).num_events
+        self.counters.window_slides += int(before > 0 and self.window.slid(before, after))
+        return after
 
     def snapshot(self) -> ServingSnapshot:
         c = self.counters
         return ServingSnapshot(tuple(self.snapshots[name] for name in sorted(self.snapshots)),
                                ServingCounters(c.requests, c.failovers, c.shed_preinfer,
-                                               c.shed_rank, len(self._decisions)))
+                                               c.shed_rank, len(self._decisions),
+                                               window_slides=c.window_slides,
+                                               windowed_requests=c.windowed_requests))
 
     async def quiesce(self) -> None:
         await self.refresh("quiesce")
@@ -174,13 +184,8 @@ class RayBackend:
         return out
 
     # ---- the two legs ------------------------------------------------------------------------
-    def _prefix(self, user_id: int) -> PrefixPayload:
-        history = self._store.get(user_id)
-        if history.num_events == 0:
-            raise InvalidInputError(f"user {user_id} has an empty history")
-        return PrefixPayload(PrefixId(user_id, history.num_events, history.version),
-                             np.asarray(history.items), None if history.timestamps is None
-                             else np.asarray(history.timestamps))
+    def _prefix(self, user_id: int, suffix_tokens: int) -> PrefixPayload:
+        return self.window.prefix(self._store, user_id, suffix_tokens)
 
     async def _preinfer(self, call: PreinferCall) -> PreinferReply | None:
         if not self.preinfers:
@@ -203,22 +208,21 @@ class RayBackend:
             if visit.recent_timestamps is not None:
                 call.suffix_timestamps = torch.tensor(visit.recent_timestamps,
                                                       dtype=torch.int64)
-            call.grown = PrefixId(visit.user_id, prefix.pid.num_tokens + len(visit.recent_items),
-                                  self._store.version_after(visit.user_id, prefix.pid.num_tokens,
-                                                            visit.recent_items,
-                                                            visit.recent_timestamps))
+            call.grown = self.window.grown(self._store, prefix.pid, prefix.window_start,
+                                           visit.recent_items, visit.recent_timestamps)
         due = time.perf_counter()
         reply = await self._rank(call)
         done = time.perf_counter()
         if visit.recent_items:
-            self._store.append(visit.user_id, visit.recent_items, visit.recent_timestamps)
+            self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps)
         assert reply.scores is not None and reply.path is not None
         self.counters.requests += 1
+        self.counters.windowed_requests += int(prefix.window_start > 0)
         return Recommendation(candidates, reply.scores, reply.path, reply.replica,
                               None if pre is None else pre.result,
                               None if pre is None else pre.replica, prefix.pid.num_tokens,
                               0 if call.suffix_items is None else len(visit.recent_items),
-                              due, done)
+                              due, done, window_start=prefix.window_start)
 
     async def _rank(self, call: RankCall) -> RankReply:
         for _ in range(self.max_attempts):

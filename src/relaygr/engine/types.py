@@ -26,14 +26,18 @@ class RankPath(str, enum.Enum):
 class PrefixSpec:
     """A request's long-term prefix: its cache identity and its events.
 
-    ``version_at(n)`` is the version of the user's first ``n`` events (from the history store);
-    the instance uses it to check that a cached shorter prefix is really a prefix of this one.
+    The events are the user's history from ``window_start`` on (the window the model reads,
+    ``cascade.window``; 0 while the history fits the model), at model positions ``0..n-1``.
+    ``version_at(n)`` is the version of the window's first ``n`` events (from the history store,
+    which hashes ``window_start`` too); the instance uses it to check that a cached shorter
+    prefix is really a prefix of this one, so a prefix cached for another window never is.
     """
 
     pid: PrefixId
     items: Tensor                   # [n] int64
     timestamps: Tensor | None       # [n] int64 seconds, None for an untimed user
     version_at: Callable[[int], int]
+    window_start: int = 0           # index in the user's history of items[0]
 
     @property
     def num_tokens(self) -> int:

@@ -39,10 +39,12 @@ from relaygr.kvcache.integrity import require
 
 @dataclass(frozen=True)
 class PrefixId:
-    """What a cached prefix covers: the first ``num_tokens`` events of user ``user_id``.
+    """What a cached prefix covers: the first ``num_tokens`` events of the window of user
+    ``user_id``'s history that the model reads (the whole history while it fits the model).
 
-    ``version`` is a hash of those events, computed by the history store: a prefix whose events
-    changed has another version, so a stale entry can never match an exact lookup.
+    ``version`` is a hash of those events and of where the window starts, computed by the
+    history store: a prefix whose events or window changed has another version, so a stale
+    entry can never match an exact lookup.
     """
 
     user_id: int

@@ -115,7 +115,7 @@ class EmbeddedBackend:
         sup = self.system.supervisor.counts
         counters = ServingCounters(c.requests, c.failovers, c.shed_preinfer, c.shed_rank,
                                    self.system.remembered_prefills, sup.deaths, sup.restarts,
-                                   len(sup.given_up))
+                                   len(sup.given_up), c.window_slides, c.windowed_requests)
         return ServingSnapshot(tuple(i.snapshot() for i in self.system.instances),
                                counters)
 

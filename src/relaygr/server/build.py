@@ -5,9 +5,11 @@ package's loader when ``checkpoint`` is set, else a named size with seeded rando
 same seed gives bit-identical weights in every process; ``model_digest`` checks that). The
 histories are a dataset's real users (with a checkpoint and ``dataset``), else seeded synthetic
 users over the model's catalogue; either way timed exactly when the served model was trained
-with time, and each history keeps its latest events, a quarter of ``max_seq_len`` short of it
-so visits can append. The latency cost model (the trigger's predictions) is loaded from a file
-or fitted by timing the model at start-up.
+with time. A history longer than the model's window is loaded as its newest window, cut where
+the window would start (``cascade.window``: a block boundary counted from the first event), so
+the windows it reads as visits append are those of the whole history; visits append past
+``max_seq_len`` freely (the window slides). The latency cost model (the trigger's predictions)
+is loaded from a file or fitted by timing the model at start-up.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.store import InMemoryHistoryStore, SyntheticHistories
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.window import HistoryWindow
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, config_for_size
 from relaygr.relay.costmodel import LatencyCostModel
@@ -48,19 +51,18 @@ def _load_checkpoint(path: Path, device: str) -> HSTU:
     return load_checkpoint(path, device=device)
 
 
-def load_store(source: ModelSource, model: HSTU,
+def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
                log: Callable[[str], None] = lambda _: None) -> InMemoryHistoryStore:
-    """The served users (see the module docstring), with the appends recorded at
-    ``source.events`` replayed and every later one recorded there."""
-    store = _base_store(source, model)
+    """The served users (see the module docstring), cut to ``window``, with the appends
+    recorded at ``source.events`` replayed and every later one recorded there."""
+    store = _base_store(source, model, window)
     if source.events is not None:
         replayed = store.persist_to(source.events)
         log(f"events: {replayed} appends replayed from {source.events}; new ones kept there")
     return store
 
 
-def _base_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
-    room = model.cfg.max_seq_len - max(1, model.cfg.max_seq_len // 4)
+def _base_store(source: ModelSource, model: HSTU, window: HistoryWindow) -> InMemoryHistoryStore:
     timed = True
     if source.checkpoint is not None:
         from relaygr.train import read_run_config
@@ -68,8 +70,8 @@ def _base_store(source: ModelSource, model: HSTU) -> InMemoryHistoryStore:
         if source.dataset is None and not source.synthetic_users:
             source = _recorded_dataset(source)
     if source.dataset is not None and source.data_dir is not None:
-        return _dataset_store(source, model, room, timed)
-    max_events = min(source.max_events, room)
+        return _dataset_store(source, model, window, timed)
+    max_events = min(source.max_events, model.cfg.max_seq_len)   # one window at most
     return InMemoryHistoryStore.synthetic(SyntheticHistories(
         num_users=source.num_users, num_items=model.cfg.num_items,
         min_events=min(source.min_events, max_events), max_events=max_events,
@@ -93,7 +95,7 @@ def _recorded_dataset(source: ModelSource) -> ModelSource:
         f"{info.num_users} users, or --synthetic-users to serve synthetic ones")
 
 
-def _dataset_store(source: ModelSource, model: HSTU, room: int,
+def _dataset_store(source: ModelSource, model: HSTU, window: HistoryWindow,
                    timed: bool) -> InMemoryHistoryStore:
     from relaygr.data import IdMap, iter_histories
     from relaygr.train.checkpoint import ID_MAP_FILE
@@ -106,8 +108,9 @@ def _dataset_store(source: ModelSource, model: HSTU, room: int,
                             drop_unknown_items=True):
         if len(h.items) == 0 or (timed and h.timestamps is None):
             continue          # a timed model cannot serve an untimed user
-        ts = None if not timed or h.timestamps is None else h.timestamps[-room:]
-        users[int(h.user_id)] = (h.items[-room:], ts)
+        start = window.start(len(h.items))
+        ts = None if not timed or h.timestamps is None else h.timestamps[start:]
+        users[int(h.user_id)] = (h.items[start:], ts)
     if not users:
         raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
                           "serve")
@@ -184,7 +187,7 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     log(f"loading the model ({source.checkpoint or source.size}) on {device}")
     model = load_model(source, device)
     log("loading the users")
-    store = load_store(source, model, log)
+    store = load_store(source, model, HistoryWindow.for_model(model.cfg, system), log)
     log(f"{len(store)} users; {model.cfg.num_layers} layers, dim {model.cfg.dim}, "
         f"{model.cfg.num_items} items, {sum(p.numel() for p in model.parameters())} weights")
     if size_budgets:

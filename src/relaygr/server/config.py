@@ -85,7 +85,7 @@ class ModelSource:
     max_seq_len: int = 4096
     checkpoint: Path | None = None
     num_users: int = 1000
-    # Synthetic history lengths (log-uniform); the top leaves room for appended events.
+    # Synthetic history lengths (log-uniform), at most one window (visits slide it further).
     min_events: int = 32
     max_events: int = 2048
     seed: int = 0

@@ -7,7 +7,8 @@ Two kinds:
 * read at scrape time from a ``ServingSnapshot`` (so nothing is counted twice): per instance,
   health, queue depths, cache bytes in use and budget per tier, cache hits and misses per tier,
   ranking paths, trigger decisions by reason, pre-infer actions; per system, shed requests and
-  failovers.
+  failovers; history windows: slides (a user's window moved, so its cache is computed afresh)
+  and requests ranked from a window that no longer starts at the first event.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ class SnapshotCollector(Collector):
         lifecycle.add_metric(["restart"], snap.counters.instance_restarts)
         lifecycle.add_metric(["given_up"], snap.counters.instances_given_up)
         yield lifecycle
+        slides = CounterMetricFamily(
+            "relaygr_window_slides", "Appends that moved a user's history window (its cached "
+            "prefix is then computed afresh)")
+        slides.add_metric([], snap.counters.window_slides)
+        windowed = CounterMetricFamily(
+            "relaygr_windowed_requests", "Ranking requests whose history window starts after "
+            "the user's first event (histories longer than max_seq_len)")
+        windowed.add_metric([], snap.counters.windowed_requests)
+        yield from (slides, windowed)
 
 
 class ServerMetrics:

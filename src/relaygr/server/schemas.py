@@ -107,6 +107,9 @@ class RecommendResponse(BaseModel):
     preinfer: PreinferOut | None
     prefix_tokens: int
     suffix_tokens: int
+    # The first history event the model read: 0 until the history outgrows max_seq_len, then
+    # the start of the window that slides in blocks (docs/serving.md, "Long histories").
+    window_start: int = 0
     ranking_ms: float
     total_ms: float
     titles: list[str | None] | None = Field(

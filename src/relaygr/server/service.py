@@ -150,6 +150,7 @@ class RelayService:
             user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
             scores=rec.scores.float().cpu().tolist(), path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
+            window_start=rec.window_start,
             ranking_ms=1e3 * (rec.ranking_done_s - rec.ranking_due_s),
             total_ms=1e3 * (end_s - start_s))
 

@@ -30,6 +30,8 @@ class ServingCounters:
     instance_deaths: int = 0        # instance processes seen dead by the supervisor
     instance_restarts: int = 0      # ... and restarted on a new process
     instances_given_up: int = 0     # ... and left down after repeated failed restarts
+    window_slides: int = 0          # appends that moved a user's history window (cascade.window)
+    windowed_requests: int = 0      # ranked from a window that starts after the first event
 
 
 @dataclass(frozen=True)

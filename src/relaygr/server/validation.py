@@ -1,11 +1,12 @@
 """Checks of a parsed request against the served model, the user's history and the limits.
 
 The schema (``relaygr.server.schemas``) has already fixed types and static bounds; this layer
-checks what depends on state: the user exists, item ids are in the model's catalogue, the history
-stays within ``max_seq_len``, timestamps match the user's history (timed or not, in time order),
-and counts are within the configured limits. Every check runs before the backend is called and
-raises a typed ``InvalidInputError`` whose message names the field and the limit, so a rejected
-request changes nothing.
+checks what depends on state: the user exists, item ids are in the model's catalogue, a visit's
+own events fit the model's history window (``cascade.window``: the history itself may be any
+length, the model reads its newest window), timestamps match the user's history (timed or not,
+in time order), and counts are within the configured limits. Every check runs before the
+backend is called and raises a typed ``InvalidInputError`` whose message names the field and the
+limit, so a rejected request changes nothing.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import numpy as np
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.store import HistoryStore, UserHistory
+from relaygr.cascade.window import HistoryWindow
 from relaygr.errors import (
     EmptyInputError,
     InvalidInputError,
     ItemOutOfRangeError,
-    SequenceTooLongError,
     TimestampError,
     UnknownUserError,
 )
@@ -38,6 +39,7 @@ class RequestValidator:
         self.system = system
         self.server = server
         self.store = store
+        self.window = HistoryWindow.for_model(model, system)
 
     # ---- per endpoint ------------------------------------------------------------------------
     def visit(self, request: VisitFields) -> UserHistory:
@@ -51,7 +53,7 @@ class RequestValidator:
         if request.request_ts is not None and history.timestamps is None:
             raise TimestampError(f"user {request.user_id}'s history is untimed; "
                                  "request_ts must be omitted")
-        self._length(history, len(request.recent_items), "the visit's recent_items")
+        self.window.check_suffix(len(request.recent_items), "recent_items")
         return history
 
     def num_candidates(self, num_candidates: int | None) -> None:
@@ -67,24 +69,20 @@ class RequestValidator:
         self._items("candidates", candidates)
 
     def prefill(self, request: PrefillRequest) -> None:
-        history = self.history(request.user_id)
-        self._length(history, request.suffix_tokens, "suffix_tokens")
+        self.history(request.user_id)
+        self.window.check_suffix(request.suffix_tokens, "suffix_tokens")
         self.num_candidates(request.num_candidates)
 
     def events(self, request: EventsRequest) -> None:
+        """Appends are kept whole at any history length (the model reads the newest window)."""
         self._count("items", request.items, self.server.max_events_per_request)
         self._items("items", request.items)
         if request.user_id not in self.store:
             if request.timestamps is not None:
                 self._check_pairs("items", request.items, "timestamps", request.timestamps)
-            if len(request.items) > self.model.max_seq_len:
-                raise SequenceTooLongError(
-                    f"items holds {len(request.items)} events; the model reads at most "
-                    f"{self.model.max_seq_len}")
             return
         history = self.store.get(request.user_id)
         self._timestamps(history, "items", request.items, "timestamps", request.timestamps)
-        self._length(history, len(request.items), "items")
 
     # ---- shared checks -----------------------------------------------------------------------
     def history(self, user_id: int) -> UserHistory:
@@ -108,13 +106,6 @@ class RequestValidator:
             bad = low if low < 1 else high
             raise ItemOutOfRangeError(f"{name} holds item id {bad}; this model's item ids are "
                                       f"1..{self.model.num_items}")
-
-    def _length(self, history: UserHistory, added: int, what: str) -> None:
-        total = history.num_events + added
-        if total > self.model.max_seq_len:
-            raise SequenceTooLongError(
-                f"user {history.user_id} has {history.num_events} events and {what} adds "
-                f"{added}: {total} tokens exceed the model's max_seq_len {self.model.max_seq_len}")
 
     def _timestamps(self, history: UserHistory, items_name: str, items: Sequence[int],
                     ts_name: str, timestamps: Sequence[int] | None) -> None:
