@@ -116,6 +116,13 @@ class HoldingServer:
 
 def lindley_p99_ms(workload: Workload, warmup: int, service_s: Callable[[int], float]) -> float:
     """Nearest-rank ranking P99 (ms) of a FIFO server over the measured requests, offline."""
+    measured = lindley_latencies_ms(workload, warmup, service_s)
+    return float(np.percentile(measured, 99, method="inverted_cdf"))
+
+
+def lindley_latencies_ms(workload: Workload, warmup: int,
+                         service_s: Callable[[int], float]) -> np.ndarray:
+    """Ranking latency (ms) of each measured request of a FIFO server, offline."""
     prefix = workload.prefix_tokens_at_visit()
     delay = workload.stage_delays.total_s
     free_at, latencies = 0.0, []
@@ -123,8 +130,7 @@ def lindley_p99_ms(workload: Workload, warmup: int, service_s: Callable[[int], f
         due = request.send_s + delay
         free_at = max(due, free_at) + service_s(tokens)
         latencies.append(free_at - due)
-    measured = np.array(latencies[warmup:]) * 1e3
-    return float(np.percentile(measured, 99, method="inverted_cdf"))
+    return np.array(latencies[warmup:]) * 1e3
 
 
 def requests_at(send_s: list[float], num_candidates: int = 4) -> tuple[BenchRequest, ...]:
