@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from relaygr.bench import noise as noise_module
 from relaygr.bench.benchmark import run_benchmark
 from relaygr.bench.config import (
     BenchConfig,
@@ -280,7 +281,6 @@ def test_extra_workload_phase_measures_named_systems(tmp_path: Path) -> None:
 
 def fake_steal(monkeypatch: pytest.MonkeyPatch, share: float) -> dict[str, float]:
     """Make the suite read CPU times of which ``steal["share"]`` was stolen (mutable)."""
-    from relaygr.bench import suite as suite_module
     from relaygr.bench.hardware import CpuTimes
 
     ticks = iter(range(0, 10**6, 1000))
@@ -290,7 +290,7 @@ def fake_steal(monkeypatch: pytest.MonkeyPatch, share: float) -> dict[str, float
         total = next(ticks)
         return CpuTimes(steal=int(total * steal["share"]), total=total)
 
-    monkeypatch.setattr(suite_module, "cpu_times", fake_cpu_times)
+    monkeypatch.setattr(noise_module, "cpu_times", fake_cpu_times)
     return steal
 
 
@@ -329,6 +329,35 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
     assert [p.attempt for p in suite.points] == [1, 1]
 
 
+def test_a_miss_while_the_calibration_ran_slow_is_measured_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where steal is not reported, a slow calibration timing marks the noise: a point that
+    does not pass while the fixed workload took 2x its best time in the run is measured again;
+    a pass is never re-measured."""
+    import asyncio
+    from dataclasses import replace
+
+    from relaygr.bench import suite as suite_module
+    from relaygr.bench.suite import BenchSuite
+
+    fake_steal(monkeypatch, 0.0)
+    timings = iter([1.0, 2.0, 1.1])     # ms: the light point, then two attempts of the heavy
+    monkeypatch.setattr(noise_module, "calibration_ms", lambda: next(timings))
+
+    async def no_wait(max_steal: float) -> bool:
+        return True
+
+    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
+    config = replace(CONFIG, budget=replace(CONFIG.budget, remeasure_slowdown=1.5))
+    suite = BenchSuite({"baseline": factory("baseline")}, config)
+    light = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
+    heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
+    assert asyncio.run(suite.measure("baseline", "sweep", light, 2000.0, 128)).passed
+    assert not asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048)).passed
+    assert [(p.prefix_len, p.attempt, p.calibration_ms) for p in suite.points] == [
+        (128, 1, 1.0), (2048, 1, 2.0), (2048, 2, 1.1)]
+
+
 def test_cpu_times_reads_proc_stat(tmp_path: Path) -> None:
     from relaygr.bench.hardware import CpuTimes, cpu_times, steal_fraction
 
@@ -343,14 +372,13 @@ def test_cpu_times_reads_proc_stat(tmp_path: Path) -> None:
 def test_waiting_for_a_quiet_host_polls_steal(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from relaygr.bench import suite as suite_module
     from relaygr.bench.hardware import CpuTimes
 
     readings = iter([CpuTimes(0, 0), CpuTimes(50, 100), CpuTimes(50, 100), CpuTimes(51, 200)])
-    monkeypatch.setattr(suite_module, "cpu_times", lambda: next(readings))
-    assert asyncio.run(suite_module.wait_for_quiet_host(0.05, window_s=0.01, patience_s=1.0))
+    monkeypatch.setattr(noise_module, "cpu_times", lambda: next(readings))
+    assert asyncio.run(noise_module.wait_for_quiet_host(0.05, window_s=0.01, patience_s=1.0))
     readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 3)
-    assert not asyncio.run(suite_module.wait_for_quiet_host(0.05, window_s=0.01,
+    assert not asyncio.run(noise_module.wait_for_quiet_host(0.05, window_s=0.01,
                                                             patience_s=0.03))
 
 

@@ -14,9 +14,7 @@ the identical workload (same seed, QPS and size).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import math
 import os
 import platform
 import time
@@ -29,8 +27,9 @@ from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
-from relaygr.bench.hardware import calibration_ms, cpu_times, describe_device, steal_fraction
+from relaygr.bench.hardware import describe_device
 from relaygr.bench.limit import LimitProbe, limit_report
+from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
@@ -52,21 +51,6 @@ from relaygr.bench.workload import (
     workload_builder,
 )
 from relaygr.errors import ConfigError
-
-
-async def wait_for_quiet_host(max_steal: float, window_s: float = 5.0,
-                              patience_s: float = 120.0) -> bool:
-    """Wait until a ``window_s`` window with at most ``max_steal`` of the CPU time stolen (True),
-    or ``patience_s`` passed (False): a noisy neighbour's burst usually lasts minutes."""
-    waited = 0.0
-    while waited < patience_s:
-        before = cpu_times()
-        await asyncio.sleep(window_s)
-        waited += window_s
-        steal = steal_fraction(before, cpu_times())
-        if steal is None or steal <= max_steal:
-            return True
-    return False
 
 
 class BenchSuite:
@@ -93,7 +77,8 @@ class BenchSuite:
         # The latest run of each (mode, phase, QPS, length) and its figures, for a second round
         # to pool with.
         self._runs: dict[tuple[str, str, float, int | None], tuple[RunResult, PointStats]] = {}
-        self._best_calibration_ms = math.inf
+        self.noise = NoiseMonitor(config.budget.remeasure_steal,
+                                  config.budget.remeasure_slowdown)
 
     def _fixed(self, prefix_len: int) -> SyntheticWorkload:
         return SyntheticWorkload(self.config.population.with_fixed_length(prefix_len),
@@ -145,33 +130,27 @@ class BenchSuite:
         factory = self.systems.get(mode) or self.extra_systems[mode]
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
-            before = cpu_times()
+            before = self.noise.begin()
             result = await run_point(factory, workload, options, self.progress)
-            steal = steal_fraction(before, cpu_times())
-            calibration = calibration_ms()
-            self._best_calibration_ms = min(self._best_calibration_ms, calibration)
+            noise = self.noise.end(before)
             self.progress.end_point()
             run = result if prior is None else pooled(prior, result)
             stats = replace(point_stats(run, mode, phase, qps, prefix_len),
-                            steal_fraction=steal, calibration_ms=calibration, attempt=attempt)
+                            steal_fraction=noise.steal_fraction,
+                            calibration_ms=noise.calibration_ms, attempt=attempt)
             stats = self._record(stats, label, rounds=1 if prior is None else 2)
             self._runs[key] = (run, stats)
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
                 self.progress.note(f"{label}: measuring again (noise during the point: "
-                                   f"{_noise(stats)})")
+                                   f"{noise.describe()})")
                 await wait_for_quiet_host(budget.remeasure_steal)
         return stats
 
     def _noisy(self, stats: PointStats) -> bool:
-        """The host stole more than ``remeasure_steal`` of the CPU during the point, or the
-        calibration workload ran ``remeasure_slowdown`` x slower than its best in the run."""
-        budget = self.config.budget
-        if stats.steal_fraction is not None and stats.steal_fraction > budget.remeasure_steal:
-            return True
-        return (stats.calibration_ms is not None
-                and stats.calibration_ms > budget.remeasure_slowdown * self._best_calibration_ms)
+        """Too much noise during the point to believe that it did not pass (``noise``)."""
+        return self.noise.too_noisy(stats.steal_fraction, stats.calibration_ms)
 
     def _record(self, stats: PointStats, label: str, rounds: int) -> PointStats:
         stats = replace(stats, rounds=rounds)
@@ -314,7 +293,6 @@ class BenchSuite:
 
 
 def _noise(stats: PointStats) -> str:
-    steal = "steal n/a" if stats.steal_fraction is None else f"{stats.steal_fraction:.0%} steal"
-    calibration = "" if stats.calibration_ms is None else \
-        f", calibration {stats.calibration_ms:.2f} ms"
-    return steal + calibration
+    if stats.calibration_ms is None:
+        return "noise not measured"
+    return PointNoise(stats.steal_fraction, stats.calibration_ms).describe()
