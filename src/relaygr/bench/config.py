@@ -228,16 +228,17 @@ class BenchConfig:
 
     @classmethod
     def full(cls, **changes: Any) -> BenchConfig:
-        """The full run (defaults): 2,000 measured requests per point, 6 lengths, 8 trials."""
+        """The full run (defaults): up to 2,000 measured requests per point, 6 lengths,
+        searches of 10 minutes."""
         return replace(cls(), **changes)
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
-        """A smoke run: 60-300 requests per point (about 10 s each), 5 lengths, searches of
-        2 minutes, small replays."""
+        """A smoke run: verdicts at 90% confidence over at most 230-256 requests a point (a
+        pass needs 230 without an overage), 5 lengths, searches of 2 minutes, small replays."""
         search = QpsSearchConfig(rel_tol=0.2, budget_s=120.0)
-        base = cls(budget=PointBudget(measured_requests=300, min_measured_requests=60,
-                                      warmup_requests=20, max_point_s=10.0),
+        base = cls(budget=PointBudget(measured_requests=256, min_measured_requests=230,
+                                      warmup_requests=20, max_point_s=10.0, confidence=0.9),
                    sweep=SweepConfig(lengths=(512, 1024, 2048, 4096, 8192)),
                    throughput=ThroughputConfig(search=search),
                    mixed=MixedConfig(search=search),

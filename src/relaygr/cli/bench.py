@@ -148,18 +148,20 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
     measured requests a point (a pass needs 230 with no overage), three modes, every other
     length from the second, sweep and searches at 4x the profile's sweep load (16 QPS on cpu:
-    a passing point takes ~15 s there, a minute at 4 QPS), searches of 45 s per mode and none on
-    the mixed workload (it serves the exactness replay), a 20-request limit point, no extra
-    workloads: a smoke figure of the same shape.
+    a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s of measuring per
+    mode and none on the mixed workload (it serves the exactness replay), one re-measure of a
+    point under noise, a 20-request limit point, no extra workloads: a smoke figure of the
+    same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
     mixed_search: QpsSearchConfig | None
     if quick:
         budget = PointBudget(measured_requests=256, min_measured_requests=230,
-                             warmup_requests=8, max_point_s=16.0, confidence=0.9)
+                             warmup_requests=8, max_point_s=16.0, confidence=0.9,
+                             max_remeasures=1)
         load = QUICK_LOAD_SCALE * profile.sweep_qps
-        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=45.0, min_qps=load / 2)
+        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 2)
         lengths = profile.sweep_lengths[1::2]
         sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)])
         mixed_search = None
