@@ -146,20 +146,22 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     at twice the profile's search start (8 QPS on cpu), go no lower than half of it, and take up
     to 10 minutes of measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever
     is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
-    measured requests a point (a pass needs 230 with no overage), three modes, every other
-    length from the second, sweep and searches at 4x the profile's sweep load (16 QPS on cpu:
-    a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s of measuring per
-    mode and none on the mixed workload (it serves the exactness replay), one re-measure of a
-    point under noise, a 20-request limit point, no extra workloads: a smoke figure of the
-    same shape.
+    measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
+    modes, every other length from the second, sweep and searches at 4x the profile's sweep
+    load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s
+    of measuring per mode and none on the mixed workload (it serves the exactness replay), one
+    re-measure of a point under noise, a 20-request limit point, no extra workloads: a smoke
+    figure of the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
     mixed_search: QpsSearchConfig | None
     if quick:
+        # 2 s of warm-up as in the full plan: judged after every request, a point otherwise
+        # fails on a fresh system's start-up (docs/runs/2026-11-25-quick-p99-verdicts.md)
         budget = PointBudget(measured_requests=256, min_measured_requests=230,
-                             warmup_requests=8, max_point_s=16.0, confidence=0.9,
-                             max_remeasures=1)
+                             warmup_requests=8, warmup_s=2.0, max_point_s=16.0,
+                             confidence=0.9, max_remeasures=1)
         load = QUICK_LOAD_SCALE * profile.sweep_qps
         search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 2)
         lengths = profile.sweep_lengths[1::2]
