@@ -75,6 +75,20 @@ class SimulatedServer:
             trigger_reason="admitted" if self.path != "full" else None, scores=scores)
 
 
+class SpikyServer(SimulatedServer):
+    """Serves in ``base_s``, but the requests in ``spikes`` take ``spike_s``."""
+
+    def __init__(self, ctx: SystemContext, base_s: float, spikes: set[int],
+                 spike_s: float) -> None:
+        super().__init__(ctx, service_time(base_s, 0.0))
+        self.base_s, self.spikes, self.spike_s = base_s, spikes, spike_s
+
+    async def handle(self, request: BenchRequest) -> RequestRecord:
+        cost = self.spike_s if request.request_id in self.spikes else self.base_s
+        self.service_s = service_time(cost, 0.0)
+        return await super().handle(request)
+
+
 class LoopBlockingServer:
     """Blocks the whole event loop on its first request: a badly written system.
 

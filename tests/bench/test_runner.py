@@ -27,6 +27,7 @@ from tests.bench.fakes import (
     HoldingServer,
     LoopBlockingServer,
     SimulatedServer,
+    SpikyServer,
     requests_at,
     service_time,
     tiny_workload,
@@ -147,20 +148,6 @@ def test_drain_timeout_cancels_and_counts_stragglers() -> None:
                            RunOptions(drain_timeout_s=0.05)))
     assert (result.completed, result.timed_out) == (0, 2)
     assert result.duration_s == pytest.approx(0.001 + 0.05)  # the last send, then the drain
-
-
-class SpikyServer(SimulatedServer):
-    """Serves in ``base_s``, but the requests in ``spikes`` take ``spike_s``."""
-
-    def __init__(self, ctx: SystemContext, base_s: float, spikes: set[int],
-                 spike_s: float) -> None:
-        super().__init__(ctx, service_time(base_s, 0.0))
-        self.base_s, self.spikes, self.spike_s = base_s, spikes, spike_s
-
-    async def handle(self, request):  # type: ignore[no-untyped-def]
-        cost = self.spike_s if request.request_id in self.spikes else self.base_s
-        self.service_s = service_time(cost, 0.0)
-        return await super().handle(request)
 
 
 def judged(slo_ms: float, confidence: float = 0.99, **changes: int) -> RunOptions:

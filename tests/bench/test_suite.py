@@ -441,3 +441,36 @@ def test_a_miss_under_steal_is_not_pooled_with_the_second_round(
     # without steal the same miss stands for both rounds (the second cannot change it)
     third = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048, pool=True))
     assert third.rounds == 2 and third == replace(second, rounds=2)
+
+
+def test_a_single_spike_leaves_a_point_undecided_and_the_search_climbs_past_it() -> None:
+    """The motivating run, on virtual time: every request takes 4 ms against a 50 ms SLO, but
+    one request of the first 16-QPS point takes 60 ms. That point cannot pass (at 90% and up to
+    256 requests a pass allows no overage) but is not failed either: it is undecided, and the
+    search climbs on past it to its ceiling instead of going down."""
+    from dataclasses import replace
+
+    from relaygr.bench.suite import BenchSuite
+    from tests.bench.fakes import SpikyServer
+    from tests.virtual_time import run_virtual
+
+    built: list[float] = []
+
+    def spiky(ctx: SystemContext) -> SpikyServer:
+        built.append(ctx.workload.qps)
+        spikes = {100} if built.count(16.0) == 1 and ctx.workload.qps == 16.0 else set()
+        return SpikyServer(ctx, 0.004, spikes, 0.060)
+
+    search = QpsSearchConfig(start_qps=4.0, rel_tol=0.3, min_qps=2.0, max_qps=64.0)
+    config = replace(CONFIG, slo_ms=50.0, budget=replace(
+        CONFIG.budget, stop_when_decided=True, max_point_s=1000.0, remeasure_steal=1.0))
+    suite = BenchSuite({"relay": spiky}, config)
+    builder = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
+    result = run_virtual(suite.qps_search("throughput", builder, search, 128))["relay"]
+    assert verdicts(result.trials) == [(4.0, "pass"), (8.0, "pass"), (16.0, "undecided"),
+                                       (32.0, "pass"), (64.0, "pass")]
+    spiked = suite.points[2]
+    assert spiked.ranking.max_ms == pytest.approx(60.0) and spiked.decision is not None
+    assert (spiked.decision.overages, spiked.decision.samples) == (1, 256)
+    assert result.best_qps == 64.0 and result.stopped_by == "max_qps"
+    assert result.undecided_qps == (16.0,)
