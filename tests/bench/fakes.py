@@ -75,6 +75,20 @@ class SimulatedServer:
             trigger_reason="admitted" if self.path != "full" else None, scores=scores)
 
 
+class SpikyServer(SimulatedServer):
+    """Serves in ``base_s``, but the requests in ``spikes`` take ``spike_s``."""
+
+    def __init__(self, ctx: SystemContext, base_s: float, spikes: set[int],
+                 spike_s: float) -> None:
+        super().__init__(ctx, service_time(base_s, 0.0))
+        self.base_s, self.spikes, self.spike_s = base_s, spikes, spike_s
+
+    async def handle(self, request: BenchRequest) -> RequestRecord:
+        cost = self.spike_s if request.request_id in self.spikes else self.base_s
+        self.service_s = service_time(cost, 0.0)
+        return await super().handle(request)
+
+
 class LoopBlockingServer:
     """Blocks the whole event loop on its first request: a badly written system.
 
@@ -116,6 +130,13 @@ class HoldingServer:
 
 def lindley_p99_ms(workload: Workload, warmup: int, service_s: Callable[[int], float]) -> float:
     """Nearest-rank ranking P99 (ms) of a FIFO server over the measured requests, offline."""
+    measured = lindley_latencies_ms(workload, warmup, service_s)
+    return float(np.percentile(measured, 99, method="inverted_cdf"))
+
+
+def lindley_latencies_ms(workload: Workload, warmup: int,
+                         service_s: Callable[[int], float]) -> np.ndarray:
+    """Ranking latency (ms) of each measured request of a FIFO server, offline."""
     prefix = workload.prefix_tokens_at_visit()
     delay = workload.stage_delays.total_s
     free_at, latencies = 0.0, []
@@ -123,8 +144,7 @@ def lindley_p99_ms(workload: Workload, warmup: int, service_s: Callable[[int], f
         due = request.send_s + delay
         free_at = max(due, free_at) + service_s(tokens)
         latencies.append(free_at - due)
-    measured = np.array(latencies[warmup:]) * 1e3
-    return float(np.percentile(measured, 99, method="inverted_cdf"))
+    return np.array(latencies[warmup:]) * 1e3
 
 
 def requests_at(send_s: list[float], num_candidates: int = 4) -> tuple[BenchRequest, ...]:

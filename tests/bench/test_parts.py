@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
+from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.limit import ModelLimitProbe, limit_report
 from relaygr.bench.protocol import RequestRecord, SystemSnapshot
@@ -102,12 +103,20 @@ def test_point_budget_scales_with_qps() -> None:
     budget = PointBudget()  # 1,000..2,000 measured, 60 s per point
     assert [budget.measured_at(q) for q in (1.0, 20.0, 100.0)] == [1000, 1200, 2000]
     quick = BenchConfig.quick().budget
-    assert [quick.measured_at(q) for q in (1.0, 10.0, 100.0)] == [60, 100, 300]
+    assert [quick.measured_at(q) for q in (1.0, 20.0, 100.0)] == [230, 230, 256]
+    # both can pass a point: enough requests for the sequential rule at their confidence
+    for b in (budget, quick):
+        rule = P99Rule(b.confidence).sequential(b.measured_requests)
+        assert rule.min_samples_to_pass() <= b.min_measured_requests
     # warm-up: at least 25 requests and at least 2 s of the schedule
     timed = PointBudget(warmup_requests=25, warmup_s=2.0)
     assert [timed.warmup_at(q) for q in (4.0, 12.5, 48.0, 48.1)] == [25, 25, 96, 97]
     with pytest.raises(ConfigError, match="warmup_s"):
         PointBudget(warmup_s=-1.0)
+    with pytest.raises(ConfigError, match="confidence"):
+        PointBudget(confidence=1.0)
+    with pytest.raises(ConfigError, match="remeasure_slowdown"):
+        PointBudget(remeasure_slowdown=0.9)
 
 
 def test_jsonable() -> None:

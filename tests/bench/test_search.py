@@ -1,67 +1,31 @@
-"""The searches against oracles with known answers, and lock-step alternation of modes."""
+"""The length sweep against oracles with known answers, and lock-step alternation of modes
+(the QPS search: ``test_qps_search.py``)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from relaygr.bench.alternate import interleave, rotated, run_lockstep
 from relaygr.bench.config import SweepConfig
-from relaygr.bench.search import LengthSweep, QpsSearch, bracket_width
+from relaygr.bench.decision import Verdict
+from relaygr.bench.qps_search import QpsSearch
+from relaygr.bench.search import LengthSweep, Outcome
 from relaygr.errors import ConfigError
 
 
-def drive_qps(search: QpsSearch, capacity: float) -> None:
-    """Oracle: P99 explodes past ``capacity``; passes iff qps <= capacity."""
-    while (qps := search.next_point()) is not None:
-        search.record(qps, 10.0 if qps <= capacity else 1e9, qps <= capacity)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.floats(1.0, 5000.0), st.floats(0.5, 50.0))
-def test_qps_search_brackets_any_capacity(capacity: float, start: float) -> None:
-    search = QpsSearch(start, growth=2.0, rel_tol=0.05, max_trials=30, min_qps=0.1,
-                       max_qps=1e5)
-    drive_qps(search, capacity)
-    result = search.result()
-    assert result.converged
-    assert capacity / 1.05 <= result.best_qps <= capacity
-    assert result.lowest_failing_qps is not None and result.lowest_failing_qps > capacity
-    assert bracket_width(result) <= 0.05 + 1e-12
-    assert all(t.passed == (t.point <= capacity) for t in result.trials)
-
-
-def test_qps_search_ramp_then_bisection_sequence() -> None:
-    search = QpsSearch(10.0, growth=2.0, rel_tol=0.1, max_trials=20)
-    drive_qps(search, capacity=55.0)
-    points = [t.point for t in search.result().trials]
-    assert points == [10.0, 20.0, 40.0, 80.0, 60.0, 50.0, 55.0]  # 60 <= 55 x 1.1: done
-    assert search.result().best_qps == 55.0
-
-
-def test_qps_search_ramps_down_and_respects_bounds() -> None:
-    down = QpsSearch(100.0, max_trials=20, min_qps=1.0)
-    drive_qps(down, capacity=0.5)  # nothing passes
-    assert down.result().best_qps == 0.0 and down.result().converged
-    assert [t.point for t in down.result().trials][-1] == 1.0
-    up = QpsSearch(100.0, max_trials=20, max_qps=300.0)
-    drive_qps(up, capacity=1e9)
-    assert up.result().best_qps == 300.0 and up.result().converged
-    capped = QpsSearch(1.0, max_trials=3)
-    drive_qps(capped, capacity=1e9)
-    assert len(capped.result().trials) == 3 and not capped.result().converged
-    with pytest.raises(ConfigError):
-        QpsSearch(0.0)
+def judged(p99_ms: float, slo_ms: float = 50.0) -> Outcome:
+    """An oracle's outcome: pass iff the P99 is within the SLO."""
+    return Outcome(p99_ms, Verdict.PASS if p99_ms <= slo_ms else Verdict.FAIL)
 
 
 def test_length_sweep_stops_after_first_failure_on_a_monotone_curve() -> None:
     sweep = LengthSweep((256, 512, 1024, 2048, 4096))
     p99 = {256: 10.0, 512: 20.0, 1024: 60.0, 2048: 200.0, 4096: 900.0}
     while (length := sweep.next_point()) is not None:
-        sweep.record(length, p99[length], p99[length] <= 50.0)
+        sweep.record(length, judged(p99[length]))
     result = sweep.result()
     assert result.max_seq_len == 512 and result.first_failing_len == 1024
     assert result.monotone and [t.point for t in result.trials] == [256, 512, 1024]
@@ -71,7 +35,7 @@ def test_length_sweep_keeps_going_when_the_curve_dips() -> None:
     sweep = LengthSweep((256, 512, 1024, 2048))
     p99 = {256: 10.0, 512: 60.0, 1024: 40.0, 2048: 45.0}  # a noisy spike at 512
     while (length := sweep.next_point()) is not None:
-        sweep.record(length, p99[length], p99[length] <= 50.0)
+        sweep.record(length, judged(p99[length]))
     result = sweep.result()
     # 512 failed on a curve that was still rising (monotone so far) -> stop there
     assert [t.point for t in result.trials] == [256, 512] and result.max_seq_len == 256
@@ -79,7 +43,7 @@ def test_length_sweep_keeps_going_when_the_curve_dips() -> None:
     sweep = LengthSweep((256, 512, 1024, 2048))
     p99 = {256: 30.0, 512: 20.0, 1024: 60.0, 2048: 45.0}  # dips before the first failure
     while (length := sweep.next_point()) is not None:
-        sweep.record(length, p99[length], p99[length] <= 50.0)
+        sweep.record(length, judged(p99[length]))
     result = sweep.result()
     assert [t.point for t in result.trials] == [256, 512, 1024, 2048]
     assert result.max_seq_len == 2048 and not result.monotone
@@ -91,19 +55,19 @@ def test_length_sweep_from_a_start_walks_up_or_down() -> None:
     p99 = {256: 10.0, 384: 20.0, 512: 30.0, 768: 45.0, 1024: 70.0, 1536: 120.0}
     up = LengthSweep(grid, start=512)
     while (length := up.next_point()) is not None:
-        up.record(length, p99[length], p99[length] <= 50.0)
+        up.record(length, judged(p99[length]))
     assert [t.point for t in up.result().trials] == [512, 768, 1024]
     assert up.result().max_seq_len == 768
 
     down = LengthSweep(grid, start=512)   # the start fails: walk down until a length passes
     while (length := down.next_point()) is not None:
-        down.record(length, p99[length], p99[length] <= 25.0)
+        down.record(length, judged(p99[length], 25.0))
     assert [t.point for t in down.result().trials] == [512, 384]
     assert down.result().max_seq_len == 384 and down.result().first_failing_len == 512
 
     nothing = LengthSweep(grid, start=384)
     while (length := nothing.next_point()) is not None:
-        nothing.record(length, p99[length], False)
+        nothing.record(length, Outcome(p99[length], Verdict.FAIL))
     assert [t.point for t in nothing.result().trials] == [384, 256]
     assert nothing.result().max_seq_len == 0
     with pytest.raises(ConfigError):
@@ -139,16 +103,15 @@ def test_interleave_rotates_modes_point_by_point() -> None:
 
 def test_lockstep_advances_every_search_one_trial_per_round() -> None:
     capacities = {"baseline": 10.0, "relay": 100.0}
-    searches = {m: QpsSearch(5.0, rel_tol=0.2, max_trials=6) for m in capacities}
+    searches = {m: QpsSearch(5.0, rel_tol=0.2) for m in capacities}
     calls: list[tuple[str, float]] = []
 
-    async def measure(mode: str, qps: float) -> tuple[float, bool]:
+    async def measure(mode: str, qps: float) -> Outcome:
         calls.append((mode, qps))
-        ok = qps <= capacities[mode]
-        return (1.0 if ok else 99.0), ok
+        return judged(1.0 if qps <= capacities[mode] else 99.0)
 
     trials = asyncio.run(run_lockstep(searches, measure))
-    assert trials == len(calls) == 12
+    assert trials == len(calls) == sum(len(s.result().trials) for s in searches.values())
     # round k: both modes, the first mode alternating
     assert [m for m, _ in calls[:4]] == ["baseline", "relay", "relay", "baseline"]
     assert calls[0] == ("baseline", 5.0) and calls[1] == ("relay", 5.0)
@@ -161,7 +124,7 @@ def drive(sweep: LengthSweep, rounds: dict[int, list[float]], slo_ms: float = 50
     while (length := sweep.next_point()) is not None:
         k = seen[length] = seen.get(length, 0) + 1
         p99 = rounds[length][k - 1]
-        sweep.record(length, p99, p99 <= slo_ms)
+        sweep.record(length, judged(p99, slo_ms))
 
 
 def test_confirmed_sweep_measures_both_knee_points_twice() -> None:
@@ -208,3 +171,26 @@ def test_a_knee_point_that_flips_moves_the_knee() -> None:
     drive(none, {512: [90.0], 256: [70.0, 60.0]})
     assert [(t.point, t.round) for t in none.result().trials] == [(512, 1), (256, 1), (256, 2)]
     assert none.result().max_seq_len == 0
+
+
+def test_the_sweep_walks_past_undecided_lengths_and_reports_them() -> None:
+    grid = (256, 512, 1024, 2048, 4096)
+    sweep = LengthSweep(grid)
+    verdicts = {256: Verdict.PASS, 512: Verdict.PASS, 1024: Verdict.UNDECIDED,
+                2048: Verdict.FAIL}
+    while (length := sweep.next_point()) is not None:
+        sweep.record(length, Outcome(float(length) / 40, verdicts[length]))
+    result = sweep.result()
+    assert [t.point for t in result.trials] == [256, 512, 1024, 2048]
+    assert result.max_seq_len == 512 and result.failing_above_len == 2048
+    assert result.undecided_lens == (1024,)
+    assert result.answer_interval == (512.0, 1024.0)   # the grid answer is 512 or 1024
+    # a start that is undecided walks down until a length passes; nothing failed above it
+    down = LengthSweep(grid, start=1024)
+    down.record(1024, Outcome(40.0, Verdict.UNDECIDED))
+    assert down.next_point() == 512
+    down.record(512, Outcome(30.0, Verdict.PASS))
+    assert down.next_point() == 2048        # above the highest measured
+    down.record(2048, Outcome(45.0, Verdict.UNDECIDED))
+    down.record(4096, Outcome(49.0, Verdict.UNDECIDED))
+    assert down.next_point() is None and down.result().answer_interval == (512.0, math.inf)

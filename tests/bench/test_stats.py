@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relaygr.bench.decision import Verdict
 from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.runner import RunResult
 from relaygr.bench.stats import (
@@ -95,7 +96,8 @@ def test_point_stats_exact() -> None:
     # e2e from the scheduled send (i): 0.05 + latency + 0.001
     assert stats.e2e.p50_ms == pytest.approx(54.0)
     assert stats.dispatch_lag_max_ms == pytest.approx(2.0)
-    assert not stats.meets_slo(100.0)  # the dropped request is an infinite latency in P99
+    assert math.isinf(stats.ranking.p99_ms)  # the dropped request is an infinite latency
+    assert stats.decision is None and stats.verdict is Verdict.UNDECIDED   # judged by no SLO
 
 
 def test_latency_parts_take_the_ranking_latency_apart() -> None:

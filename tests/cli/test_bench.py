@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from relaygr.bench.decision import P99Rule
 from relaygr.bench.profiles import PROFILES, profile_named
 from relaygr.bench.verdict import EXACTNESS_TARGET
-from relaygr.cli.bench import QUICK_MODES, run_plan
+from relaygr.cli.bench import QUICK_LOAD_SCALE, QUICK_MODES, run_plan
 from relaygr.cli.main import main
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
@@ -23,10 +24,19 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     assert full.sweep is not None and quick.sweep is not None
     assert full.sweep.lengths == profile.sweep_lengths
     assert set(quick.sweep.lengths) < set(full.sweep.lengths)
-    assert full.budget.min_measured_requests >= 250 > quick.budget.measured_requests
+    # every point may take enough requests to pass at its plan's confidence (the sequential
+    # rule for its largest size), and the quick run's points are the shorter
+    for plan in (full, quick):
+        budget = plan.budget
+        rule = P99Rule(budget.confidence).sequential(budget.measured_requests)
+        assert rule.min_samples_to_pass() <= budget.min_measured_requests \
+            <= budget.measured_requests
+    assert full.budget.confidence == 0.99 > quick.budget.confidence
+    assert quick.budget.measured_requests < full.budget.min_measured_requests
     # the full sweep starts at the third length; modes without a length bar sweep every other
     # length; relay's and baseline's knees are measured twice (the quick run's are not)
-    assert full.sweep.start == profile.sweep_lengths[2] and quick.sweep.start is None
+    assert full.sweep.start == profile.sweep_lengths[2]
+    assert quick.sweep.start == quick.sweep.lengths[1]
     assert full.sweep.grid("relay") == full.sweep.grid("baseline") == profile.sweep_lengths
     for coarse in ("reactive", "relay-no-expander"):
         assert full.sweep.grid(coarse) == profile.sweep_lengths[::2]
@@ -35,6 +45,10 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     search = full.throughput.search
     assert (search.start_qps, search.min_qps) == (2 * profile.search_start_qps,
                                                   profile.search_start_qps / 2)
+    # the quick run sweeps and searches at one load, where a pass takes seconds, not minutes
+    quick_search = quick.throughput.search
+    assert quick_search.start_qps == quick.sweep.qps == QUICK_LOAD_SCALE * profile.sweep_qps
+    assert quick.mixed is not None and quick.mixed.search is None
     assert [w.name for w in full.workloads] == ["ml1m", "dlrmv3"]
     assert "relay-closed" in full.workloads[1].modes and quick.workloads == ()
     assert full.limit is not None and full.limit.prefix_len == profile.limit_prefix_len

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-from relaygr.bench.search import Search
+from relaygr.bench.search import Outcome, Search
 
 P = TypeVar("P")
 
@@ -33,14 +33,14 @@ def interleave(modes: Sequence[str], points: Sequence[P],
             yield point, mode
 
 
-Measure = Callable[[str, P], Awaitable[tuple[float, bool]]]
+Measure = Callable[[str, P], Awaitable[Outcome]]
 
 
 async def run_lockstep(searches: Mapping[str, Search[P]], measure: Measure[P],
                        rotate: bool = True) -> int:
     """Advance every search one trial per round until all are done; returns the trial count.
 
-    ``measure(mode, point)`` runs one point and returns (ranking P99 ms, met the SLO).
+    ``measure(mode, point)`` runs one point and returns its ``Outcome``.
     """
     modes = list(searches)
     trials = 0
@@ -51,7 +51,6 @@ async def run_lockstep(searches: Mapping[str, Search[P]], measure: Measure[P],
         if not active:
             return trials
         for mode, point in active:
-            p99_ms, passed = await measure(mode, point)
-            searches[mode].record(point, p99_ms, passed)
+            searches[mode].record(point, await measure(mode, point))
             trials += 1
     raise AssertionError("a search never finished")

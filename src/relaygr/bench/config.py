@@ -1,13 +1,12 @@
 """Configuration of a benchmark run: frozen dataclasses, validated, unknown keys rejected.
 
-Requests per point (``PointBudget``): a point sends w warm-up + n measured requests with
+Requests per point (``PointBudget``): a point sends w warm-up + up to n measured requests with
 w = max(``warmup_requests``, QPS x ``warmup_s``) and
-n = clamp(QPS x ``max_point_s``, ``min_measured_requests``, ``measured_requests``). Full runs
-aim at 2,000 measured requests (the 95% order-statistic interval of P99 then spans the 98.55th to
-99.45th sample percentiles) and accept no fewer than 1,000 at low QPS; ``quick`` runs send at
-most 300 and, at low QPS, as few as 60 (a smoke figure: P99 is then within the top 3 samples and
-its upper confidence bound is unbounded).
-Failing points stop early (see ``runner``), which keeps searches short.
+n = clamp(QPS x ``max_point_s``, ``min_measured_requests``, ``measured_requests``): the most a
+point may take. It stops as soon as its P99 verdict is decided (``relaygr.bench.decision``, at
+``confidence``), so n matters for points near the SLO: a pass needs at least 459 requests at
+99% confidence (230 at 90%), and a point too short for that can fail or stay undecided, never
+pass. Points that clearly fail stop after a few overages, which keeps searches short.
 """
 
 from __future__ import annotations
@@ -42,12 +41,16 @@ class PointBudget:
     max_point_s: float = 60.0
     max_in_flight: int = 256
     drain_timeout_s: float = 10.0
-    stop_when_failed: bool = True
-    # A point that misses the SLO while more than ``remeasure_steal`` of the CPU time was stolen
-    # by the hypervisor (a noisy neighbour on a shared VM) is measured again, up to
-    # ``max_remeasures`` times; every attempt is kept in the report. Steal only slows a system
-    # down, so a point that passes despite it stands.
+    stop_when_decided: bool = True
+    # The confidence of each P99 verdict: MLPerf's early-stopping confidence.
+    confidence: float = 0.99
+    # A point that does not pass while more than ``remeasure_steal`` of the CPU time was stolen
+    # by the hypervisor (a noisy neighbour on a shared VM), or while a fixed calibration
+    # workload ran more than ``remeasure_slowdown`` x slower than its best time in the run, is
+    # measured again, up to ``max_remeasures`` times; every attempt is kept in the report.
+    # Noise only slows a system down, so a point that passes despite it stands.
     remeasure_steal: float = 0.03
+    remeasure_slowdown: float = 1.5
     max_remeasures: int = 2
 
     def __post_init__(self) -> None:
@@ -57,8 +60,12 @@ class PointBudget:
                 or self.warmup_s < 0:
             raise ConfigError("warmup_requests >= 0, warmup_s >= 0, max_point_s > 0, "
                               "max_in_flight >= 1")
-        if self.max_remeasures < 0 or not 0 <= self.remeasure_steal <= 1:
-            raise ConfigError("max_remeasures >= 0 and remeasure_steal in [0, 1]")
+        if self.max_remeasures < 0 or not 0 <= self.remeasure_steal <= 1 \
+                or self.remeasure_slowdown < 1:
+            raise ConfigError("max_remeasures >= 0, remeasure_steal in [0, 1] and "
+                              "remeasure_slowdown >= 1")
+        if not 0.5 < self.confidence < 1:
+            raise ConfigError(f"confidence must be in (0.5, 1), got {self.confidence}")
 
     def warmup_at(self, qps: float) -> int:
         return max(self.warmup_requests, math.ceil(qps * self.warmup_s))
@@ -70,14 +77,20 @@ class PointBudget:
 
 @dataclass(frozen=True)
 class QpsSearchConfig:
-    """The exponential-ramp-then-bisection search (``relaygr.bench.search.QpsSearch``)."""
+    """The bracketing search (``relaygr.bench.qps_search.QpsSearch``)."""
 
     start_qps: float = 2.0
     growth: float = 2.0
     rel_tol: float = 0.1     # stop when the bracket is within 10%
-    max_trials: int = 8
+    # Seconds of measuring one mode's search may take: a bound on time, not on trials (a few
+    # passing points of ~500 requests each, and the fails, which stop early).
+    budget_s: float = 600.0
     min_qps: float = 0.25
     max_qps: float = 2000.0
+
+    def __post_init__(self) -> None:
+        if not self.budget_s > 0:
+            raise ConfigError(f"budget_s must be > 0, got {self.budget_s}")
 
 
 @dataclass(frozen=True)
@@ -128,11 +141,13 @@ class ThroughputConfig:
 
 @dataclass(frozen=True)
 class MixedConfig:
-    """SLO-compliant throughput on a mixed-length workload (source by name, its params)."""
+    """SLO-compliant throughput on a mixed-length workload (source by name, its params).
+
+    ``search`` None: the workload is not searched (it still serves the exactness replay)."""
 
     source: str = "synthetic"
     params: Mapping[str, Any] = field(default_factory=dict)
-    search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
+    search: QpsSearchConfig | None = field(default_factory=QpsSearchConfig)
 
 
 @dataclass(frozen=True)
@@ -213,16 +228,17 @@ class BenchConfig:
 
     @classmethod
     def full(cls, **changes: Any) -> BenchConfig:
-        """The full run (defaults): 2,000 measured requests per point, 6 lengths, 8 trials."""
+        """The full run (defaults): up to 2,000 measured requests per point, 6 lengths,
+        searches of 10 minutes."""
         return replace(cls(), **changes)
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
-        """A smoke run: 60-300 requests per point (about 10 s each), 5 lengths, 5-trial
-        searches, small replays."""
-        search = QpsSearchConfig(rel_tol=0.2, max_trials=5)
-        base = cls(budget=PointBudget(measured_requests=300, min_measured_requests=60,
-                                      warmup_requests=20, max_point_s=10.0),
+        """A smoke run: verdicts at 90% confidence over at most 230-256 requests a point (a
+        pass needs 230 without an overage), 5 lengths, searches of 2 minutes, small replays."""
+        search = QpsSearchConfig(rel_tol=0.2, budget_s=120.0)
+        base = cls(budget=PointBudget(measured_requests=256, min_measured_requests=230,
+                                      warmup_requests=20, max_point_s=10.0, confidence=0.9),
                    sweep=SweepConfig(lengths=(512, 1024, 2048, 4096, 8192)),
                    throughput=ThroughputConfig(search=search),
                    mixed=MixedConfig(search=search),

@@ -3,16 +3,20 @@
 ``matmul_peak_gflops`` is the best dense-matmul rate this device reaches in the benchmark's
 dtype: the denominator of every "achieved fraction of peak", timed with ``relaygr.timing``.
 ``cpu_times`` / ``steal_fraction``: the share of CPU time the hypervisor gave to other guests
-during a point (Linux ``/proc/stat``), so a point a noisy neighbour spoiled can be told apart.
+during a point (Linux ``/proc/stat``), so a point a noisy neighbour spoiled can be told apart;
+``calibration_ms`` times a fixed workload, the same check where steal is not reported.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from relaygr.timing import time_call
@@ -93,3 +97,15 @@ def steal_fraction(before: CpuTimes | None, after: CpuTimes | None) -> float | N
     if before is None or after is None or after.total <= before.total:
         return None
     return (after.steal - before.steal) / (after.total - before.total)
+
+
+def calibration_ms(repeats: int = 3) -> float:
+    """Best of ``repeats`` timings of a fixed CPU workload (sorting 200,000 seeded floats, a
+    few ms): read beside its best time in the run, how much slower this machine is right now."""
+    values = np.random.default_rng(0).random(200_000)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.sort(values, kind="quicksort")
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3

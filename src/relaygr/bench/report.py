@@ -17,6 +17,7 @@ ratio over a zero baseline or an infinite P99, is ``null``)::
    "limit": {"cached_rank_ms_isolated", "relay_overhead_ratio", "matmul_peak_gflops", ...},
    "exactness": {"requests_compared", "max_abs_score_diff", ...},
    "checks": {...the issue's bar, true/false/null...},
+   "verdicts": [{"name", "value", "low", "high", "target", "status"}, ...],
    "workloads": {"<name>": {"source", "workload", "slo_throughput_qps": {"<system>": qps},
                             "searches"}},
    "points": [...every point...], "meta"}
@@ -38,7 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.bench.exactness import ExactnessReport
-from relaygr.bench.search import LengthSweepResult, QpsSearchResult
+from relaygr.bench.qps_search import QpsSearchResult
+from relaygr.bench.search import LengthSweepResult
 from relaygr.bench.stats import LATENCY_PARTS, PointStats
 
 # A point whose dispatch lag P99 exceeds this share of the SLO is flagged on the console.
@@ -62,6 +64,20 @@ class LimitReport:
     matmul_peak_gflops: float | None
     achieved_gflops: float | None         # cached-ranking FLOPs / isolated latency
     achieved_fraction_of_peak: float | None
+
+
+@dataclass(frozen=True)
+class TargetVerdict:
+    """One target of the bar: the figure, the interval it is known within (``high`` inf:
+    unbounded; both None: not measured) and ``status``: met, missed, undecided or not
+    measured (``relaygr.bench.verdict``)."""
+
+    name: str
+    value: float | None
+    low: float | None
+    high: float | None
+    target: float
+    status: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,7 @@ class BenchReport:
     # Extra workload phases: name -> {"source", "workload", "slo_throughput_qps": {system: qps},
     # "searches": {system: QpsSearchResult}}.
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verdicts: tuple[TargetVerdict, ...] = ()
 
     def to_json_dict(self) -> dict[str, Any]:
         out = {"slo_ms": self.slo_ms, "device": self.device, "model": self.model,
@@ -105,6 +122,7 @@ class BenchReport:
                                             for m, r in self.modes.items()},
                "ratios": self.ratios, "limit": _limit_json(self.limit),
                "exactness": _exactness_json(self.exactness), "checks": self.checks,
+               "verdicts": [asdict(v) for v in self.verdicts],
                "workloads": self.workloads,
                "points": [p.to_dict() for p in self.points], "meta": self.meta}
         return jsonable(out)
@@ -252,6 +270,20 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
         console.print(f"[yellow]warning: the dispatcher sent late in {len(late)} points (worst "
                       f"{worst:.1f} ms): something blocked the event loop; those requests were "
                       f"charged from their scheduled time[/yellow]")
-    failed = [k for k, v in report.checks.items() if v is False]
-    console.print("checks: " + ("all measured targets met" if not failed
-                                else "missed " + ", ".join(failed)))
+    _print_verdicts(report, console)
+
+
+def _print_verdicts(report: BenchReport, console: Console) -> None:
+    """The bar, target by target: the figure, the interval it is known within, the status."""
+    table = Table(title="verdict: each target met only when its whole interval meets it")
+    for column in ("target", "figure", "known within", "status"):
+        table.add_column(column, justify="left" if column == "target" else "right")
+    colour = {"met": "green", "missed": "red", "undecided": "yellow"}
+    for v in report.verdicts:
+        spec = ".2e" if v.target < 1e-2 else ".2f"
+        within = "-" if v.low is None else f"[{_fmt(v.low, spec)}, " + (
+            "inf" if v.high is None or not math.isfinite(v.high) else _fmt(v.high, spec)) + "]"
+        style = colour.get(v.status, "dim")
+        table.add_row(f"{v.name} ({_fmt(v.target, spec)})", _fmt(v.value, spec), within,
+                      f"[{style}]{v.status}[/{style}]")
+    console.print(table)

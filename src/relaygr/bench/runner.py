@@ -10,18 +10,23 @@ Rules of one run:
   dropped (counted, never delayed): the schedule holds even when the system cannot keep up.
 - After the last send, outstanding requests get ``drain_timeout_s``; the rest are cancelled and
   counted as timed out. Dropped, failed and timed-out requests count as infinite latency.
-- With ``slo_ms`` and ``stop_when_failed``, the run stops as soon as more requests missed the SLO
-  than a passing P99 allows (ranking P99 > SLO is then certain), sending nothing further. A run
-  that will be pooled with an earlier one (``pooled``) counts that run's misses and requests too.
+- With ``slo_ms`` and a ``rule`` (``relaygr.bench.decision``), the run's P99 verdict is judged
+  after every outcome, sequentially (the rule's ``sequential`` levels for the run's size), and
+  the result carries it (``RunResult.decision``). With ``stop_when_decided`` the run stops as
+  soon as the verdict is reached, sending nothing further: on a fail the requests in flight are
+  cancelled (they count as misses, which cannot undo a fail); on a pass they are drained (each
+  was already counted as a miss when the pass was judged, so their outcome cannot undo it).
+  A run that will be pooled with an earlier one (``pooled``) counts that run's requests and
+  misses too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 from dataclasses import dataclass
 
+from relaygr.bench.decision import P99Decision, P99Rule, Verdict
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import (
     BenchRequest,
@@ -47,10 +52,11 @@ class RunOptions:
     max_in_flight: int = 256
     drain_timeout_s: float = 30.0
     slo_ms: float | None = None
-    stop_when_failed: bool = False
+    rule: P99Rule | None = None
+    stop_when_decided: bool = False
     snapshot_interval_s: float = 0.25
     # An earlier run this one is pooled with: its requests sent and its SLO misses count toward
-    # the early stop, which then means the pooled P99 is over the SLO.
+    # the verdict, which is then the pooled one.
     prior_sent: int = 0
     prior_misses: int = 0
 
@@ -61,8 +67,10 @@ class RunOptions:
             raise ConfigError("need 0 <= prior_misses <= prior_sent")
         if self.drain_timeout_s < 0 or self.snapshot_interval_s <= 0:
             raise ConfigError("drain_timeout_s must be >= 0 and snapshot_interval_s > 0")
-        if self.stop_when_failed and self.slo_ms is None:
-            raise ConfigError("stop_when_failed needs slo_ms")
+        if (self.rule is None) != (self.slo_ms is None):
+            raise ConfigError("an SLO verdict needs both slo_ms and rule")
+        if self.stop_when_decided and self.rule is None:
+            raise ConfigError("stop_when_decided needs slo_ms and rule")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,8 @@ class RunResult:
     duration_s: float
     stopped_early: bool
     send_s: dict[int, float]     # measured request id -> scheduled send time
+    # The P99 verdict over the sent measured requests (pooled ones included); None without SLO.
+    decision: P99Decision | None = None
 
     @property
     def unserved(self) -> int:
@@ -119,12 +129,7 @@ def pooled(first: RunResult, second: RunResult) -> RunResult:
         dispatch_lag_s=first.dispatch_lag_s + second.dispatch_lag_s,
         snapshots=first.snapshots + second.snapshots,
         duration_s=first.duration_s + second.duration_s, stopped_early=second.stopped_early,
-        send_s={**first.send_s, **second.send_s})
-
-
-def allowed_misses(measured: int, quantile: float = 0.99) -> int:
-    """Most requests that may exceed the SLO with the nearest-rank quantile still within it."""
-    return measured - math.ceil(quantile * measured)
+        send_s={**first.send_s, **second.send_s}, decision=second.decision)
 
 
 class _Run:
@@ -144,8 +149,13 @@ class _Run:
         self.in_flight: set[asyncio.Task[None]] = set()
         self.sent: list[BenchRequest] = []
         self.accounted: set[int] = set()   # request ids with an outcome
-        self.misses = 0
+        self.due = 0        # measured requests whose send time came (sent or dropped)
+        self.outcomes = 0   # measured requests with an outcome
+        self.misses = 0     # ... of which over the SLO (unserved ones included)
         self.stop = asyncio.Event()
+        self.stopped_on: Verdict | None = None
+        rule = options.rule
+        self.rule = None if rule is None else rule.sequential(self.measured + options.prior_sent)
 
     def _is_measured(self, request: BenchRequest) -> bool:
         return request.request_id >= self.measured_from
@@ -154,15 +164,33 @@ class _Run:
         self.accounted.add(request.request_id)
         if self._is_measured(request):
             self.counts[outcome] += 1
-            self._miss()
+            self.outcomes += 1
+            self.misses += 1
+            self._judge()
 
-    def _miss(self) -> None:
-        self.misses += 1
+    def _judge(self) -> None:
+        """Stop once the pooled sample decides the P99 verdict (module docstring): a fail on
+        the misses known, a pass even were every request still in flight to miss."""
         options = self.options
-        slo_check = options.stop_when_failed and options.slo_ms is not None
-        allowed = allowed_misses(self.measured + options.prior_sent)
-        if slo_check and self.misses + options.prior_misses > allowed:
-            self.stop.set()
+        if self.rule is None or not options.stop_when_decided or self.stop.is_set():
+            return
+        n = self.due + options.prior_sent
+        misses = self.misses + options.prior_misses
+        in_flight = self.due - self.outcomes
+        if self.rule.verdict(n, misses) is Verdict.FAIL:
+            self.stopped_on = Verdict.FAIL
+        elif self.rule.verdict(n, misses + in_flight) is Verdict.PASS:
+            self.stopped_on = Verdict.PASS
+        else:
+            return
+        self.stop.set()
+
+    def decision(self) -> P99Decision | None:
+        if self.rule is None:
+            return None
+        options = self.options
+        return P99Decision.of(self.rule, self.due + options.prior_sent,
+                              self.misses + options.prior_misses)
 
     async def dispatch(self) -> None:
         for index, request in enumerate(self.requests):
@@ -171,6 +199,7 @@ class _Run:
                 self.counts["not_sent"] += sum(self._is_measured(r) for r in self.requests[index:])
                 return
             self.lags.append(max(0.0, self.clock.now_s() - request.send_s))
+            self.due += self._is_measured(request)
             if len(self.in_flight) >= self.options.max_in_flight:
                 self._count(request, "dropped")
                 self.progress.advance()
@@ -203,12 +232,15 @@ class _Run:
         if not self._is_measured(request):
             return
         self.records[request.request_id] = record
+        self.outcomes += 1
         slo_ms = self.options.slo_ms
         if slo_ms is not None and record.ranking_latency_s * 1e3 > slo_ms:
-            self._miss()
+            self.misses += 1
+        self._judge()
 
     async def drain(self) -> None:
-        timeout = 0.0 if self.stop.is_set() else self.options.drain_timeout_s
+        # a fail is decided: what is in flight cannot change it (a pass waits for its requests)
+        timeout = 0.0 if self.stopped_on is Verdict.FAIL else self.options.drain_timeout_s
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=timeout)
         for task in list(self.in_flight):
@@ -279,7 +311,8 @@ async def run_open_loop(system: RankingSystem, requests: tuple[BenchRequest, ...
         timed_out=run.counts["timed_out"], not_sent=run.counts["not_sent"],
         errors=dict(run.errors), dispatch_lag_s=tuple(run.lags), snapshots=tuple(snapshots),
         duration_s=duration_s, stopped_early=run.stop.is_set(),
-        send_s={r.request_id: r.send_s for r in requests[run.measured_from:]})
+        send_s={r.request_id: r.send_s for r in requests[run.measured_from:]},
+        decision=run.decision())
 
 
 async def run_point(factory: SystemFactory, workload: Workload, options: RunOptions,

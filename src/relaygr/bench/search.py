@@ -20,11 +20,11 @@ searches advance in lock-step (``relaygr.bench.alternate``).
   second round takes the place of the dip rule: a confirmed sweep stops above its knee whatever
   the shape of the curve below it (a dip between two passing lengths far under the SLO is noise
   of the same kind, and walking the rest of the grid for it cost whole minutes).
-- ``QpsSearch``: the highest Poisson QPS whose ranking P99 <= SLO, as MLPerf's server-scenario
-  search does: an exponential ramp from ``start_qps`` (x ``growth`` while passing, / ``growth``
-  while failing) until the answer is bracketed, then bisection until the bracket is within
-  ``rel_tol`` or ``max_trials`` trials are spent. The answer is the highest passing QPS measured
-  (0 when none passed).
+- ``QpsSearch`` (``relaygr.bench.qps_search``): the highest SLO-compliant Poisson QPS.
+
+Verdicts are ``Verdict``s (``relaygr.bench.decision``): an undecided point is neither a pass
+nor a fail. The sweep walks on up past an undecided length (it bounds nothing), and walks down
+from a start that did not pass.
 """
 
 from __future__ import annotations
@@ -34,9 +34,20 @@ import math
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from relaygr.bench.decision import Verdict
 from relaygr.errors import ConfigError
 
 P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What measuring one point told a search: its P99 estimate, verdict and cost (seconds
+    of the run clock, re-measures included)."""
+
+    p99_ms: float
+    verdict: Verdict
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -45,16 +56,20 @@ class Trial(Generic[P]):
 
     point: P
     p99_ms: float
-    passed: bool
-    round: int = 1      # 2: the verdict of this point pooled over two rounds
+    verdict: Verdict
+    round: int = 1      # 2: measured a second time (pooled in the sweep, afresh in the search)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is Verdict.PASS
 
 
 class Search(Protocol[P]):
-    """A search driven from outside: ask for a point, measure it, record the verdict."""
+    """A search driven from outside: ask for a point, measure it, record the outcome."""
 
     def next_point(self) -> P | None: ...
 
-    def record(self, point: P, p99_ms: float, passed: bool) -> None: ...
+    def record(self, point: P, outcome: Outcome) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,20 @@ class LengthSweepResult:
     first_failing_len: int | None
     monotone: bool
     trials: tuple[Trial[int], ...]      # in the order measured, second rounds included
+    # The shortest length that failed above ``max_seq_len`` (None: none did, so the answer is
+    # only a lower bound) and the lengths whose standing verdict is undecided.
+    failing_above_len: int | None = None
+    undecided_lens: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()       # the grid swept
+
+    @property
+    def answer_interval(self) -> tuple[float, float]:
+        """[low, high] of the grid answer: the longest passing length, up to the longest grid
+        length below the first failing one above it (inf: nothing failed above it)."""
+        if self.failing_above_len is None:
+            return float(self.max_seq_len), math.inf
+        below = [n for n in self.lengths if n < self.failing_above_len]
+        return float(self.max_seq_len), float(max(below, default=self.max_seq_len))
 
     def latest(self) -> tuple[Trial[int], ...]:
         """The verdict standing for each length measured, by length."""
@@ -94,7 +123,7 @@ class LengthSweep:
         if not self._verdicts:
             return self._lengths[self._start]
         measured = sorted(self._lengths.index(n) for n in self._verdicts)
-        if not self._passing():   # walking down from a failing start
+        if not self._passing():   # walking down from a start that did not pass
             return self._lengths[measured[0] - 1] if measured[0] > 0 else None
         if len(self._knee()) == 2 and (self._confirm or self.monotone):   # failed above a pass
             return None
@@ -104,17 +133,21 @@ class LengthSweep:
     def _passing(self) -> list[int]:
         return [n for n, t in self._verdicts.items() if t.passed]
 
+    def _failing_above(self) -> list[int]:
+        highest = max(self._passing(), default=0)
+        return [n for n, t in self._verdicts.items()
+                if t.verdict is Verdict.FAIL and n > highest]
+
     def _knee(self) -> list[int]:
         """The longest passing length and the shortest failing length above it (each if any)."""
         highest = max(self._passing(), default=None)
-        above = [n for n, t in self._verdicts.items()
-                 if not t.passed and n > (highest or 0)]
-        return [n for n in (highest, min(above, default=None)) if n is not None]
+        return [n for n in (highest, min(self._failing_above(), default=None)) if n is not None]
 
-    def record(self, point: int, p99_ms: float, passed: bool) -> None:
+    def record(self, point: int, outcome: Outcome) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
         previous = self._verdicts.get(point)
-        trial = Trial(point, p99_ms, passed, 1 if previous is None else previous.round + 1)
+        trial = Trial(point, outcome.p99_ms, outcome.verdict,
+                      1 if previous is None else previous.round + 1)
         self._trials.append(trial)
         self._verdicts[point] = trial
 
@@ -124,68 +157,10 @@ class LengthSweep:
         return all(b >= a * (1 - self._tolerance) for a, b in itertools.pairwise(p99))
 
     def result(self) -> LengthSweepResult:
-        failing = [n for n, t in self._verdicts.items() if not t.passed]
+        failing = [n for n, t in self._verdicts.items() if t.verdict is Verdict.FAIL]
+        undecided = sorted(n for n, t in self._verdicts.items()
+                           if t.verdict is Verdict.UNDECIDED)
         return LengthSweepResult(max(self._passing(), default=0), min(failing, default=None),
-                                 self.monotone, tuple(self._trials))
-
-
-@dataclass(frozen=True)
-class QpsSearchResult:
-    best_qps: float             # 0 when no QPS passed
-    lowest_failing_qps: float | None
-    converged: bool             # bracket within rel_tol (or a bound reached)
-    trials: tuple[Trial[float], ...]
-
-
-class QpsSearch:
-    """Highest passing QPS by exponential ramp then bisection (see the module docstring)."""
-
-    def __init__(self, start_qps: float, growth: float = 2.0, rel_tol: float = 0.05,
-                 max_trials: int = 10, min_qps: float = 0.1, max_qps: float = 1e6) -> None:
-        if not (0 < min_qps <= start_qps <= max_qps and growth > 1 and rel_tol > 0):
-            raise ConfigError("QpsSearch needs 0 < min_qps <= start_qps <= max_qps, "
-                              "growth > 1 and rel_tol > 0")
-        if max_trials < 1:
-            raise ConfigError("QpsSearch needs max_trials >= 1")
-        self._start, self._growth, self._tol = start_qps, growth, rel_tol
-        self._max_trials, self._min, self._max = max_trials, min_qps, max_qps
-        self._trials: list[Trial[float]] = []
-        self._pass: float | None = None   # highest passing QPS
-        self._fail: float | None = None   # lowest failing QPS
-
-    def next_point(self) -> float | None:
-        if len(self._trials) >= self._max_trials or self._converged():
-            return None
-        if not self._trials:
-            return self._start
-        if self._fail is None:
-            assert self._pass is not None
-            return min(self._pass * self._growth, self._max)
-        if self._pass is None:
-            return max(self._fail / self._growth, self._min)
-        return (self._pass + self._fail) / 2
-
-    def _converged(self) -> bool:
-        if self._pass is not None and self._fail is not None:
-            return self._fail <= self._pass * (1 + self._tol)
-        if self._pass is not None and self._pass >= self._max:
-            return True
-        return self._fail is not None and self._fail <= self._min
-
-    def record(self, point: float, p99_ms: float, passed: bool) -> None:
-        self._trials.append(Trial(point, p99_ms, passed))
-        if passed:
-            self._pass = point if self._pass is None else max(self._pass, point)
-        else:
-            self._fail = point if self._fail is None else min(self._fail, point)
-
-    def result(self) -> QpsSearchResult:
-        return QpsSearchResult(self._pass or 0.0, self._fail, self._converged(),
-                               tuple(self._trials))
-
-
-def bracket_width(result: QpsSearchResult) -> float:
-    """Relative width of the final bracket (inf when unbracketed)."""
-    if not result.best_qps or result.lowest_failing_qps is None:
-        return math.inf
-    return result.lowest_failing_qps / result.best_qps - 1
+                                 self.monotone, tuple(self._trials),
+                                 min(self._failing_above(), default=None), tuple(undecided),
+                                 self._lengths)

@@ -1,8 +1,9 @@
 """Statistics of one measured point: latency percentiles, paths, hits, trigger reasons, bytes.
 
 Percentiles are nearest-rank (numpy ``inverted_cdf``): every reported P99 is a latency some
-request actually saw. Requests that were dropped, failed or timed out count as infinite latency,
-so a point that leaves more than 1% of its requests unserved cannot pass a P99 SLO.
+request actually saw. Requests that were dropped, failed or timed out count as infinite latency
+(and as SLO overages). Whether a point met the SLO is not read off its P99 estimate but decided
+from its overage count (``PointStats.decision``, ``relaygr.bench.decision``).
 
 P99 confidence: a distribution-free 95% interval from order statistics (the number of samples
 below the true quantile is Binomial(n, q)). With 2,000 samples it spans the 98.55th to 99.45th
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from relaygr.bench.decision import P99Decision, Verdict
 from relaygr.bench.protocol import RankingPath, RequestRecord
 from relaygr.bench.runner import RunResult
 
@@ -126,18 +128,28 @@ class PointStats:
     dispatch_lag_p99_ms: float
     dispatch_lag_max_ms: float
     duration_s: float
-    # Share of CPU time stolen by the hypervisor during the point (None: not measurable), and
-    # which attempt at this point it was (a failing point with heavy steal is measured again).
+    # The point's P99 verdict and its evidence (``relaygr.bench.decision``); None: no SLO.
+    decision: P99Decision | None = None
+    # The machine's noise during the point: the share of CPU time stolen by the hypervisor
+    # (None: not measurable), a fixed calibration workload's time right after the point
+    # (``hardware.calibration_ms``), and which attempt at this point it was (a point that did
+    # not pass under noise is measured again).
     steal_fraction: float | None = None
+    calibration_ms: float | None = None
     attempt: int = 1
     # 2 when the figures pool two rounds of the point (the sweep's knee, ``LengthSweep``).
     rounds: int = 1
     # Where the ranking latency went (``latency_parts``); empty when the system reports nothing.
     ranking_parts: dict[str, object] = field(default_factory=dict)
 
-    def meets_slo(self, slo_ms: float) -> bool:
-        """Ranking P99 within the SLO over a complete run."""
-        return not self.stopped_early and self.ranking.p99_ms <= slo_ms
+    @property
+    def verdict(self) -> Verdict:
+        """Whether the point met the SLO (undecided when it was judged without an SLO)."""
+        return Verdict.UNDECIDED if self.decision is None else self.decision.verdict
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is Verdict.PASS
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -187,7 +199,7 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
         mode=mode, phase=phase, qps=qps, prefix_len=prefix_len, measured=result.measured,
         completed=result.completed, dropped=result.dropped, failed=result.failed,
         timed_out=result.timed_out, not_sent=result.not_sent,
-        stopped_early=result.stopped_early,
+        stopped_early=result.stopped_early, decision=result.decision,
         ranking=LatencySummary.of(ranking_s, unserved), e2e=LatencySummary.of(e2e_s, unserved),
         ranking_relayed=LatencySummary.of(
             np.array([r.ranking_latency_s for r in records if r.path in RankingPath.RELAYED]),

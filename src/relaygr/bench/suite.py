@@ -14,33 +14,35 @@ the identical workload (same seed, QPS and size).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import os
 import platform
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
+from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
-from relaygr.bench.hardware import cpu_times, describe_device, steal_fraction
+from relaygr.bench.hardware import describe_device
 from relaygr.bench.limit import LimitProbe, limit_report
+from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import SystemFactory
+from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
 from relaygr.bench.report import BenchReport, LimitReport, ModeReport
-from relaygr.bench.runner import RunOptions, RunResult, allowed_misses, pooled, run_point
-from relaygr.bench.search import (
-    LengthSweep,
-    LengthSweepResult,
-    QpsSearch,
-    QpsSearchResult,
-)
+from relaygr.bench.runner import RunOptions, RunResult, pooled, run_point
+from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
 from relaygr.bench.stats import PointStats, point_stats
-from relaygr.bench.verdict import compute_checks, compute_ratios, reference_point
+from relaygr.bench.verdict import (
+    compute_checks,
+    compute_ratios,
+    compute_verdicts,
+    reference_point,
+)
 from relaygr.bench.workload import (
     SyntheticWorkload,
     Workload,
@@ -49,21 +51,6 @@ from relaygr.bench.workload import (
     workload_builder,
 )
 from relaygr.errors import ConfigError
-
-
-async def wait_for_quiet_host(max_steal: float, window_s: float = 5.0,
-                              patience_s: float = 120.0) -> bool:
-    """Wait until a ``window_s`` window with at most ``max_steal`` of the CPU time stolen (True),
-    or ``patience_s`` passed (False): a noisy neighbour's burst usually lasts minutes."""
-    waited = 0.0
-    while waited < patience_s:
-        before = cpu_times()
-        await asyncio.sleep(window_s)
-        waited += window_s
-        steal = steal_fraction(before, cpu_times())
-        if steal is None or steal <= max_steal:
-            return True
-    return False
 
 
 class BenchSuite:
@@ -90,6 +77,8 @@ class BenchSuite:
         # The latest run of each (mode, phase, QPS, length) and its figures, for a second round
         # to pool with.
         self._runs: dict[tuple[str, str, float, int | None], tuple[RunResult, PointStats]] = {}
+        self.noise = NoiseMonitor(config.budget.remeasure_steal,
+                                  config.budget.remeasure_slowdown)
 
     def _fixed(self, prefix_len: int) -> SyntheticWorkload:
         return SyntheticWorkload(self.config.population.with_fixed_length(prefix_len),
@@ -110,69 +99,68 @@ class BenchSuite:
     async def measure(self, mode: str, phase: str, builder: WorkloadBuilder, qps: float,
                       prefix_len: int | None = None, options: RunOptions | None = None,
                       pool: bool = False) -> PointStats:
-        """Run one point of ``mode`` and record its statistics.
+        """Run one point of ``mode`` and record its statistics and P99 verdict.
 
-        With ``pool``, a point measured before is run a second time and reported over both
-        rounds (the first round's sent requests and the second's, P99 over all of them); a
-        second round that cannot change the verdict (the first already missed the SLO more
-        often than the pooled sample allows) is not run. A first round that missed while the
-        host stole more than ``remeasure_steal`` (its re-measures spent) is not pooled: the
-        second round is then measured alone.
+        With ``pool``, a point measured before is run a second time and judged over both
+        rounds (the first round's sent requests and the second's); a second round after a
+        failed first one is not run (a fail is decided). A first round that did not pass under
+        noise (``_noisy``; its re-measures spent) is not pooled: the second round is then
+        measured alone.
         """
         workload = self._workload(phase, builder, qps, prefix_len)
         budget, slo_ms = self.config.budget, self.config.slo_ms
         key = (mode, phase, qps, prefix_len)
         earlier = self._runs.get(key) if pool else None
-        if earlier is not None and not earlier[1].meets_slo(slo_ms) \
-                and (earlier[1].steal_fraction or 0.0) > budget.remeasure_steal:
-            earlier = None   # a miss under steal is no evidence: measure afresh
+        if earlier is not None and not earlier[1].passed and self._noisy(earlier[1]):
+            earlier = None   # a miss under noise is no evidence: measure afresh
         options = options or RunOptions(
             warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
             drain_timeout_s=budget.drain_timeout_s, slo_ms=slo_ms,
-            stop_when_failed=budget.stop_when_failed)
+            rule=P99Rule(budget.confidence), stop_when_decided=budget.stop_when_decided)
         length = "" if prefix_len is None else f" len {prefix_len}"
         label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
         prior: RunResult | None = None
         if earlier is not None:
             prior, prior_stats = earlier
             label += " (round 2)"
-            options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
-            if options.prior_misses > allowed_misses(
-                    prior.sent + len(workload.requests) - options.warmup_requests):
-                self.progress.note(f"{label}: not run, round 1 already missed the SLO "
-                                   f"{options.prior_misses} times")
+            if prior_stats.verdict is Verdict.FAIL:
+                self.progress.note(f"{label}: not run, round 1 already failed the SLO")
                 return self._record(prior_stats, label, rounds=2)
+            options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
         factory = self.systems.get(mode) or self.extra_systems[mode]
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
-            before = cpu_times()
+            before = self.noise.begin()
             result = await run_point(factory, workload, options, self.progress)
-            steal = steal_fraction(before, cpu_times())
+            noise = self.noise.end(before)
             self.progress.end_point()
             run = result if prior is None else pooled(prior, result)
             stats = replace(point_stats(run, mode, phase, qps, prefix_len),
-                            steal_fraction=steal, attempt=attempt)
+                            steal_fraction=noise.steal_fraction,
+                            calibration_ms=noise.calibration_ms, attempt=attempt)
             stats = self._record(stats, label, rounds=1 if prior is None else 2)
             self._runs[key] = (run, stats)
-            meets = stats.meets_slo(slo_ms)
-            if meets or steal is None or steal <= budget.remeasure_steal:
+            if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
-                self.progress.note(f"{label}: measuring again (the host took "
-                                   f"{steal:.0%} of the CPU time during the point)")
+                self.progress.note(f"{label}: measuring again (noise during the point: "
+                                   f"{noise.describe()})")
                 await wait_for_quiet_host(budget.remeasure_steal)
         return stats
+
+    def _noisy(self, stats: PointStats) -> bool:
+        """Too much noise during the point to believe that it did not pass (``noise``)."""
+        return self.noise.too_noisy(stats.steal_fraction, stats.calibration_ms)
 
     def _record(self, stats: PointStats, label: str, rounds: int) -> PointStats:
         stats = replace(stats, rounds=rounds)
         self.points.append(stats)
-        meets = stats.meets_slo(self.config.slo_ms)
-        stolen = "" if stats.steal_fraction is None else \
-            f", {stats.steal_fraction:.0%} of CPU stolen"
-        over = f" over {stats.measured} requests" if rounds > 1 else ""
+        decision = stats.decision
+        evidence = "" if decision is None else \
+            f" ({decision.overages} over the SLO in {decision.samples})"
         self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
-                           f"{stats.ranking.p99_ms:.1f} ms{over}, "
-                           f"{'meets' if meets else 'misses'} SLO{stolen}")
+                           f"{stats.ranking.p99_ms:.1f} ms, {stats.verdict}{evidence}, "
+                           f"{_noise(stats)}")
         return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:
@@ -183,10 +171,10 @@ class BenchSuite:
                     for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
-        async def measure(mode: str, length: int) -> tuple[float, bool]:
+        async def measure(mode: str, length: int) -> Outcome:
             builder = builders.setdefault(length, self._fixed(length))
-            stats = await self.measure(mode, "sweep", builder, cfg.qps, length, pool=True)
-            return stats.ranking.p99_ms, stats.meets_slo(self.config.slo_ms)
+            return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length,
+                                                    pool=True))
 
         await run_lockstep(searches, measure)
         return {m: s.result() for m, s in searches.items()}
@@ -195,15 +183,21 @@ class BenchSuite:
                          prefix_len: int | None, modes: tuple[str, ...] | None = None
                          ) -> dict[str, QpsSearchResult]:
         searches = {
-            m: QpsSearch(cfg.start_qps, cfg.growth, cfg.rel_tol, cfg.max_trials, cfg.min_qps,
+            m: QpsSearch(cfg.start_qps, cfg.growth, cfg.rel_tol, cfg.budget_s, cfg.min_qps,
                          cfg.max_qps) for m in (modes or tuple(self.systems))}
 
-        async def measure(mode: str, qps: float) -> tuple[float, bool]:
-            stats = await self.measure(mode, phase, builder, qps, prefix_len)
-            return stats.ranking.p99_ms, stats.meets_slo(self.config.slo_ms)
+        async def measure(mode: str, qps: float) -> Outcome:
+            return await self._outcome(self.measure(mode, phase, builder, qps, prefix_len))
 
         await run_lockstep(searches, measure)
         return {m: s.result() for m, s in searches.items()}
+
+    async def _outcome(self, measuring: Awaitable[PointStats]) -> Outcome:
+        """The search's view of a measured point; its cost is every attempt's run time."""
+        first = len(self.points)
+        stats = await measuring
+        return Outcome(stats.ranking.p99_ms, stats.verdict,
+                       sum(p.duration_s for p in self.points[first:]))
 
     def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None) -> tuple[int, str]:
         """The fixed length of phase 2 and why it was chosen."""
@@ -252,7 +246,7 @@ class BenchSuite:
         mixed_builder = (workload_builder(cfg.mixed.source, cfg.mixed.params, cfg.seed)
                          if cfg.mixed else SyntheticWorkload(cfg.population, cfg.seed))
         mixed = (await self.qps_search("mixed", mixed_builder, cfg.mixed.search, None)
-                 if cfg.mixed else None)
+                 if cfg.mixed and cfg.mixed.search else None)
         extra: dict[str, dict[str, object]] = {}
         for wp in cfg.workloads:
             builder = workload_builder(wp.source, wp.params, cfg.seed)
@@ -264,6 +258,7 @@ class BenchSuite:
         exactness = await self.exactness(mixed_builder)
         modes = {m: self._mode_report(m, sweep, throughput, mixed) for m in self.systems}
         ratios = compute_ratios(modes)
+        verdicts = compute_verdicts(modes, ratios, limit, exactness)
         workload: dict[str, Any] = {
             "population": cfg.population.describe(),
             "sweep": None if cfg.sweep is None else {"qps": cfg.sweep.qps,
@@ -275,7 +270,7 @@ class BenchSuite:
             slo_ms=cfg.slo_ms, device=describe_device(cfg.device),
             model={} if cfg.model is None else cfg.model.to_dict(), workload=workload,
             modes=modes, ratios=ratios, limit=limit, exactness=exactness,
-            checks=compute_checks(modes, ratios, limit, exactness), points=tuple(self.points),
+            checks=compute_checks(verdicts), verdicts=verdicts, points=tuple(self.points),
             workloads=extra,
             meta={"seed": cfg.seed, "started_at": started.isoformat(),
                   "duration_s": time.perf_counter() - t0, "modes": list(self.systems),
@@ -295,3 +290,9 @@ class BenchSuite:
             slo_throughput_qps_mixed=None if x is None else x.best_qps,
             reference=reference_point(mode, self.points, self.config.slo_ms),
             sweep=s, throughput=t, mixed=x)
+
+
+def _noise(stats: PointStats) -> str:
+    if stats.calibration_ms is None:
+        return "noise not measured"
+    return PointNoise(stats.steal_fraction, stats.calibration_ms).describe()

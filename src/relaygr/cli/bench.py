@@ -127,51 +127,60 @@ def run(args: argparse.Namespace) -> int:
 
 # The quick run's modes: today's production path, its best cache-only peer, and the relay.
 QUICK_MODES = ("baseline", "reactive", "relay")
+# The quick run's sweep and searches run at this multiple of the profile's sweep load: a P99
+# pass needs a few hundred requests, which take minutes at the full run's sweep load.
+QUICK_LOAD_SCALE = 4.0
 
 
 def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, device: str,
              model: HSTUConfig) -> BenchConfig:
-    """How much is measured: the full run (< 1 h on a 2-core CPU) or the quick one (< 5 min).
+    """How much is measured: the full run or the quick one (< 5 min on a 2-core CPU).
 
-    Full: 250-800 measured requests per point (at the sweep's 4 QPS, 250: P99 is the
-    3rd-highest sample; ``points`` in the JSON keep each P99's confidence interval), all
-    six modes in every headline phase, the extra workloads (ML-1M replay and the DLRMv3 profile
-    with and without cross-request reuse). To fit the hour, every mode's sweep starts at the
-    third grid length (512 on the cpu profile; it walks down if that fails), the modes without a
-    bar on length (reactive and the three ablations) sweep every other length, relay's and
-    baseline's answers rest on a second round of the two lengths that decide them (pooled: P99
-    the 5th-highest of ~500), and searches take 5 trials (fixed length), 4 (mixed) and 3 (extra
-    workloads), starting at twice the profile's search start (8 QPS on cpu) and going no lower
-    than half of it (2 QPS: below, the answer is reported as 0). Warm-up: 25 requests or 2 s of
-    the schedule, whichever is more (96 at 48 QPS: a fresh system's caches fill first). Quick:
-    40-150 requests per point after 8 warm-up, three modes, every other length, 3-trial searches
-    (not below half their start), a 20-request limit point, no extra workloads: a smoke figure of
-    the same shape.
+    Every point stops once its P99 verdict is decided (``relaygr.bench.decision``) and may take
+    enough requests to pass. Full: verdicts at 99% confidence, 540-1,024 measured requests a
+    point (a pass needs 533 with no overage), all six modes in every headline phase, the extra
+    workloads (ML-1M replay and the DLRMv3 profile with and without cross-request reuse). Every
+    mode's sweep starts at the third grid length (512 on the cpu profile; it walks down if that
+    does not pass), the modes without a bar on length (reactive and the three ablations) sweep
+    every other length, relay's and baseline's knees get a second, pooled round; searches start
+    at twice the profile's search start (8 QPS on cpu), go no lower than half of it, and take up
+    to 10 minutes of measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever
+    is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
+    measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
+    modes, every other length from the second, sweep and searches at 4x the profile's sweep
+    load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s
+    of measuring per mode and none on the mixed workload (it serves the exactness replay), one
+    re-measure of a point under noise, a 20-request limit point, no extra workloads: a smoke
+    figure of the same shape.
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
+    mixed_search: QpsSearchConfig | None
     if quick:
-        budget = PointBudget(measured_requests=150, min_measured_requests=40,
-                             warmup_requests=8, max_point_s=4.0)
-        # not below half the start (2 QPS on cpu): a 1-QPS point alone takes ~50 s
-        search = QpsSearchConfig(start_qps=profile.search_start_qps, rel_tol=0.3, max_trials=3,
-                                 min_qps=profile.search_start_qps / 2)
-        sweep = SweepConfig(lengths=profile.sweep_lengths[1::2], qps=profile.sweep_qps)
-        mixed_search = search
+        # 2 s of warm-up as in the full plan: judged after every request, a point otherwise
+        # fails on a fresh system's start-up (docs/runs/2026-11-25-quick-p99-verdicts.md)
+        budget = PointBudget(measured_requests=256, min_measured_requests=230,
+                             warmup_requests=8, warmup_s=2.0, max_point_s=16.0,
+                             confidence=0.9, max_remeasures=1)
+        load = QUICK_LOAD_SCALE * profile.sweep_qps
+        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 2)
+        lengths = profile.sweep_lengths[1::2]
+        sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)])
+        mixed_search = None
     else:
-        budget = PointBudget(measured_requests=800, min_measured_requests=250,
+        budget = PointBudget(measured_requests=1024, min_measured_requests=540,
                              warmup_requests=25, warmup_s=2.0, max_point_s=25.0)
         # from twice the quick start, and never below half of it: a passing point at low QPS
-        # costs minutes (250 requests at 1 QPS), and below that the answer is "none" anyway
+        # costs minutes (540 requests at 2 QPS), and below that the answer is "none" anyway
         search = QpsSearchConfig(start_qps=2 * profile.search_start_qps, rel_tol=0.15,
-                                 max_trials=5, min_qps=profile.search_start_qps / 2)
+                                 budget_s=600.0, min_qps=profile.search_start_qps / 2)
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
                             start=lengths[min(2, len(lengths) - 1)],
                             coarse_modes=(Mode.REACTIVE.value, *ABLATIONS),
                             confirm_knee=True)
-        mixed_search = replace(search, max_trials=4)
-        extra = extra_workloads(profile, replace(search, max_trials=3))
+        mixed_search = search
+        extra = extra_workloads(profile, replace(search, budget_s=300.0))
     return BenchConfig(
         slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
         budget=budget, sweep=sweep, throughput=ThroughputConfig(search=search),

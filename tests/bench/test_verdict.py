@@ -1,0 +1,62 @@
+"""The verdict table: ratio intervals from the searches' brackets, and each target's status."""
+
+from __future__ import annotations
+
+import math
+
+from relaygr.bench.decision import Verdict
+from relaygr.bench.qps_search import QpsSearchResult
+from relaygr.bench.report import ModeReport
+from relaygr.bench.search import LengthSweepResult, Trial
+from relaygr.bench.verdict import compute_checks, compute_ratios, compute_verdicts, ratio_interval
+
+GRID = (256, 512, 1024, 2048, 4096)
+
+
+def mode(name: str, max_len: int, fail_len: int | None, qps: float,
+         fail_qps: float | None) -> ModeReport:
+    sweep = LengthSweepResult(max_len, fail_len, True, (Trial(max_len, 1.0, Verdict.PASS),),
+                              fail_len, (), GRID)
+    search = QpsSearchResult(qps, fail_qps, True, (Trial(qps, 1.0, Verdict.PASS),))
+    return ModeReport(name, max_len, qps, None, None, sweep, search, None)
+
+
+def verdicts(modes: dict[str, ModeReport]) -> dict[str, tuple[float | None, float | None, str]]:
+    rows = compute_verdicts(modes, compute_ratios(modes), None, None)
+    return {v.name: (v.low, v.high, v.status) for v in rows}
+
+
+def test_ratio_interval_divides_the_ends_crosswise() -> None:
+    assert ratio_interval((30.0, 40.0), (6.0, 8.0)) == (30.0 / 8.0, 40.0 / 6.0)
+    assert ratio_interval((30.0, math.inf), (6.0, 8.0)) == (3.75, math.inf)
+    assert ratio_interval((30.0, 40.0), (0.0, 4.0)) == (7.5, math.inf)   # nothing passed
+    assert ratio_interval(None, (1.0, 2.0)) is None
+
+
+def test_targets_are_met_missed_or_undecided_by_their_whole_interval() -> None:
+    # lengths: relay 2048 (4096 failed, adjacent: exact), baseline 512 (1024 failed): 4x exact
+    # throughput: relay in [40, 48), baseline in [8, 9.6): ratio in [4.17, 6.0): met
+    modes = {"baseline": mode("baseline", 512, 1024, 8.0, 9.6),
+             "reactive": mode("reactive", 512, 2048, 30.0, 60.0),
+             "relay": mode("relay", 2048, 4096, 40.0, 48.0)}
+    rows = verdicts(modes)
+    assert rows["relay_vs_baseline_seq_len_ge_2x"] == (4.0, 4.0, "met")
+    low, high, status = rows["relay_vs_baseline_throughput_ge_4x"]
+    assert (low, high, status) == (40.0 / 9.6, 48.0 / 8.0, "met")
+    # reactive in [30, 60): relay 40-48 may be behind it: undecided, not a miss
+    assert rows["relay_ahead_of_reactive"] == (40.0 / 60.0, 48.0 / 30.0, "undecided")
+    assert rows["relay_not_behind_ablations"][2] == "not measured"
+    assert rows["relay_overhead_within_1_15x"][2] == "not measured"
+    # an undecided length between the baseline's pass and fail widens its interval
+    modes["baseline"] = mode("baseline", 512, 2048, 8.0, 9.6)
+    assert verdicts(modes)["relay_vs_baseline_seq_len_ge_2x"] == (2.0, 4.0, "met")
+    modes["baseline"] = mode("baseline", 512, 4096, 8.0, 9.6)
+    assert verdicts(modes)["relay_vs_baseline_seq_len_ge_2x"] == (1.0, 4.0, "undecided")
+    # a relay that nothing failed above is known only from below
+    modes["relay"] = mode("relay", 2048, None, 20.0, 30.0)
+    rows = verdicts(modes)
+    assert rows["relay_vs_baseline_seq_len_ge_2x"] == (1.0, math.inf, "undecided")
+    assert rows["relay_vs_baseline_throughput_ge_4x"] == (20.0 / 9.6, 30.0 / 8.0, "missed")
+    checks = compute_checks(compute_verdicts(modes, compute_ratios(modes), None, None))
+    assert checks["relay_vs_baseline_throughput_ge_4x"] is False
+    assert checks["relay_vs_baseline_seq_len_ge_2x"] is None
