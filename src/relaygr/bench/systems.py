@@ -44,7 +44,7 @@ from relaygr.bench.protocol import (
 from relaygr.bench.workload import Workload
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem, Visit
@@ -130,7 +130,7 @@ class SharedParts:
 
     model: HSTU
     cost_model: LatencyCostModel
-    retriever: Retriever
+    retrieval: RetrievalStage
     # Where the ranking instances run: None, in the benchmark's own process (worker threads
     # sharing one GIL); else one process each (``relaygr.cascade.processes``).
     processes: InstanceProcesses | None = None
@@ -145,8 +145,7 @@ class SharedParts:
         cached = self._books.get(key)
         if cached is not None and cached[0] is workload:
             return cached[1]
-        stages = EarlierStages(self.model, self.retriever, config.retrieval_k,
-                               config.retrieval_history, 0.0, 0.0)
+        stages = EarlierStages(self.retrieval, config.retrieval_k, 0.0, 0.0)
         book = CandidateBook()
         grown = {user: h.items for user, h in workload.histories.items()}
         before: dict[int, tuple[float, np.ndarray]] = {}   # user -> (last send, history then)
@@ -160,7 +159,7 @@ class SharedParts:
                     variants.append(last[1])   # the previous visit's events not appended yet
                 for history in variants:
                     seen = np.concatenate([history, recent])
-                    book.add(user, seen, n, stages.candidates(seen, n))
+                    book.add(user, seen, n, stages.candidates(seen, n, user))
                 before[user] = (request.send_s, grown[user])
                 grown[user] = np.concatenate([grown[user], recent])
         finally:
@@ -184,7 +183,7 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)
             factory = None if parts.processes is None else parts.processes.factory
-            system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retriever,
+            system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retrieval,
                                  parts.book_for(ctx.workload, config), factory)
             return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)
         return build

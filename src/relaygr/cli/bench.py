@@ -39,7 +39,7 @@ from relaygr.cascade.processes import (
     threads_per_instance,
     wants_processes,
 )
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
@@ -106,12 +106,13 @@ def run(args: argparse.Namespace) -> int:
     if in_processes:
         processes = InstanceProcesses.for_model(model, cost_model, num_instances,
                                                 torch_threads=torch.get_num_threads())
-    parts = SharedParts(model, cost_model, Retriever.from_model(model), processes)
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
                           num_candidates=profile.num_candidates,
                           retrieval_k=4 * profile.num_candidates,
                           device_budget_bytes=profile.device_budget_bytes,
                           host_budget_bytes=profile.host_budget_bytes)
+    parts = SharedParts(model, cost_model,
+                        EmbeddingRetrieval.of(model, system.retrieval_history), processes)
     config = replace(run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg),
                      instance_placement="threads" if processes is None else "processes")
     factories = mode_factories(modes, system, parts)
