@@ -17,7 +17,6 @@ and the stages then only take their configured delay. A visit the book does not 
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -59,8 +58,9 @@ class CandidateBook:
 
 @dataclass(frozen=True)
 class StageTiming:
-    """Where a request's time went before ranking, in seconds (``time.perf_counter`` intervals,
-    disjoint and in order, so their sum never exceeds the request's time).
+    """Where a request's time went before ranking, in seconds: intervals of the event loop's
+    clock (``loop.time()``, the monotonic clock), disjoint and in order, so their sum never
+    exceeds the request's time.
 
     ``retrieval_s``: measured, from handing the request to the retrieval pool to its candidates
     back on the event loop (the strategy's user vector and index search, pre-processing's
@@ -110,8 +110,8 @@ class EarlierStages:
         when the measured work is done if that is later. The book's answer is used when it
         holds ``user_id`` with exactly this history."""
         loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
+        start = loop.time()
+        deadline = start + self.retrieval_delay_s + self.preprocess_delay_s
         candidates = None
         if self.book is not None and user_id is not None:
             candidates = self.book.get(user_id, history, num_candidates)
@@ -122,11 +122,11 @@ class EarlierStages:
             self.retrieved += 1
         else:
             self.replayed += 1
-        retrieved = time.perf_counter()
+        retrieved = loop.time()
         delay_s = 0.0
-        if deadline > loop.time():
-            await asyncio.sleep(deadline - loop.time())
-            delay_s = time.perf_counter() - retrieved
+        if deadline > retrieved:
+            await asyncio.sleep(deadline - retrieved)
+            delay_s = loop.time() - retrieved
         return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed))
 
     def shutdown(self) -> None:
