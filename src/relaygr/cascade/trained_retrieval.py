@@ -50,10 +50,11 @@ class RankerCatalogue:
 
 def _lookup(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Position of each of ``values`` in ``keys`` (distinct ids), -1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(values), -1, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
-    where = np.searchsorted(keys[order], values).clip(max=max(len(keys) - 1, 0))
-    found = (keys[order][where] == values) if len(keys) else np.zeros(len(values), bool)
-    return np.where(found, order[where], -1).astype(np.int64)
+    where = np.searchsorted(keys[order], values).clip(max=len(keys) - 1)
+    return np.where(keys[order][where] == values, order[where], -1).astype(np.int64)
 
 
 class TrainedRetrieval:
@@ -73,7 +74,7 @@ class TrainedRetrieval:
         known = np.flatnonzero(self.to_ranker > 0)
         self.to_run[self.to_ranker[known]] = known
         _check_shared(len(known), run_items, ranker_items, name)
-        self._run_users = run_ids.users
+        self._run_users = {int(u): i for i, u in enumerate(run_ids.users.tolist())}
         vectors = model.item_vectors(domain)              # (num_items, vector_dim)
         self.index_items = self.to_ranker[known]          # index row r holds ranker item ...
         self.retriever = Retriever(vectors[known], index)
@@ -111,8 +112,7 @@ class TrainedRetrieval:
         """The run's id of the cascade's user ``user_id`` (None: not one the run trained on)."""
         if user_id is None or not self.dataset_users:
             return None
-        found = int(_lookup(self._run_users, np.asarray([user_id], dtype=np.int64))[0])
-        return None if found < 0 else found
+        return self._run_users.get(int(user_id))
 
     def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:
         """Up to ``k`` ranker ids, best first: the index's top ``k`` by inner product."""
