@@ -4,6 +4,7 @@ the simulated stage delays default to 0, and every answer says where its time we
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,7 @@ from relaygr.server.config import ServeOptions
 from relaygr.train import Trainer
 from tests.cascade.retrieval_runs import brute_force, train_run, write_ratings
 from tests.engine.helpers import flops_cost_model
-from tests.server.helpers import run_with_client, system_config
+from tests.server.helpers import make_service, run_with_client, system_config
 from tests.server.test_cli import parse
 from tests.train.helpers import TINY
 
@@ -109,3 +110,20 @@ def test_a_run_of_another_dataset_is_refused(runs: tuple[Path, Path], tmp_path: 
     (other / "run.json").write_text(json.dumps({**info, "pair": "ml-100k"}))
     with pytest.raises(CatalogueMismatchError, match="trained on 'ml-100k', the ranker on"):
         _service(rank, other)
+
+
+def test_without_a_trained_stage_the_configured_delays_are_waited_and_reported() -> None:
+    # retrieval_delay_ms=3 + preprocess_delay_ms=2: the earlier stages end no sooner than 5 ms
+    # after they start (asyncio may fire a timer up to its clock resolution early)
+    service = make_service(system_config(retrieval_delay_ms=3, preprocess_delay_ms=2))
+    user = sorted(service.backend.store)[0]
+
+    async def body(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/v1/recommend", json={"user_id": user})
+
+    answer = run_with_client(service, body)
+    assert answer.status_code == 200, answer.text
+    t = answer.json()["timings"]
+    resolution_ms = 1e3 * time.get_clock_info("monotonic").resolution
+    assert t["retrieval_ms"] + t["simulated_delay_ms"] >= 5.0 - resolution_ms
+    assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]
