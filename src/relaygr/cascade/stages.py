@@ -17,6 +17,8 @@ and the stages then only take their configured delay. A visit the book does not 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -58,9 +60,9 @@ class CandidateBook:
 
 @dataclass(frozen=True)
 class StageTiming:
-    """Where a request's time went before ranking, in seconds: intervals of the event loop's
-    clock (``loop.time()``, the monotonic clock), disjoint and in order, so their sum never
-    exceeds the request's time.
+    """Where a request's time went before ranking, in seconds: intervals of one clock
+    (``EarlierStages.clock``, ``time.perf_counter`` as the rest of a ``Recommendation``),
+    disjoint and in order, so their sum never exceeds the request's time.
 
     ``retrieval_s``: measured, from handing the request to the retrieval pool to its candidates
     back on the event loop (the strategy's user vector and index search, pre-processing's
@@ -85,8 +87,12 @@ class EarlierStages:
     """Retrieval then pre-processing for one request (see the module docstring)."""
 
     def __init__(self, retrieval: RetrievalStage, retrieval_k: int, retrieval_delay_s: float,
-                 preprocess_delay_s: float, book: CandidateBook | None = None) -> None:
+                 preprocess_delay_s: float, book: CandidateBook | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``clock`` measures ``StageTiming`` (the delays run on the event loop's timers, whose
+        clock may be coarse: uvloop's counts milliseconds)."""
         self.retrieval = retrieval
+        self.clock = clock
         self.retrieval_k = retrieval_k
         self.retrieval_delay_s = retrieval_delay_s
         self.preprocess_delay_s = preprocess_delay_s
@@ -110,8 +116,8 @@ class EarlierStages:
         when the measured work is done if that is later. The book's answer is used when it
         holds ``user_id`` with exactly this history."""
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        deadline = start + self.retrieval_delay_s + self.preprocess_delay_s
+        start = self.clock()
+        deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
         candidates = None
         if self.book is not None and user_id is not None:
             candidates = self.book.get(user_id, history, num_candidates)
@@ -122,11 +128,11 @@ class EarlierStages:
             self.retrieved += 1
         else:
             self.replayed += 1
-        retrieved = loop.time()
+        retrieved = self.clock()
         delay_s = 0.0
-        if deadline > retrieved:
-            await asyncio.sleep(deadline - retrieved)
-            delay_s = loop.time() - retrieved
+        if deadline > loop.time():
+            await asyncio.sleep(deadline - loop.time())
+            delay_s = self.clock() - retrieved
         return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed))
 
     def shutdown(self) -> None:
