@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -74,6 +75,8 @@ def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path
         assert t["simulated_delay_ms"] == 0.0 and t["retrieval_ms"] >= 0
         assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]
         assert (t["ranking_ms"], t["total_ms"]) == (body_["ranking_ms"], body_["total_ms"])
+    metrics = service.metrics.render().decode()
+    assert 'relaygr_stage_seconds_count{endpoint="recommend",stage="retrieval"} 6.0' in metrics
     assert ranked.status_code == 200, ranked.text
     timings = ranked.json()["timings"]
     assert timings["retrieval_ms"] is None and timings["simulated_delay_ms"] is None
@@ -118,10 +121,13 @@ def test_without_a_trained_stage_the_configured_delays_are_waited_and_reported()
     service = make_service(system_config(retrieval_delay_ms=3, preprocess_delay_ms=2))
     user = sorted(service.backend.store)[0]
 
-    async def body(client: httpx.AsyncClient) -> httpx.Response:
-        return await client.post("/v1/recommend", json={"user_id": user})
+    async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, dict[str, Any]]:
+        return (await client.post("/v1/recommend", json={"user_id": user}),
+                (await client.get("/openapi.json")).json())
 
-    answer = run_with_client(service, body)
+    answer, openapi = run_with_client(service, body)
+    described = openapi["paths"]["/v1/recommend"]["post"]["description"]
+    assert "50 ms by default" in described and "simulated_delay_ms" in described
     assert answer.status_code == 200, answer.text
     t = answer.json()["timings"]
     resolution_ms = 1e3 * time.get_clock_info("monotonic").resolution
