@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from relaygr.cascade.retrieval import RetrievalConfig, Retriever
-from relaygr.errors import CatalogueMismatchError, EmptyInputError, InvalidInputError
+from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
 from relaygr.retrieval import RetrievalModel
 from relaygr.retrieval.checkpoint import RunCatalogue, load_catalogue, load_seed, read_run_info
 
@@ -76,9 +76,10 @@ class TrainedRetrieval:
         _check_shared(len(known), run_items, ranker_items, name)
         self._run_users = {int(u): i for i, u in enumerate(run_ids.users.tolist())}
         vectors = model.item_vectors(domain)              # (num_items, vector_dim)
-        self.index_items = self.to_ranker[known]          # index row r holds ranker item ...
+        self.index_items = self.to_ranker[known]          # ranker id of the index's row r
         self.retriever = Retriever(vectors[known], index)
-        model.user_vector(domain, [int(known[0])])        # the full-graph pass, once, now
+        # the full-graph pass, once, now (a LightGCN run has no user tower: ConfigError here)
+        model.user_vector(domain, [int(known[0])])
 
     @classmethod
     def load(cls, run_dir: Path, ranker: RankerCatalogue, recent_events: int,
@@ -94,7 +95,7 @@ class TrainedRetrieval:
         if seed is None:
             seed = info.seeds[0]
         elif seed not in info.seeds:
-            raise InvalidInputError(f"{run_dir} has seeds {list(info.seeds)}, not {seed}")
+            raise ConfigError(f"{run_dir} has seeds {list(info.seeds)}, not {seed}")
         trained = load_seed(run_dir, info, seed)
         return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
                    recent_events, f"{Path(run_dir).name} (seed {seed})", index)
