@@ -94,3 +94,8 @@ class DatasetNotFoundError(DataError, FileNotFoundError):
 
 class CheckpointError(RelayGRError):
     """A training run directory is missing, incomplete, or does not match what it is used with."""
+
+
+class CatalogueMismatchError(ConfigError):
+    """Two trained runs served together number items of different catalogues (another dataset,
+    or too few items in common): their ids cannot be reconciled."""

@@ -19,7 +19,7 @@ from relaygr.bench.stats import point_stats
 from relaygr.bench.systems import SharedParts
 from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import EarlierStages
 from relaygr.errors import BenchProtocolError, ConfigError
 from relaygr.model import HSTU, HSTUConfig
@@ -129,7 +129,7 @@ def test_jsonable() -> None:
 def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
     num_items = 300
     model = make_model(0, num_items=num_items)
-    parts = SharedParts(model, flops_cost_model(model.cfg), Retriever.from_model(model))
+    parts = SharedParts(model, flops_cost_model(model.cfg), EmbeddingRetrieval.of(model, 8))
     population = SyntheticConfig(num_users=20, num_items=num_items, num_candidates=16,
                                  prefix_len=FixedLength(40), short_gap_share=1.0,
                                  short_gap_mean_s=0.5)
@@ -137,7 +137,7 @@ def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
     system = SystemConfig(num_candidates=16, retrieval_k=48, retrieval_history=8)
     book = parts.book_for(workload, system)
     assert parts.book_for(workload, system) is book          # once per workload
-    stages = EarlierStages(model, parts.retriever, 48, 8, 0.0, 0.0)
+    stages = EarlierStages(parts.retrieval, 48, 0.0, 0.0)
     grown = {u: h.items for u, h in workload.histories.items()}
     previous: dict[int, tuple[float, np.ndarray]] = {}   # user -> (send, history before it)
     races = 0

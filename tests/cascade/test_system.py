@@ -11,7 +11,7 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import Recommendation, RelaySystem, Visit
@@ -188,7 +188,7 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
 
 def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(model, Retriever.from_model(model), 64, 16, 0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 64, 0.0, 0.0)
     history = np.arange(1, 40, dtype=np.int64)
     marker = torch.tensor([7, 8, 9])             # not what retrieval would return
     book = CandidateBook()
@@ -196,10 +196,10 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
     stages.book = book
 
     async def main() -> list[torch.Tensor]:
-        return [await stages.run(history, 24, user_id=3),          # replayed
-                await stages.run(history, 24, user_id=4),          # another user: live
-                await stages.run(history[:-1], 24, user_id=3),     # another history: live
-                await stages.run(history, 12, user_id=3)]          # another count: live
+        return [(await stages.run(history, 24, user_id=3)).candidates,   # replayed
+                (await stages.run(history, 24, user_id=4)).candidates,   # another user: live
+                (await stages.run(history[:-1], 24, user_id=3)).candidates,  # another history
+                (await stages.run(history, 12, user_id=3)).candidates]   # another count: live
 
     try:
         replayed, other_user, other_history, fewer = asyncio.run(main())
@@ -214,7 +214,7 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
 
 def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(model, Retriever.from_model(model), 4 * NUM_ITEMS, 16, 0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 4 * NUM_ITEMS, 0.0, 0.0)
     try:
         history = np.arange(1, 40, dtype=np.int64)
         every = stages.candidates(history, NUM_ITEMS)       # all items not in the history
@@ -228,7 +228,7 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     visit_list = visits(count=12)
     live, _ = serve("relay", visit_list)
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(model, Retriever.from_model(model), 64, 64, 0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 64), 64, 0.0, 0.0)
     book = CandidateBook()
     grown = {u: items for u, (items, _) in histories().items()}
     for v in visit_list:   # the visits run one at a time: each sees the previous one's events

@@ -19,7 +19,9 @@ point the earlier stages only take their configured delays. The two cores then s
 tier alone. Measured before this change: retrieval (a flat FAISS search over 50,000 items plus
 the history filter) cost 2.2 ms of CPU per visit; the relay's ranking P99 at 48 QPS and 512
 tokens was 78-823 ms in nine runs with it and 31-169 ms in five with random candidates in its
-place (docs/benchmark.md).
+place (docs/benchmark.md). A workload served by a trained retrieval stage
+(``SharedParts.measured``, ``relaygr bench --retrieval-run``) is the exception: its retrieval is
+real work on the request's path, measured live, and the simulated delays are 0.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,9 +44,9 @@ from relaygr.bench.protocol import (
     SystemSnapshot,
 )
 from relaygr.bench.workload import Workload
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem, Visit
@@ -130,10 +132,13 @@ class SharedParts:
 
     model: HSTU
     cost_model: LatencyCostModel
-    retriever: Retriever
+    retrieval: RetrievalStage
     # Where the ranking instances run: None, in the benchmark's own process (worker threads
     # sharing one GIL); else one process each (``relaygr.cascade.processes``).
     processes: InstanceProcesses | None = None
+    # Trained retrieval stages by workload name (workloads whose item ids are a dataset's):
+    # their visits retrieve live, on the request's path and measured, with no simulated delays.
+    measured: Mapping[str, RetrievalStage] = field(default_factory=dict)
     _books: OrderedDict[int, tuple[Workload, CandidateBook]] = field(
         default_factory=OrderedDict, repr=False, compare=False)
 
@@ -145,8 +150,7 @@ class SharedParts:
         cached = self._books.get(key)
         if cached is not None and cached[0] is workload:
             return cached[1]
-        stages = EarlierStages(self.model, self.retriever, config.retrieval_k,
-                               config.retrieval_history, 0.0, 0.0)
+        stages = EarlierStages(self.retrieval, config.retrieval_k, 0.0, 0.0)
         book = CandidateBook()
         grown = {user: h.items for user, h in workload.histories.items()}
         before: dict[int, tuple[float, np.ndarray]] = {}   # user -> (last send, history then)
@@ -160,7 +164,7 @@ class SharedParts:
                     variants.append(last[1])   # the previous visit's events not appended yet
                 for history in variants:
                     seen = np.concatenate([history, recent])
-                    book.add(user, seen, n, stages.candidates(seen, n))
+                    book.add(user, seen, n, stages.candidates(seen, n, user))
                 before[user] = (request.send_s, grown[user])
                 grown[user] = np.concatenate([grown[user], recent])
         finally:
@@ -177,15 +181,21 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
 
     def factory_for(mode: str) -> SystemFactory:
         def build(ctx: SystemContext) -> CascadeUnderTest:
+            trained = parts.measured.get(ctx.workload.name)
             delays = ctx.workload.stage_delays
             config = base.with_(mode=mode, retrieval_delay_ms=delays.retrieval_ms,
                                 preprocess_delay_ms=delays.preprocessing_ms)
+            retrieval, book = parts.retrieval, None
+            if trained is None:
+                book = parts.book_for(ctx.workload, config)
+            else:
+                config, retrieval = base.with_(mode=mode, **MEASURED_STAGE_DELAYS), trained
             store = InMemoryHistoryStore.from_sequences(
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)
             factory = None if parts.processes is None else parts.processes.factory
-            system = RelaySystem(config, parts.model, store, parts.cost_model, parts.retriever,
-                                 parts.book_for(ctx.workload, config), factory)
+            system = RelaySystem(config, parts.model, store, parts.cost_model, retrieval, book,
+                                 factory)
             return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)
         return build
 

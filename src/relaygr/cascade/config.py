@@ -10,6 +10,11 @@ from relaygr.errors import ConfigError
 
 MiB = 1 << 20
 
+# The stage delays where a trained retrieval stage serves (``relaygr serve --retrieval-run``):
+# its time is measured on the request's path, so nothing simulated is added unless a
+# configuration asks for it explicitly.
+MEASURED_STAGE_DELAYS: dict[str, float] = {"retrieval_delay_ms": 0.0, "preprocess_delay_ms": 0.0}
+
 
 @dataclass(frozen=True)
 class SystemConfig:
@@ -35,10 +40,12 @@ class SystemConfig:
     # Items retrieved before pre-processing filters the history out and keeps num_candidates.
     retrieval_k: int = 1024
     num_candidates: int = 256
-    # Time the earlier stages spend on their own fleets: the window pre-inference hides in.
+    # Time the earlier stages spend on their own (simulated) fleets: the window pre-inference
+    # hides in. A request waits for them even when its retrieval computed faster; with a
+    # trained retrieval stage they default to 0 instead (MEASURED_STAGE_DELAYS).
     retrieval_delay_ms: float = 30.0
     preprocess_delay_ms: float = 20.0
-    # Events that form retrieval's user vector (mean of their item embeddings).
+    # Latest events that form retrieval's user vector (either strategy's).
     retrieval_history: int = 64
     # Affinity router: spill to the next choice when the owner's queue is deeper than this.
     spill_queue_depth: int = 8

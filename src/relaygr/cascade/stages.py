@@ -1,12 +1,12 @@
 """The cascade's earlier stages: retrieval and pre-processing, on their own (simulated) fleets.
 
-They do not run on the ranking device: their compute (a FAISS search, a filter) runs on a
-separate thread pool, and each stage lasts at least its configured delay, which stands for the
-time those fleets take in production. That window is what pre-inference hides in.
-
-Retrieval's user vector is the normalised mean of the item embeddings of the user's latest
-events (a two-tower-style proxy): it needs no ranking-model pass, so retrieval never waits for
-the ranking device. Both stages are deterministic, so every mode ranks the same candidates.
+They do not run on the ranking device: their compute (a retrieval strategy's user vector and
+FAISS search, a filter; ``relaygr.cascade.proposals``) runs on a separate thread pool, and the
+two stages together last at least their configured delays, which stand for the time those
+fleets take in production. That window is what pre-inference hides in. With a trained
+retrieval stage the delays default to 0 (``MEASURED_STAGE_DELAYS``): the request then waits
+for the measured retrieval alone. ``StageTiming`` says which of the two a request waited for.
+Both stages are deterministic, so every mode ranks the same candidates.
 
 A benchmark keeps the other fleets' compute off the machine it measures: it runs retrieval for
 every scheduled visit before the point starts (``CandidateBook``, same function, same inputs)
@@ -17,15 +17,17 @@ and the stages then only take their configured delay. A visit the book does not 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.errors import EmptyInputError
-from relaygr.model import HSTU
 
 
 class CandidateBook:
@@ -56,57 +58,82 @@ class CandidateBook:
         return found[1] if found is not None and found[0] == events else None
 
 
+@dataclass(frozen=True)
+class StageTiming:
+    """Where a request's time went before ranking, in seconds: intervals of one clock
+    (``EarlierStages.clock``, ``time.perf_counter`` as the rest of a ``Recommendation``),
+    disjoint and in order, so their sum never exceeds the request's time.
+
+    ``retrieval_s``: measured, from handing the request to the retrieval pool to its candidates
+    back on the event loop (the strategy's user vector and index search, pre-processing's
+    filter, any wait for a pool thread); about 0 when the candidates were replayed from a book.
+    ``delay_s``: then slept for the configured stage delays (the simulated fleets' time) beyond
+    that; 0 when the delays are 0 or the measured work already took longer."""
+
+    retrieval_s: float
+    delay_s: float
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """The candidates pre-processing kept (``[<= num_candidates]`` dense ids) and their time."""
+
+    candidates: Tensor
+    timing: StageTiming
+
+
 class EarlierStages:
     """Retrieval then pre-processing for one request (see the module docstring)."""
 
-    def __init__(self, model: HSTU, retriever: Retriever, retrieval_k: int,
-                 retrieval_history: int, retrieval_delay_s: float,
-                 preprocess_delay_s: float, book: CandidateBook | None = None) -> None:
-        self.embeddings = model.item_emb.weight.detach().to("cpu", torch.float32)
-        self.retriever = retriever
+    def __init__(self, retrieval: RetrievalStage, retrieval_k: int, retrieval_delay_s: float,
+                 preprocess_delay_s: float, book: CandidateBook | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``clock`` measures ``StageTiming`` (the delays run on the event loop's timers, whose
+        clock may be coarse: uvloop's counts milliseconds)."""
+        self.retrieval = retrieval
+        self.clock = clock
         self.retrieval_k = retrieval_k
-        self.retrieval_history = retrieval_history
         self.retrieval_delay_s = retrieval_delay_s
         self.preprocess_delay_s = preprocess_delay_s
         self.book = book
         self.replayed = self.retrieved = 0     # visits answered from the book / computed
         self._fleet = ThreadPoolExecutor(max_workers=2, thread_name_prefix="relaygr-retrieval")
 
-    def user_vector(self, history: np.ndarray) -> Tensor:
-        """``[1, d]``: normalised mean embedding of the last ``retrieval_history`` events."""
-        recent = torch.from_numpy(np.ascontiguousarray(history[-self.retrieval_history:]))
-        vec = self.embeddings[recent].mean(0, keepdim=True)
-        return vec / vec.norm().clamp_min(1e-12)
-
-    def candidates(self, history: np.ndarray, num_candidates: int) -> Tensor:
+    def candidates(self, history: np.ndarray, num_candidates: int,
+                   user_id: int | None = None) -> Tensor:
         """The top items not already in the history, best first (``[<= num_candidates]``)."""
         if history.size == 0:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
-        # up to retrieval_k: a catalogue smaller than k is retrieved whole
-        k = min(self.retrieval_k, self.retriever.num_items)
-        found = self.retriever.search(self.user_vector(history), k)
-        ids = found.item_ids[0][found.valid[0]]
+        ids = self.retrieval.propose(history, self.retrieval_k, user_id)
         fresh = ids[~np.isin(ids, history)]                 # pre-processing: filter
         return torch.from_numpy(np.ascontiguousarray(fresh[:num_candidates]))   # ... truncate
 
     async def run(self, history: np.ndarray, num_candidates: int, user_id: int | None = None
-                  ) -> Tensor:
+                  ) -> StageOutput:
         """Both stages: done no earlier than their configured total after the call, and no
-        later than that plus timer granularity (one absolute deadline, not two sleeps). The
-        book's answer is used when it holds ``user_id`` with exactly this history."""
+        later than that plus timer granularity (one absolute deadline, not two sleeps), or
+        when the measured work is done if that is later. The book's answer is used when it
+        holds ``user_id`` with exactly this history."""
         loop = asyncio.get_running_loop()
+        start = self.clock()
         deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
         candidates = None
         if self.book is not None and user_id is not None:
             candidates = self.book.get(user_id, history, num_candidates)
+        replayed = candidates is not None
         if candidates is None:
             candidates = await loop.run_in_executor(self._fleet, self.candidates, history,
-                                                    num_candidates)
+                                                    num_candidates, user_id)
             self.retrieved += 1
         else:
             self.replayed += 1
-        await asyncio.sleep(max(0.0, deadline - loop.time()))
-        return candidates
+        retrieved = self.clock()
+        delay_s = 0.0
+        if deadline > loop.time():
+            await asyncio.sleep(deadline - loop.time())
+            delay_s = self.clock() - retrieved
+        return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed))
 
     def shutdown(self) -> None:
         self._fleet.shutdown(wait=True)

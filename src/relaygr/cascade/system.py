@@ -3,7 +3,7 @@
 ``recommend(visit)`` runs one request end to end (DESIGN.md section 2):
 
     history ─► router.route ─► instance.preinfer (trigger; returns at once) ──┐ first leg
-            └► retrieval ─► pre-processing (their own fleets, ≥ configured delays)   │
+            └► retrieval ─► pre-processing (own fleets; measured, ≥ set delays)      │
                ─► router.follow (same instance unless it failed) ─► instance.rank ◄─┘ second leg
                ─► the visit's events are appended to the history (new prefix version)
 
@@ -30,8 +30,8 @@ from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
-from relaygr.cascade.retrieval import Retriever
-from relaygr.cascade.stages import CandidateBook, EarlierStages
+from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
+from relaygr.cascade.stages import CandidateBook, EarlierStages, StageTiming
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.supervisor import InstanceSupervisor
 from relaygr.cascade.window import HistoryWindow
@@ -88,6 +88,7 @@ class Recommendation:
     ranking_done_s: float
     timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
     window_start: int = 0      # the history event the model read first (cascade.window)
+    stages: StageTiming | None = None  # retrieval and delays before ranking (None: no stages)
 
 
 @dataclass
@@ -123,9 +124,11 @@ class RelaySystem:
     """See the module docstring. One event loop drives it."""
 
     def __init__(self, config: SystemConfig, model: HSTU, store: HistoryStore,
-                 cost_model: LatencyCostModel, retriever: Retriever | None = None,
+                 cost_model: LatencyCostModel, retrieval: RetrievalStage | None = None,
                  book: CandidateBook | None = None,
                  instance_factory: InstanceFactory | None = None) -> None:
+        """``retrieval``: the retrieval stage's strategy (default: the model's item embeddings,
+        ``EmbeddingRetrieval``)."""
         self.config = config
         self.mode = Mode.parse(config.mode)
         self.spec = spec_for(self.mode)
@@ -143,10 +146,10 @@ class RelaySystem:
         self.by_name = {inst.name: inst for inst in self.instances}
         # restarts instances whose process died (instances in processes; others never die)
         self.supervisor = InstanceSupervisor(self.instances)
-        self.stages = EarlierStages(model, retriever or Retriever.from_model(model),
-                                    config.retrieval_k, config.retrieval_history,
-                                    config.retrieval_delay_ms / 1e3,
-                                    config.preprocess_delay_ms / 1e3, book)
+        self.stages = EarlierStages(
+            retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
+            config.retrieval_k, config.retrieval_delay_ms / 1e3,
+            config.preprocess_delay_ms / 1e3, book)
         self.counters = SystemCounters()
         # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
         self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
@@ -186,8 +189,8 @@ class RelaySystem:
         leg = self._first_leg(visit, preinfer=True)
         seen = np.concatenate([leg.history_items,
                                np.asarray(visit.recent_items, dtype=np.int64)])
-        candidates = await self.stages.run(seen, leg.num_candidates, visit.user_id)
-        return await self._second_leg(leg, candidates)
+        earlier = await self.stages.run(seen, leg.num_candidates, visit.user_id)
+        return await self._second_leg(leg, earlier.candidates, earlier.timing)
 
     async def prefill(self, user_id: int, suffix_tokens: int = 0,
                       num_candidates: int | None = None) -> tuple[str, PreinferResult]:
@@ -233,7 +236,8 @@ class RelaySystem:
                 leg.preinfer = instance.preinfer(spec, s, n_cand)
         return leg
 
-    async def _second_leg(self, leg: _Leg, candidates: Tensor) -> Recommendation:
+    async def _second_leg(self, leg: _Leg, candidates: Tensor,
+                          stages: StageTiming | None = None) -> Recommendation:
         visit, spec = leg.visit, leg.spec
         suffix = suffix_ts = None
         grown = None
@@ -256,7 +260,7 @@ class RelaySystem:
                               await leg.preinfer_result(),
                               leg.decision.instance_id if leg.preinfer is not None else None,
                               spec.num_tokens, job.suffix_tokens, due, done, result.timing,
-                              spec.window_start)
+                              spec.window_start, stages)
 
     async def _rank(self, first: RouteDecision, job: RankJob) -> RankResult:
         decision = self.router.follow(first, self.views())

@@ -31,6 +31,7 @@ from relaygr.bench.limit import ModelLimitProbe
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
+from relaygr.bench.workload.ml1m import ML1MConfig, read_movie_ids
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.processes import (
@@ -39,7 +40,8 @@ from relaygr.cascade.processes import (
     threads_per_instance,
     wants_processes,
 )
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
@@ -61,6 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=None,
                    help="comma-separated modes, measured in this order (default: all six; "
                         "--quick: baseline, reactive, relay)")
+    p.add_argument("--retrieval-run", type=Path, default=None, metavar="RUN",
+                   help="a `relaygr train-retrieval` run on MovieLens-1M serving retrieval in the "
+                        "ML-1M replay phase (added to --quick): live and measured on each "
+                        "request's path, simulated stage delays 0. The synthetic workloads keep "
+                        "the model's item embeddings (their items name no dataset)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
@@ -106,14 +113,21 @@ def run(args: argparse.Namespace) -> int:
     if in_processes:
         processes = InstanceProcesses.for_model(model, cost_model, num_instances,
                                                 torch_threads=torch.get_num_threads())
-    parts = SharedParts(model, cost_model, Retriever.from_model(model), processes)
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
                           num_candidates=profile.num_candidates,
                           retrieval_k=4 * profile.num_candidates,
                           device_budget_bytes=profile.device_budget_bytes,
                           host_budget_bytes=profile.host_budget_bytes)
+    parts = SharedParts(model, cost_model,
+                        EmbeddingRetrieval.of(model, system.retrieval_history), processes)
     config = replace(run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg),
                      instance_placement="threads" if processes is None else "processes")
+    if args.retrieval_run is not None:
+        parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
+        if not any(phase.source == "ml1m" for phase in config.workloads):
+            # the plan's throughput search (the quick plan searches no mixed workload)
+            search = config.throughput.search if config.throughput else QpsSearchConfig()
+            config = replace(config, workloads=(*config.workloads, ml1m_phase(profile, search)))
     factories = mode_factories(modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
     try:
@@ -195,13 +209,26 @@ ABLATIONS = tuple(m.value for m in (Mode.RELAY_NO_TRIGGER, Mode.RELAY_NO_AFFINIT
                                     Mode.RELAY_NO_EXPANDER))
 
 
+def _trained_ml1m(run: Path, system: SystemConfig) -> TrainedRetrieval:
+    """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order)."""
+    movies = read_movie_ids(ML1MConfig().path)
+    return TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
+                                 system.retrieval_history)
+
+
+def ml1m_phase(profile: BenchProfile, search: QpsSearchConfig) -> WorkloadPhaseConfig:
+    """ML-1M replay (real ids and lengths): baseline, reactive and relay."""
+    delays = {"retrieval_ms": profile.retrieval_ms, "preprocessing_ms": profile.preprocessing_ms}
+    return WorkloadPhaseConfig(
+        "ml1m", "ml1m", {"num_candidates": profile.num_candidates, "stage_delays": delays},
+        ("baseline", "reactive", "relay"), search)
+
+
 def extra_workloads(profile: BenchProfile, search: QpsSearchConfig
                     ) -> tuple[WorkloadPhaseConfig, ...]:
     """ML-1M replay (real ids and lengths) and DLRMv3 without / with cross-request reuse."""
     delays = {"retrieval_ms": profile.retrieval_ms, "preprocessing_ms": profile.preprocessing_ms}
-    phases = [WorkloadPhaseConfig(
-        "ml1m", "ml1m", {"num_candidates": profile.num_candidates, "stage_delays": delays},
-        ("baseline", "reactive", "relay"), search)]
+    phases = [ml1m_phase(profile, search)]
     if profile.mixed_source != "dlrmv3":
         phases.append(WorkloadPhaseConfig(
             "dlrmv3", "dlrmv3", {**DLRMV3_CPU_SCALE, "num_items": profile.num_items,

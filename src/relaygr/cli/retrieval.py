@@ -25,7 +25,13 @@ import torch
 
 from relaygr.cli.train import parse_overrides
 from relaygr.errors import ConfigError
-from relaygr.retrieval.checkpoint import RunInfo, save_result, save_splits, write_run_info
+from relaygr.retrieval.checkpoint import (
+    RunInfo,
+    save_catalogue,
+    save_result,
+    save_splits,
+    write_run_info,
+)
 from relaygr.retrieval.config import PRESETS, preset
 from relaygr.retrieval.data import Domain, load_pair
 from relaygr.retrieval.movielens import load_movielens
@@ -80,6 +86,7 @@ def run_train(args: argparse.Namespace) -> int:
     info = RunInfo(name, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
                    {"data_dir": str(args.data_dir), **pair.summary()})
     write_run_info(args.out, info)
+    save_catalogue(args.out, pair, names)
     print(f"{name}: {pair.num_users} users; " + "; ".join(
         f"{d.name} {d.num_items} items, {len(d.train)} train" for d in domains), flush=True)
     for seed in args.seeds:

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.processes import PLACEMENTS, wants_processes
 from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.errors import ConfigError
 from relaygr.model import MODEL_SIZES
 from relaygr.server.config import ModelSource, ServeOptions, ServerConfig
 
@@ -46,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve --checkpoint with synthetic users instead of the users of the "
                         "data its run directory records")
     m.add_argument("--max-events", type=int, default=2048, help="longest synthetic history")
+    m.add_argument("--retrieval-run", type=Path, default=None, metavar="RUN",
+                   help="a `relaygr train-retrieval` run directory serving the retrieval stage "
+                        "(its user tower on the user's recent events, its item vectors in a "
+                        "FAISS index) instead of the checkpoint's item embeddings; needs "
+                        "--checkpoint of the same dataset. Its time is measured on the "
+                        "request's path, so the simulated stage delays default to 0 (a "
+                        "--system-config may still set retrieval_delay_ms/preprocess_delay_ms)")
     m.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("relay system")
     s.add_argument("--system-config", type=Path, default=None,
@@ -98,13 +106,19 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
             system_fields[name] = value
     if args.device is not None or "devices" not in system_fields:
         system_fields["devices"] = [device]
+    if args.retrieval_run is not None:
+        if args.ray:
+            raise ConfigError("--retrieval-run is served embedded only (not with --ray yet)")
+        for name, value in MEASURED_STAGE_DELAYS.items():
+            system_fields.setdefault(name, value)
     system = SystemConfig.from_dict(system_fields)
     model = ModelSource(size=args.size, num_items=args.num_items, max_seq_len=args.max_seq_len,
                         checkpoint=args.checkpoint, num_users=args.num_users,
                         max_events=min(args.max_events, args.max_seq_len), seed=args.seed,
                         dataset=args.dataset, data_dir=args.data_dir,
                         synthetic_users=args.synthetic_users,
-                        events=_events_path(args.events, args.checkpoint))
+                        events=_events_path(args.events, args.checkpoint),
+                        retrieval_run=args.retrieval_run)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()

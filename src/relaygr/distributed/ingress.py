@@ -34,7 +34,7 @@ from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
-from relaygr.cascade.retrieval import Retriever
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.system import Recommendation, Visit
@@ -81,8 +81,8 @@ class RayBackend:
         self.system = system
         self.window = HistoryWindow.for_model(model.cfg, system)
         self.max_attempts = max_attempts
-        self.stages = EarlierStages(model, Retriever.from_model(model), system.retrieval_k,
-                                    system.retrieval_history, system.retrieval_delay_ms / 1e3,
+        self.stages = EarlierStages(EmbeddingRetrieval.of(model, system.retrieval_history),
+                                    system.retrieval_k, system.retrieval_delay_ms / 1e3,
                                     system.preprocess_delay_ms / 1e3)
         self.preinfers = spec_for(Mode.parse(system.mode)).preinfer
         self.counters = _Counters()
@@ -118,11 +118,12 @@ class RayBackend:
         seen = np.concatenate([self._store.get(visit.user_id).items,
                                np.asarray(visit.recent_items, dtype=np.int64)])
         try:
-            candidates = await self.stages.run(seen, n_cand)
+            earlier = await self.stages.run(seen, n_cand)
         finally:
             pre = await first
-        return await self._second_leg(request_id, visit, prefix, candidates, pre,
-                                      None if pre is None else pre.note)
+        rec = await self._second_leg(request_id, visit, prefix, earlier.candidates, pre,
+                                     None if pre is None else pre.note)
+        return replace(rec, stages=earlier.timing)
 
     async def prefill(self, user_id: int, suffix_tokens: int,
                       num_candidates: int | None) -> PrefillOutcome:

@@ -8,7 +8,7 @@ above. Inside it::
                   <-  trainer  <-  checkpoint  <-  report
 
 ``RetrievalModel.item_vectors`` / ``user_vector`` are the serving API (FAISS rows and the
-request-time user tower); wiring them into the cascade is a later step.
+request-time user tower), served by ``relaygr.cascade.trained_retrieval``.
 """
 
 from relaygr.retrieval.config import PRESETS, SCCDRConfig, preset

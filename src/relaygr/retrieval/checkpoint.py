@@ -5,6 +5,9 @@ Layout of ``RUN``::
 
     run.json                  RunInfo: pair, data folders with sizes and file digests, split
                               kind, preset, config, seeds
+    catalogue.npz             the source's id of every user (``users``) and of every item of
+                              each domain (``items/<domain>``): how a served run's ids map to
+                              another run's (``RunCatalogue``)
     seed-<s>/model.safetensors   weights of the best validation epoch
     seed-<s>/split/<domain>.npz  train / valid / test rows and the fixed-seed negatives
     seed-<s>/metrics.jsonl       one line per epoch: losses, validation HR/NDCG@10
@@ -22,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.config import SCCDRConfig
+from relaygr.retrieval.data import DomainPair
 from relaygr.retrieval.graph import BipartiteGraph
 from relaygr.retrieval.model import RetrievalModel
 from relaygr.retrieval.splits import DomainSplit, SplitKind
@@ -98,6 +103,43 @@ def read_run_info(run_dir: Path) -> RunInfo:
         return RunInfo.from_dict(json.loads(path.read_text()))
     except ValueError as exc:
         raise CheckpointError(f"cannot parse {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RunCatalogue:
+    """The source's ids of a run's users and of each domain's items (index = the run's id)."""
+
+    users: np.ndarray
+    items: dict[str, np.ndarray]
+
+
+CATALOGUE_FILE = "catalogue.npz"
+
+
+def save_catalogue(run_dir: Path, pair: DomainPair, domains: tuple[str, ...]) -> None:
+    arrays: dict[str, Any] = {"users": pair.user_catalogue()}
+    arrays.update({f"items/{d.name}": d.item_catalogue() for d in pair.domains
+                   if d.name in domains})
+
+    def write(path: Path) -> None:
+        with path.open("wb") as fh:       # a file object: numpy adds no ".npz" to the name
+            np.savez_compressed(fh, **arrays)
+
+    _atomic(Path(run_dir) / CATALOGUE_FILE, write)
+
+
+def load_catalogue(run_dir: Path, info: RunInfo) -> RunCatalogue:
+    """``CheckpointError`` when the run has none (trained before runs recorded it: retrain)."""
+    path = Path(run_dir) / CATALOGUE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} records no {CATALOGUE_FILE} (the source's ids of its "
+                              "users and items); train it again to serve it")
+    with np.load(path) as z:
+        missing = [d for d in info.domains if f"items/{d}" not in z.files]
+        if missing or "users" not in z.files:
+            raise CheckpointError(f"{path} lacks the users or the items of {missing}")
+        return RunCatalogue(z["users"].astype(np.int64),
+                            {d: z[f"items/{d}"].astype(np.int64) for d in info.domains})
 
 
 def save_splits(run_dir: Path, seed: int, splits: dict[str, DomainSplit]) -> None:

@@ -31,6 +31,14 @@ class Domain:
     test_original: np.ndarray
     num_items: int
     digest: str            # sha256 (first 16 hex) of the three files, in FILES order
+    # The source's id of each dense item (index = item id); None: the files' ids are the ids.
+    original_items: np.ndarray | None = None
+
+    def item_catalogue(self) -> np.ndarray:
+        """``(num_items,)`` int64: the source's id of every item id of this domain."""
+        if self.original_items is None:
+            return np.arange(self.num_items, dtype=np.int64)
+        return np.asarray(self.original_items, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,14 @@ class DomainPair:
     target: Domain
     source: Domain
     num_users: int
+    # The source's id of each dense user (index = user id); None: the files' ids are the ids.
+    original_users: np.ndarray | None = None
+
+    def user_catalogue(self) -> np.ndarray:
+        """``(num_users,)`` int64: the source's id of every user id."""
+        if self.original_users is None:
+            return np.arange(self.num_users, dtype=np.int64)
+        return np.asarray(self.original_users, dtype=np.int64)
 
     @property
     def domains(self) -> tuple[Domain, Domain]:

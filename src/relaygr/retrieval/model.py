@@ -1,6 +1,6 @@
 """The dual-tower retrieval model: one encoder tower per domain over that domain's training graph.
 
-``RetrievalModel`` is what serving will use (not wired into the cascade yet):
+``RetrievalModel`` is what serving uses (``relaygr.cascade.trained_retrieval``):
 
 - ``item_vectors(domain)``: every item's vector of the domain, ``(num_items, vector_dim)``
   float32 (the FAISS index's rows; ``vector_dim`` is ``dim + 1`` with the popularity prior);

@@ -6,7 +6,9 @@ ordered by timestamp then file order). Every rating is an implicit interaction. 
 each user's last interaction is the test row (``Domain.test`` and ``test_original``), the rest
 is training; ``make_split(..., SplitKind.DISENCDR, ...)`` then carves validation from training
 and draws the negatives. Ids are made dense (users and movies from 0, in order of first
-appearance), so the graph has no isolated padding nodes.
+appearance), so the graph has no isolated padding nodes; the movie and user ids of the file are
+kept (``Domain.original_items``, ``DomainPair.original_users``) and a run records them, so a
+served run maps to another run's ids through them.
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ def load_movielens(path: Path) -> DomainPair:
     if table.empty:
         raise EmptyDatasetError("no ratings", str(path))
     table = table.sort_values(["user", "order"], kind="stable")
-    users = pd.factorize(table["user"])[0]
-    items = pd.factorize(table["item"])[0]
+    users, user_ids = pd.factorize(table["user"])
+    items, item_ids = pd.factorize(table["item"])
     pairs = np.stack([users, items], axis=1).astype(np.int64)
     last = np.r_[users[1:] != users[:-1], True]
     domain = Domain(NAME, path.parent, pairs[~last], pairs[last], pairs[last],
-                    int(items.max()) + 1, hashlib.sha256(path.read_bytes()).hexdigest()[:16])
-    return DomainPair(domain, domain, int(users.max()) + 1)
+                    int(items.max()) + 1, hashlib.sha256(path.read_bytes()).hexdigest()[:16],
+                    np.asarray(item_ids, dtype=np.int64))
+    return DomainPair(domain, domain, int(users.max()) + 1, np.asarray(user_ids, dtype=np.int64))

@@ -51,6 +51,14 @@ from relaygr.server.service import RelayService
 
 ENDPOINTS = frozenset({"/v1/recommend", "/v1/prefill", "/v1/rank", "/v1/events", "/healthz",
                        "/readyz", "/metrics"})
+RECOMMEND_DELAY_NOTE = (
+    "Retrieval and pre-processing stand for other fleets: unless a trained retrieval stage "
+    "serves (`relaygr serve --retrieval-run`), the request waits until the configured "
+    "`retrieval_delay_ms + preprocess_delay_ms` (50 ms by default) have passed since it entered "
+    "the cascade, whatever its retrieval computed, so every answer takes at least that long. "
+    "With a trained stage both default to 0 and the request waits for the measured retrieval. "
+    "`timings` says which: `retrieval_ms` (measured), `simulated_delay_ms` (waited for the "
+    "configured delays), `ranking_ms`, `total_ms`.")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
 
@@ -101,7 +109,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def _install_routes(app: FastAPI, service: RelayService) -> None:
     @app.post("/v1/recommend", response_model=RecommendResponse, responses=_ERRORS,
-              summary="Run the whole cascade for a user: retrieval, pre-processing, ranking")
+              summary="Run the whole cascade for a user: retrieval, pre-processing, ranking",
+              description=RECOMMEND_DELAY_NOTE)
     async def recommend(body: RecommendRequest) -> RecommendResponse:
         return await service.recommend(body)
 

@@ -9,7 +9,8 @@ with time. A history longer than the model's window is loaded as its newest wind
 the window would start (``cascade.window``: a block boundary counted from the first event), so
 the windows it reads as visits append are those of the whole history; visits append past
 ``max_seq_len`` freely (the window slides). The latency cost model (the trigger's predictions)
-is loaded from a file or fitted by timing the model at start-up.
+is loaded from a file or fitted by timing the model at start-up. A trained retrieval run, when
+given, serves the cascade's retrieval stage (``load_retrieval``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.store import InMemoryHistoryStore, SyntheticHistories
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
-from relaygr.errors import ConfigError
+from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.model import HSTU, config_for_size
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.measure import fit_on_model
@@ -155,6 +157,31 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
     return ItemCatalog(id_map, model.cfg.num_items, titles)
 
 
+def load_retrieval(source: ModelSource, system: SystemConfig,
+                   log: Callable[[str], None] = lambda _: None) -> RetrievalStage | None:
+    """The trained retrieval stage of ``source.retrieval_run`` (None without one), its ids
+    mapped through the checkpoint's id map (``CatalogueMismatchError`` when they cannot be)."""
+    if source.retrieval_run is None:
+        return None
+    from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+    from relaygr.data import IdMap
+    from relaygr.train import read_run_config
+    from relaygr.train.checkpoint import ID_MAP_FILE
+
+    assert source.checkpoint is not None      # ModelSource checks it
+    id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
+    if not all(isinstance(i, int) for i in id_map.items):
+        raise CatalogueMismatchError(f"{source.checkpoint} names its items by strings; a "
+                                     "retrieval run's catalogue records integer ids")
+    ranker = RankerCatalogue(read_run_config(source.checkpoint).dataset.name,
+                             np.asarray(id_map.items), not source.synthetic_users)
+    stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.retrieval_history)
+    log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
+        f"{id_map.num_items} items indexed; stage delays {system.retrieval_delay_ms:g} + "
+        f"{system.preprocess_delay_ms:g} ms")
+    return stage
+
+
 def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore,
                   log: Callable[[str], None]) -> SystemConfig:
     """``system`` with per-instance cache budgets sized from ``model`` and ``store``'s users."""
@@ -196,12 +223,15 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
         f"{' in processes of their own' if instance_processes else ''}; fitting the cost model")
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
+    retrieval = load_retrieval(source, system, log)
     if not instance_processes:
-        return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model)),
+        return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
+                                                        retrieval)),
                             server, load_catalog(source, model), model_info(source, model))
     from relaygr.cascade.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
                                             threads_per_instance(system.num_instances))
-    relay = RelaySystem(system, model, store, cost_model, instance_factory=processes.factory)
+    relay = RelaySystem(system, model, store, cost_model, retrieval,
+                        instance_factory=processes.factory)
     return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,
                         load_catalog(source, model), model_info(source, model))

@@ -98,6 +98,9 @@ class ModelSource:
     synthetic_users: bool = False
     # Where appended events are kept across restarts (SQLite, cascade.eventlog); None: memory.
     events: Path | None = None
+    # A trained retrieval run (``relaygr train-retrieval``) serving the retrieval stage instead
+    # of the model's item embeddings; its ids are mapped through the checkpoint's id map.
+    retrieval_run: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
@@ -112,11 +115,14 @@ class ModelSource:
             raise ConfigError("serving a dataset's users needs --checkpoint (its id map)")
         if self.synthetic_users and (self.checkpoint is None or self.dataset is not None):
             raise ConfigError("--synthetic-users is for a checkpoint served without --dataset")
+        if self.retrieval_run is not None and self.checkpoint is None:
+            raise ConfigError("--retrieval-run needs --checkpoint: the ranker's id map says "
+                              "which items the retrieval run's ids are")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSource:
         values = dict(data)
-        for key in ("checkpoint", "data_dir", "events"):
+        for key in ("checkpoint", "data_dir", "events", "retrieval_run"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
         return _from_dict(cls, values)

@@ -111,7 +111,8 @@ class ServerMetrics:
                                 ["endpoint", "status"], registry=self.registry)
         self.stage_seconds = Histogram(
             "relaygr_stage_seconds", "Latency of a request's stages (earlier_stages: retrieval "
-            "and pre-processing; ranking: due to scores; request: the whole call)",
+            "and pre-processing with their simulated delays; retrieval: the measured retrieval "
+            "alone; ranking: due to scores; request: the whole call)",
             ["endpoint", "stage"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.ranking_seconds = Histogram(
             "relaygr_ranking_seconds", "Ranking latency (due to scores) by path", ["path"],
@@ -131,6 +132,8 @@ class ServerMetrics:
         if endpoint == "recommend":
             self.stage_seconds.labels(endpoint, "earlier_stages").observe(
                 max(0.0, rec.ranking_due_s - start_s))
+        if rec.stages is not None:
+            self.stage_seconds.labels(endpoint, "retrieval").observe(rec.stages.retrieval_s)
         self.stage_seconds.labels(endpoint, "ranking").observe(ranking_s)
         self.stage_seconds.labels(endpoint, "request").observe(end_s - start_s)
         self.ranking_seconds.labels(rec.path.value).observe(ranking_s)

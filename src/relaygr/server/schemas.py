@@ -95,6 +95,23 @@ class PreinferOut(BaseModel):
     tokens: int
 
 
+class StageTimings(BaseModel):
+    """Where the request's time went, in ms. The stages are disjoint intervals of one clock,
+    so ``retrieval_ms + simulated_delay_ms + ranking_ms <= total_ms``; the rest is admission,
+    validation, id translation and waiting on the event loop."""
+
+    retrieval_ms: float | None = Field(
+        description="measured: the retrieval stage (user vector, index search, pre-processing's "
+                    "filter) from hand-off to its candidates; null for /v1/rank (no retrieval)")
+    simulated_delay_ms: float | None = Field(
+        description="then waited for the configured earlier-stage delays (retrieval_delay_ms + "
+                    "preprocess_delay_ms, standing for other fleets' time) beyond the measured "
+                    "retrieval; 0 when they are 0, as with a trained retrieval stage; null for "
+                    "/v1/rank")
+    ranking_ms: float = Field(description="ranking: from due to scores (queue and compute)")
+    total_ms: float = Field(description="the whole call, as the server saw it")
+
+
 class RecommendResponse(BaseModel):
     """Candidates (retrieval order for /v1/recommend, the given order for /v1/rank) and their
     scores, with how ranking ran."""
@@ -112,6 +129,7 @@ class RecommendResponse(BaseModel):
     window_start: int = 0
     ranking_ms: float
     total_ms: float
+    timings: StageTimings
     titles: list[str | None] | None = Field(
         default=None, description="the candidates' titles, where the dataset has them")
 

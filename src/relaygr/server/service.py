@@ -30,6 +30,7 @@ from relaygr.server.schemas import (
     ReadyResponse,
     RecommendRequest,
     RecommendResponse,
+    StageTimings,
     VisitFields,
 )
 from relaygr.server.snapshot import StateFingerprint
@@ -146,13 +147,21 @@ class RelayService:
         if rec.preinfer is not None and rec.preinfer_instance is not None:
             preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
         candidates = self.catalog.to_api(rec.candidates.tolist())
+        timings = _timings(rec, end_s - start_s)
         return RecommendResponse(
             user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
             scores=rec.scores.float().cpu().tolist(), path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
             window_start=rec.window_start,
-            ranking_ms=1e3 * (rec.ranking_done_s - rec.ranking_due_s),
-            total_ms=1e3 * (end_s - start_s))
+            ranking_ms=timings.ranking_ms, total_ms=timings.total_ms, timings=timings)
+
+
+def _timings(rec: Recommendation, total_s: float) -> StageTimings:
+    stages = rec.stages
+    return StageTimings(
+        retrieval_ms=None if stages is None else 1e3 * stages.retrieval_s,
+        simulated_delay_ms=None if stages is None else 1e3 * stages.delay_s,
+        ranking_ms=1e3 * (rec.ranking_done_s - rec.ranking_due_s), total_ms=1e3 * total_s)
 
 
 def _visit(request: VisitFields, num_candidates: int | None) -> Visit:

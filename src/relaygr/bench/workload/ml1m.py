@@ -39,6 +39,19 @@ DEFAULT_PATH = (Path(__file__).resolve().parents[4].parent
 _SCHEDULE = 0
 
 
+def movie_ids(movies: np.ndarray) -> np.ndarray:
+    """The dataset's movie id of every dense item id: ``movie_ids(...)[i]`` is item ``i + 1``
+    (ascending, as ``relaygr.data.IdMap`` numbers them)."""
+    return np.sort(np.unique(np.asarray(movies, dtype=np.int64)))
+
+
+def read_movie_ids(path: Path) -> np.ndarray:
+    """``movie_ids`` of the file ``read_ml1m`` reads: what the replay's item ids name."""
+    if not path.is_file():
+        raise ConfigError(f"MovieLens-1M ratings not found at {path}")
+    return movie_ids(pd.read_csv(path, usecols=["movie_id"])["movie_id"].to_numpy())
+
+
 @lru_cache(maxsize=2)
 def read_ml1m(path: Path) -> tuple[dict[int, UserHistory], int]:
     """Every user's full sequence (dense item ids, timestamps or None) and the catalogue size."""
@@ -48,7 +61,7 @@ def read_ml1m(path: Path) -> tuple[dict[int, UserHistory], int]:
                         dtype={"user_id": "int64", "movie_id": "int64", "timestamp": "float64",
                                "seq_pos": "int64"})  # float: missing timestamps read as NaN
     frame = frame.sort_values(["user_id", "seq_pos"], kind="stable")
-    movies = np.sort(frame["movie_id"].unique())
+    movies = movie_ids(frame["movie_id"].to_numpy())
     items = np.searchsorted(movies, frame["movie_id"].to_numpy()).astype(np.int64) + 1
     stamps = frame["timestamp"].to_numpy()
     users = frame["user_id"].to_numpy()

@@ -1,0 +1,135 @@
+"""A trained retrieval run (``relaygr train-retrieval``) as the cascade's retrieval stage.
+
+At load: the run's item tower gives every item's vector (``RetrievalModel.item_vectors``, the
+popularity prior in its last column); the vectors of the items the ranker also knows go into a
+FAISS inner-product index (``Retriever``), so an item the ranker cannot score is never proposed.
+
+At request time, the user tower: GraphSAGE's user side recomputed from the user's latest
+``recent_events`` events (``RetrievalModel.user_vector``): each layer combines the user's own
+state with the mean of its recent items' states of that layer. The user's own layer-0 state is
+its trained ID embedding when the run trained on that user (``dataset_users``: the cascade's user
+ids are the dataset's, as when serving a dataset's users), else zero (an unseen user: the tower's
+cold-start rule). So the vector follows the events the user has now, not those it had at training
+time; with the user's training items it is exactly the trained vector. Events of items the run
+does not know are skipped; a user with none of its recent events known gets ``EmptyInputError``.
+
+Ids: the run numbers users and items its own way; ``catalogue.npz`` holds the dataset's id of
+each. The ranker's ids are mapped through the dataset's ids (``RankerCatalogue``). Runs on another
+dataset, or sharing too few items, are refused (``CatalogueMismatchError``, naming the mismatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from relaygr.cascade.retrieval import RetrievalConfig, Retriever
+from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
+from relaygr.retrieval import RetrievalModel
+from relaygr.retrieval.checkpoint import RunCatalogue, load_catalogue, load_seed, read_run_info
+
+# Below this share of the ranker's items known to the run, the two runs are taken to number
+# different catalogues (another dataset or a different filtering of it): most of the ranker's
+# items could never be proposed, and an accidental overlap of small integer ids is likely.
+MIN_SHARED_FRACTION = 0.5
+_NAMED = 5   # ids an error names
+
+
+@dataclass(frozen=True)
+class RankerCatalogue:
+    """What the ranker's ids mean: ``items[i]`` is the dataset's id of ranker item ``i + 1``
+    (``relaygr.data.IdMap.items``); ``dataset`` its dataset's name (``relaygr.data`` names,
+    e.g. ``ml-1m``); ``dataset_users``: whether the cascade's user ids are the dataset's."""
+
+    dataset: str
+    items: np.ndarray
+    dataset_users: bool = True
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Position of each of ``values`` in ``keys`` (distinct ids), -1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(values), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    where = np.searchsorted(keys[order], values).clip(max=len(keys) - 1)
+    return np.where(keys[order][where] == values, order[where], -1).astype(np.int64)
+
+
+class TrainedRetrieval:
+    """A retrieval run's towers behind ``RetrievalStage`` (see the module docstring)."""
+
+    def __init__(self, model: RetrievalModel, domain: str, run_ids: RunCatalogue,
+                 ranker: RankerCatalogue, recent_events: int, name: str = "trained",
+                 index: RetrievalConfig | None = None) -> None:
+        self.model, self.domain, self.name = model, domain, name
+        self.recent_events = recent_events
+        self.dataset_users = ranker.dataset_users
+        run_items = run_ids.items[domain]
+        ranker_items = np.asarray(ranker.items, dtype=np.int64)
+        # run item j -> ranker id (0: the ranker does not know it); ranker id -> run item (-1)
+        self.to_ranker = _lookup(ranker_items, run_items) + 1
+        self.to_run = np.full(len(ranker_items) + 1, -1, dtype=np.int64)
+        known = np.flatnonzero(self.to_ranker > 0)
+        self.to_run[self.to_ranker[known]] = known
+        _check_shared(len(known), run_items, ranker_items, name)
+        self._run_users = {int(u): i for i, u in enumerate(run_ids.users.tolist())}
+        vectors = model.item_vectors(domain)              # (num_items, vector_dim)
+        self.index_items = self.to_ranker[known]          # ranker id of the index's row r
+        self.retriever = Retriever(vectors[known], index)
+        # the full-graph pass, once, now (a LightGCN run has no user tower: ConfigError here)
+        model.user_vector(domain, [int(known[0])])
+
+    @classmethod
+    def load(cls, run_dir: Path, ranker: RankerCatalogue, recent_events: int,
+             seed: int | None = None, index: RetrievalConfig | None = None
+             ) -> TrainedRetrieval:
+        """Seed ``seed`` (default: the run's first) of the run in ``run_dir``, its target
+        domain; ``CatalogueMismatchError`` when its data is not the ranker's."""
+        info = read_run_info(run_dir)
+        if info.pair != ranker.dataset:
+            raise CatalogueMismatchError(
+                f"retrieval run {run_dir} was trained on {info.pair!r}, the ranker on "
+                f"{ranker.dataset!r}: their item ids name different catalogues")
+        if seed is None:
+            seed = info.seeds[0]
+        elif seed not in info.seeds:
+            raise ConfigError(f"{run_dir} has seeds {list(info.seeds)}, not {seed}")
+        trained = load_seed(run_dir, info, seed)
+        return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
+                   recent_events, f"{Path(run_dir).name} (seed {seed})", index)
+
+    def user_vector(self, history: np.ndarray, user_id: int | None = None) -> np.ndarray:
+        """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events."""
+        recent = self.to_run[np.asarray(history[-self.recent_events:], dtype=np.int64)]
+        recent = recent[recent >= 0]
+        if recent.size == 0:
+            raise EmptyInputError(f"none of the user's last {self.recent_events} events is an "
+                                  f"item of retrieval run {self.name}")
+        return self.model.user_vector(self.domain, recent.tolist(), self.run_user(user_id))
+
+    def run_user(self, user_id: int | None) -> int | None:
+        """The run's id of the cascade's user ``user_id`` (None: not one the run trained on)."""
+        if user_id is None or not self.dataset_users:
+            return None
+        return self._run_users.get(int(user_id))
+
+    def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:
+        """Up to ``k`` ranker ids, best first: the index's top ``k`` by inner product."""
+        vec = self.user_vector(np.asarray(history, dtype=np.int64), user_id)
+        found = self.retriever.search(vec[None], min(k, self.retriever.num_items))
+        rows = found.item_ids[0][found.valid[0]] - 1        # search ids are 1-based rows
+        ids: np.ndarray = self.index_items[rows]
+        return ids
+
+
+def _check_shared(shared: int, run_items: np.ndarray, ranker_items: np.ndarray,
+                  name: str) -> None:
+    if shared >= MIN_SHARED_FRACTION * len(ranker_items) and shared > 0:
+        return
+    unknown = ranker_items[_lookup(run_items, ranker_items) < 0][:_NAMED].tolist()
+    raise CatalogueMismatchError(
+        f"retrieval run {name} knows {shared} of the ranker's {len(ranker_items)} items "
+        f"(needs {MIN_SHARED_FRACTION:.0%}); ranker ids it lacks include {unknown}: the two "
+        "runs number different catalogues")

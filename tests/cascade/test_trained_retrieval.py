@@ -1,0 +1,129 @@
+"""A trained retrieval run as the cascade's retrieval stage: exact top-K of its vectors, ids
+mapped through the dataset's, unknown items dropped, mismatched runs refused, time measured."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.stages import EarlierStages
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.system import Recommendation, RelaySystem, Visit
+from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.errors import CatalogueMismatchError, EmptyInputError
+from tests.cascade.retrieval_runs import (
+    MOVIES,
+    USERS,
+    brute_force,
+    train_run,
+    write_ratings,
+)
+from tests.engine.helpers import flops_cost_model
+from tests.model.helpers import make_model
+from tests.virtual_time import run_virtual
+
+RECENT = 6
+# The ranker lacks every 7th movie and knows 20 the run never saw: both sides have items the
+# other cannot name.
+PARTIAL = np.sort(np.concatenate([np.delete(MOVIES, np.s_[::7]),
+                                  np.arange(5000, 5020, dtype=np.int64)]))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("retrieval")
+    write_ratings(root / "ml")
+    return train_run(root / "ml", root / "run")
+
+
+def _histories(ranker: np.ndarray, seed: int = 0) -> dict[int, np.ndarray]:
+    """Each user's events as ranker ids: some of the run's items, some unknown to it."""
+    rng = np.random.default_rng(seed)
+    return {int(u): rng.integers(1, len(ranker) + 1, size=int(rng.integers(3, 20)))
+            for u in USERS[:12]}
+
+
+@pytest.mark.parametrize("ranker", [np.sort(MOVIES), PARTIAL], ids=["same", "partial"])
+def test_proposals_are_the_exact_top_k_of_the_runs_vectors(run: Path, ranker: np.ndarray
+                                                           ) -> None:
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
+    known = set(np.flatnonzero(np.isin(ranker, MOVIES)) + 1)
+    for user, history in _histories(ranker).items():
+        if not np.isin(ranker[history[-RECENT:] - 1], MOVIES).any():
+            with pytest.raises(EmptyInputError, match="none of the user's last 6 events"):
+                stage.propose(history, 40, user)
+            continue
+        for user_id in (user, None):                 # a user the run trained on, and a new one
+            got = stage.propose(history, 40, user_id)
+            brute_force(run, ranker, history, user_id, RECENT).check(got, 40)
+            assert set(got.tolist()) <= known        # never an item the ranker cannot score
+
+
+def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
+        run: Path) -> None:
+    ranker = PARTIAL
+    model = make_model(0, num_items=len(ranker), max_seq_len=256)
+    histories = {u: h for u, h in _histories(ranker, seed=1).items()
+                 if np.isin(ranker[h[-RECENT:] - 1], MOVIES).any()}
+    store = InMemoryHistoryStore.from_sequences({u: (h, None) for u, h in histories.items()},
+                                                num_items=len(ranker))
+    config = SystemConfig(num_instances=1, retrieval_k=40, num_candidates=16,
+                          retrieval_history=RECENT, device_budget_bytes=8 << 20,
+                          host_budget_bytes=16 << 20, page_tokens=16).with_(
+                              **MEASURED_STAGE_DELAYS)
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
+    system = RelaySystem(config, model, store, flops_cost_model(model.cfg), stage)
+    users = list(histories)
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            return [await system.recommend(Visit(u, num_candidates=16)) for u in users]
+        finally:
+            await system.stop()
+
+    for user, rec in zip(users, asyncio.run(main()), strict=True):
+        want = brute_force(run, ranker, histories[user], user, RECENT)
+        proposed = stage.propose(histories[user], 40, user)
+        want.check(proposed, 40)
+        fresh = proposed[~np.isin(proposed, histories[user])][:16]  # pre-processing's filter
+        assert rec.candidates.tolist() == fresh.tolist()
+        assert rec.scores.shape == (len(fresh),)
+        assert rec.stages is not None and rec.stages.delay_s == 0.0
+        assert rec.stages.retrieval_s >= 0 and not rec.stages.replayed
+
+
+def test_runs_of_another_catalogue_are_refused_by_name(run: Path) -> None:
+    with pytest.raises(CatalogueMismatchError, match="trained on 'ml-1m', the ranker on 'x'"):
+        TrainedRetrieval.load(run, RankerCatalogue("x", np.sort(MOVIES)), RECENT)
+    elsewhere = np.arange(1, 301, dtype=np.int64)      # same dataset name, other ids
+    with pytest.raises(CatalogueMismatchError, match=r"knows \d+ of the ranker's 300 items"):
+        TrainedRetrieval.load(run, RankerCatalogue("ml-1m", elsewhere), RECENT)
+
+
+def test_simulated_delays_are_waited_after_the_measured_retrieval_and_reported() -> None:
+    model = make_model(0, num_items=60)
+    history = np.arange(1, 20, dtype=np.int64)
+
+    async def both() -> tuple[float, float, float, float]:
+        loop = asyncio.get_running_loop()
+        simulated = EarlierStages(EmbeddingRetrieval.of(model, 8), 32, 0.030, 0.020,
+                                  clock=loop.time)
+        measured = EarlierStages(EmbeddingRetrieval.of(model, 8), 32, 0.0, 0.0, clock=loop.time)
+        try:
+            a = (await simulated.run(history, 8)).timing
+            b = (await measured.run(history, 8)).timing
+        finally:
+            simulated.shutdown()
+            measured.shutdown()
+        return a.retrieval_s, a.delay_s, b.retrieval_s, b.delay_s
+
+    # measured on the loop's virtual clock: the retrieval thread's work takes no time there
+    retrieval_a, delay_a, retrieval_b, delay_b = run_virtual(both())
+    assert (retrieval_a, retrieval_b, delay_b) == (0.0, 0.0, 0.0)
+    assert delay_a == pytest.approx(0.050, abs=1e-12)

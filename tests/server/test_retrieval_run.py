@@ -1,0 +1,135 @@
+"""``relaygr serve --retrieval-run``: a trained retrieval run serves /v1/recommend's retrieval,
+the simulated stage delays default to 0, and every answer says where its time went."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS
+from relaygr.cascade.trained_retrieval import TrainedRetrieval
+from relaygr.cli import serve
+from relaygr.data import load_sequences
+from relaygr.errors import CatalogueMismatchError, ConfigError
+from relaygr.server import ModelSource, RelayService, ServerConfig, build_embedded
+from relaygr.server.build import load_model
+from relaygr.server.config import ServeOptions
+from relaygr.train import Trainer
+from tests.cascade.retrieval_runs import brute_force, train_run, write_ratings
+from tests.engine.helpers import flops_cost_model
+from tests.server.helpers import make_service, run_with_client, system_config
+from tests.server.test_cli import parse
+from tests.train.helpers import TINY
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A ranking checkpoint and a retrieval run, both trained on one generated ML-1M file."""
+    root = tmp_path_factory.mktemp("serve-retrieval")
+    ratings = write_ratings(root / "ml")
+    seqs = load_sequences("ml-1m", ratings)
+    Trainer(TINY.with_(max_epochs=1), seqs, root / "rank", dataset="ml-1m",
+            progress_bar=False, log=lambda _: None).fit()
+    return root / "rank", train_run(root / "ml", root / "retrieval")
+
+
+def _service(rank: Path, retrieval: Path) -> RelayService:
+    source = ModelSource(checkpoint=rank, retrieval_run=retrieval)
+    model = load_model(source)
+    system = system_config(num_instances=1, retrieval_history=6).with_(**MEASURED_STAGE_DELAYS)
+    return build_embedded(source, system, ServerConfig(), flops_cost_model(model.cfg))
+
+
+def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path, Path]
+                                                               ) -> None:
+    rank, retrieval = runs
+    service = _service(rank, retrieval)
+    stage = service.backend.system.stages.retrieval          # type: ignore[attr-defined]
+    assert isinstance(stage, TrainedRetrieval)
+    users = sorted(service.backend.store)[:6]
+    ranker = np.asarray(service.catalog.id_map.items)        # type: ignore[union-attr]
+    histories = {u: service.backend.store.get(u).items.copy() for u in users}
+
+    async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
+        out = [await client.post("/v1/recommend", json={"user_id": u}) for u in users]
+        out.append(await client.post("/v1/rank", json={"user_id": users[0],
+                                                       "candidates": [int(ranker[0])]}))
+        return out
+
+    *answers, ranked = run_with_client(service, body)
+    for user, answer in zip(users, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        body_ = answer.json()
+        history = histories[user]
+        proposed = stage.propose(history, 64, user)
+        brute_force(retrieval, ranker, history, user, 6).check(proposed, 64)
+        fresh = proposed[~np.isin(proposed, history)][:16]      # pre-processing's filter
+        assert body_["candidates"] == ranker[fresh - 1].tolist()      # in the API's ids
+        t = body_["timings"]
+        assert t["simulated_delay_ms"] == 0.0 and t["retrieval_ms"] >= 0
+        assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]
+        assert (t["ranking_ms"], t["total_ms"]) == (body_["ranking_ms"], body_["total_ms"])
+    metrics = service.metrics.render().decode()
+    assert 'relaygr_stage_seconds_count{endpoint="recommend",stage="retrieval"} 6.0' in metrics
+    assert ranked.status_code == 200, ranked.text
+    timings = ranked.json()["timings"]
+    assert timings["retrieval_ms"] is None and timings["simulated_delay_ms"] is None
+    assert timings["ranking_ms"] <= timings["total_ms"]
+
+
+def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> None:
+    options = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path))
+    assert (options.system.retrieval_delay_ms, options.system.preprocess_delay_ms) == (0, 0)
+    assert options.model.retrieval_run == tmp_path
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps({"preprocess_delay_ms": 7.0}))     # asked for: kept
+    kept = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                         "--system-config", str(path))
+    assert (kept.system.retrieval_delay_ms, kept.system.preprocess_delay_ms) == (0, 7.0)
+    plain = serve_options("--checkpoint", str(tmp_path))
+    assert plain.system.stage_delay_s > 0          # without a trained stage: simulated
+    with pytest.raises(ConfigError, match="needs --checkpoint"):
+        serve_options("--retrieval-run", str(tmp_path))
+
+
+def serve_options(*argv: str) -> ServeOptions:
+    return serve.options_from_args(parse(*argv, "--device", "cpu"))
+
+
+def test_a_run_of_another_dataset_is_refused(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    rank, retrieval = runs
+    info = json.loads((retrieval / "run.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    for item in retrieval.iterdir():
+        if item.name != "run.json":
+            (other / item.name).symlink_to(item)
+    (other / "run.json").write_text(json.dumps({**info, "pair": "ml-100k"}))
+    with pytest.raises(CatalogueMismatchError, match="trained on 'ml-100k', the ranker on"):
+        _service(rank, other)
+
+
+def test_without_a_trained_stage_the_configured_delays_are_waited_and_reported() -> None:
+    # retrieval_delay_ms=3 + preprocess_delay_ms=2: the earlier stages end no sooner than 5 ms
+    # after they start (asyncio may fire a timer up to its clock resolution early)
+    service = make_service(system_config(retrieval_delay_ms=3, preprocess_delay_ms=2))
+    user = sorted(service.backend.store)[0]
+
+    async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, dict[str, Any]]:
+        return (await client.post("/v1/recommend", json={"user_id": user}),
+                (await client.get("/openapi.json")).json())
+
+    answer, openapi = run_with_client(service, body)
+    described = openapi["paths"]["/v1/recommend"]["post"]["description"]
+    assert "50 ms by default" in described and "simulated_delay_ms" in described
+    assert answer.status_code == 200, answer.text
+    t = answer.json()["timings"]
+    resolution_ms = 1e3 * time.get_clock_info("monotonic").resolution
+    assert t["retrieval_ms"] + t["simulated_delay_ms"] >= 5.0 - resolution_ms
+    assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]
