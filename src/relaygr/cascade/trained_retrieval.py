@@ -77,6 +77,8 @@ class TrainedRetrieval:
         self._run_users = {int(u): i for i, u in enumerate(run_ids.users.tolist())}
         vectors = model.item_vectors(domain)              # (num_items, vector_dim)
         self.index_items = self.to_ranker[known]          # ranker id of the index's row r
+        self.to_index_row = np.full(len(ranker_items) + 1, -1, dtype=np.int64)
+        self.to_index_row[self.index_items] = np.arange(len(known))
         self.retriever = Retriever(vectors[known], index)
         # the full-graph pass, once, now (a LightGCN run has no user tower: ConfigError here)
         model.user_vector(domain, [int(known[0])])
@@ -117,11 +119,23 @@ class TrainedRetrieval:
 
     def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:
         """Up to ``k`` ranker ids, best first: the index's top ``k`` by inner product."""
+        return self.scored(history, k, user_id)[0]
+
+    def scored(self, history: np.ndarray, k: int, user_id: int | None = None,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``propose`` with the inner products: ``(ids, scores)``, up to ``k`` each, best
+        first, none of the ranker ids in ``exclude`` (e.g. the whole history, as an offline
+        cascade removes it) among them."""
         vec = self.user_vector(np.asarray(history, dtype=np.int64), user_id)
-        found = self.retriever.search(vec[None], min(k, self.retriever.num_items))
-        rows = found.item_ids[0][found.valid[0]] - 1        # search ids are 1-based rows
+        skip = None
+        if exclude is not None and len(exclude):
+            rows = self.to_index_row[np.asarray(exclude, dtype=np.int64)]
+            skip = [np.unique(rows[rows >= 0]) + 1]          # search ids are 1-based rows
+        most = self.retriever.num_items - (0 if skip is None else len(skip[0]))
+        found = self.retriever.search(vec[None], min(k, most), skip)
+        rows = found.item_ids[0][found.valid[0]] - 1
         ids: np.ndarray = self.index_items[rows]
-        return ids
+        return ids, found.scores[0][found.valid[0]]
 
 
 def _check_shared(shared: int, run_items: np.ndarray, ranker_items: np.ndarray,

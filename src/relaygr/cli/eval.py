@@ -29,6 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from relaygr.cli.eval_stages import TrainedRunStage
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
@@ -65,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated heads to evaluate (retrieval, ranking, cascade)")
     parser.add_argument("--retrieval", default="head",
                         help="the cascade's retrieval stage: head (the model's own retrieval "
-                             "head) or a run directory whose retrieval head proposes (a "
-                             "separate retrieval model over the same item ids)")
+                             "head), an HSTU run directory whose retrieval head proposes (a "
+                             "separate model over the same item ids), or a retrieval run "
+                             "(relaygr train-retrieval) on the same dataset")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
     parser.add_argument("--stage-weight", type=float, default=0.0,
@@ -119,14 +121,21 @@ def _held_out(trained: TrainedModel, split: LeaveOneOutSplit) -> LeaveOneOutSpli
     return split
 
 
-def _stage(args: argparse.Namespace, ranker: TrainedModel) -> RetrievalStage:
-    """``--retrieval``: a registered stage name, or a run directory (``CheckpointRetrieval``)."""
+def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
+           ) -> RetrievalStage:
+    """``--retrieval``: a registered stage name, or a run directory: an HSTU run's retrieval
+    head (``CheckpointRetrieval``) or a trained retrieval run (``TrainedRunStage``)."""
     if args.retrieval in RETRIEVAL_STAGES:
         return retrieval_stage(args.retrieval, ranker.model)
     path = Path(args.retrieval)
     if not path.is_dir():
         raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage "
                           f"({', '.join(sorted(RETRIEVAL_STAGES))}) nor a run directory")
+    if (path / "run.json").is_file():     # a retrieval run (relaygr train-retrieval)
+        if args.fit_stage_weight:
+            raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
+                              "run's scores are inner products on another scale)")
+        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name)
     other = load_trained(path, args.device)
     mine, theirs = ranker.run.train, other.run.train
     if args.fit_stage_weight and (mine.valid_users, mine.valid_seed) != (
@@ -178,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
-        stage = _stage(args, trained)
+        stage = _stage(args, trained, seqs)
         if args.fit_stage_weight and "cascade" in heads:
             fit = _fit(args, trained, seqs, CascadeSpec(stage, args.retrieve_k))
             args.stage_weight = fit.best
