@@ -63,7 +63,9 @@ def test_train_then_eval_writes_a_run_and_a_report(tmp_path: Path,
     subset = json.loads(subset_path.read_text())
     assert subset["num_cases"] == 10 and subset["users_subset"] == 10
     assert set(subset["heads"]) == {"retrieval", "cascade", "stage", "popularity"}
-    assert set(subset["retrieval_stage"]) == {"name", "k", "stage_weight", "recall@30"}
+    assert set(subset["retrieval_stage"]) == {"name", "k", "stage_weight", "recall@30",
+                                           "cascade_minus_stage"}
+    assert set(subset["retrieval_stage"]["cascade_minus_stage"]) == {"hr@10", "ndcg@10"}
     # a run directory as the retrieval stage: the same run's own head, read from disk, proposes
     # what --retrieval head proposes (its prefill of the same histories)
     other_path = tmp_path / "other.json"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relaygr.train import RankingMetrics, target_ranks
+from relaygr.train.metrics import PairedDifference
 
 
 def test_ranks_mask_history_and_padding_and_count_ties_against_the_target() -> None:
@@ -40,3 +41,16 @@ def test_metrics_from_ranks_by_hand() -> None:
     assert m.mrr == pytest.approx((1 + 1 / 10 + 1 / 11 + 1 / 61) / 4)
     assert m.num_cases == 4
     assert m.to_dict()["hr@50"] == 0.75
+
+
+def test_a_paired_difference_is_the_mean_per_case_difference_with_its_standard_error() -> None:
+    a = torch.tensor([0, 3, 20, 1])            # hits at 10: 1, 1, 0, 1
+    b = torch.tensor([5, 30, 20, 0])           # hits at 10: 1, 0, 0, 1
+    hr = PairedDifference.at(a, b, 10, "hr")   # per case: 0, 1, 0, 0
+    assert hr.mean == pytest.approx(0.25)
+    assert hr.se == pytest.approx(math.sqrt(0.25 / 4))   # sample std 0.5, over sqrt(4)
+    ndcg = PairedDifference.at(a, b, 10, "ndcg")
+    per_case = [1 - 1 / math.log2(7), 1 / math.log2(5), 0.0, 1 / math.log2(3) - 1]
+    assert ndcg.mean == pytest.approx(sum(per_case) / 4)
+    same = PairedDifference.at(a, a, 10, "ndcg")
+    assert (same.mean, same.se) == (0.0, 0.0)

@@ -22,6 +22,7 @@ import argparse
 import json
 import platform
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from relaygr.train import (
 )
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
+from relaygr.train.metrics import PairedDifference
 from relaygr.train.stages import (
     RETRIEVAL_STAGES,
     CheckpointRetrieval,
@@ -201,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
         if "cascade" in ranks:   # a proposed target ranks < K, a missed one >= K
             recall[f"recall@{args.retrieve_k}"] = float(
                 (ranks["cascade"] < args.retrieve_k).double().mean())
+            if len(cases) > 1:
+                extra["cascade_minus_stage"] = {
+                    f"{m}@10": asdict(PairedDifference.at(ranks["cascade"], ranks["stage"],
+                                                          10, m)) for m in ("hr", "ndcg")}
     started = time.perf_counter()
     results["popularity"] = RankingMetrics.from_ranks(popularity_ranks(split, cases))
     seconds["popularity"] = time.perf_counter() - started
@@ -209,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
     if recall:
         print(f"retrieval stage ({args.retrieval}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
+    if "cascade_minus_stage" in extra:
+        print("cascade - stage (paired, +- standard error): " + ", ".join(
+            f"{k.upper()} {d['mean']:+.4f} +- {d['se']:.4f}"
+            for k, d in extra["cascade_minus_stage"].items()))
     print("evaluation time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

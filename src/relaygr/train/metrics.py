@@ -71,3 +71,30 @@ class RankingMetrics:
         return (f"HR@10 {self.hr[10]:.4f} NDCG@10 {self.ndcg[10]:.4f} HR@50 {self.hr[50]:.4f} "
                 f"NDCG@50 {self.ndcg[50]:.4f} HR@200 {self.hr[200]:.4f} "
                 f"NDCG@200 {self.ndcg[200]:.4f} MRR {self.mrr:.4f}")
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``a - b`` of a per-case metric over the same cases (``mean``), with the standard error
+    of that mean (``se``: the per-case differences' sample standard deviation over sqrt(n)).
+    Paired, because both heads rank the same users' targets: a user easy for one is easy for
+    the other, so the difference is far less noisy than either metric."""
+
+    mean: float
+    se: float
+
+    @classmethod
+    def at(cls, a: Tensor, b: Tensor, k: int, metric: str) -> PairedDifference:
+        """``metric`` ``"hr"`` or ``"ndcg"`` at cutoff ``k`` of ranks ``a`` minus ranks ``b``."""
+        assert a.shape == b.shape and a.numel() > 1, "a paired difference needs >= 2 cases"
+        diff = _per_case(a, k, metric) - _per_case(b, k, metric)
+        return cls(float(diff.mean()), float(diff.std(unbiased=True) / math.sqrt(diff.numel())))
+
+
+def _per_case(ranks: Tensor, k: int, metric: str) -> Tensor:
+    r = torch.as_tensor(ranks, dtype=torch.float64)
+    hit = (r < k).double()
+    if metric == "hr":
+        return hit
+    assert metric == "ndcg", f"unknown metric {metric!r}"
+    return hit / torch.log2(r + 2.0)
