@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.redis_store import check_store_url
 from relaygr.errors import ConfigError
 
 KiB = 1 << 10
@@ -98,6 +99,9 @@ class ModelSource:
     synthetic_users: bool = False
     # Where appended events are kept across restarts (SQLite, cascade.eventlog); None: memory.
     events: Path | None = None
+    # A shared history store (``redis://HOST:PORT[/DB]``, cascade.redis_store) instead of the
+    # in-memory one: every server process that names it reads and appends the same histories.
+    history_store: str | None = None
     # A trained retrieval run (``relaygr train-retrieval``) serving the retrieval stage instead
     # of the model's item embeddings; its ids are mapped through the checkpoint's id map.
     retrieval_run: Path | None = None
@@ -115,6 +119,11 @@ class ModelSource:
             raise ConfigError("serving a dataset's users needs --checkpoint (its id map)")
         if self.synthetic_users and (self.checkpoint is None or self.dataset is not None):
             raise ConfigError("--synthetic-users is for a checkpoint served without --dataset")
+        if self.history_store is not None:
+            check_store_url(self.history_store)
+            if self.events is not None:
+                raise ConfigError("a shared history store keeps the appended events itself: "
+                                  "pass --history-store or --events, not both")
         if self.retrieval_run is not None and self.checkpoint is None:
             raise ConfigError("--retrieval-run needs --checkpoint: the ranker's id map says "
                               "which items the retrieval run's ids are")
