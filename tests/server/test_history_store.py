@@ -110,3 +110,16 @@ def test_the_history_store_flag_names_the_store_and_replaces_the_event_log(
                                        str(tmp_path / "e.sqlite")))
     with pytest.raises(ConfigError, match="redis://HOST:PORT"):
         serve.options_from_args(_parse("--history-store", "localhost:6379"))
+
+
+def test_more_than_one_ingress_replica_needs_the_shared_store() -> None:
+    options = serve.options_from_args(_parse("--ray", "--ingress-replicas", "2",
+                                             "--history-store", "redis://h:1"))
+    assert options.ingress_replicas == 2 and options.model.history_store == "redis://h:1"
+    with pytest.raises(ConfigError, match="2 ingress replicas need a shared history store"):
+        serve.options_from_args(_parse("--ray", "--ingress-replicas", "2"))
+    with pytest.raises(ConfigError, match="--ingress-replicas is for --ray"):
+        serve.options_from_args(_parse("--ingress-replicas", "2", "--history-store",
+                                       "redis://h:1"))
+    with pytest.raises(ConfigError, match="must be an int >= 1"):
+        serve.options_from_args(_parse("--ray", "--ingress-replicas", "0"))

@@ -89,6 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--replica-cpus", type=float, default=None,
                    help="CPUs per ranking replica (default: an equal share of the Ray cluster "
                         "with the ingress, at most 1)")
+    r.add_argument("--ingress-replicas", type=int, default=1,
+                   help="ingress replicas running the cascade and the HTTP API; more than one "
+                        "need --history-store (they share the users' histories there)")
     p.set_defaults(func=run)
 
 
@@ -134,8 +137,11 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     replicas = args.replicas or (gpus if gpus else system.num_instances)
     in_processes = wants_processes(args.instance_processes, system.devices[0])
     sized = not {"device_budget_bytes", "host_budget_bytes"} & set(system_fields)
+    if args.ingress_replicas != 1 and not args.ray:
+        raise ConfigError("--ingress-replicas is for --ray (embedded, one process serves)")
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
-                        replicas, args.replica_cpus, args.log_level, in_processes, sized)
+                        replicas, args.replica_cpus, args.log_level, in_processes, sized,
+                        ingress_replicas=args.ingress_replicas)
 
 
 def run(args: argparse.Namespace) -> int:

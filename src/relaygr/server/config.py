@@ -154,6 +154,11 @@ class ServeOptions:
     # Cache budgets sized from the model and its users (kvcache.sizing) unless the system
     # config gave them: True when neither budget was given.
     size_budgets: bool = False
+    # Ray Serve ingress replicas (more than one need ``model.history_store``).
+    ingress_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        check_ingress_replicas(self.ingress_replicas, self.model)
 
 
 @dataclass(frozen=True)
@@ -164,3 +169,14 @@ class ModelInfo:
     name: str
     version: str
     digest: str
+
+
+def check_ingress_replicas(ingress_replicas: int, model: ModelSource) -> None:
+    """ConfigError unless ``ingress_replicas`` >= 1, and 1 without a shared history store (an
+    in-memory store would hold each user's appends in whichever replica took them)."""
+    if not isinstance(ingress_replicas, int) or ingress_replicas < 1:
+        raise ConfigError(f"ingress replicas must be an int >= 1, got {ingress_replicas!r}")
+    if ingress_replicas > 1 and model.history_store is None:
+        raise ConfigError(f"{ingress_replicas} ingress replicas need a shared history store "
+                          "(--history-store redis://HOST:PORT): each replica's in-memory store "
+                          "would hold only the appends it took")
