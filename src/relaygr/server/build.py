@@ -8,7 +8,9 @@ users over the model's catalogue; either way timed exactly when the served model
 with time. A history longer than the model's window is loaded as its newest window, cut where
 the window would start (``cascade.window``: a block boundary counted from the first event), so
 the windows it reads as visits append are those of the whole history; visits append past
-``max_seq_len`` freely (the window slides). The latency cost model (the trigger's predictions)
+``max_seq_len`` freely (the window slides). With ``ModelSource.history_store`` the histories
+live in that shared Redis store (``cascade.redis_store``), where start-up adds only the users it
+does not hold yet. The latency cost model (the trigger's predictions)
 is loaded from a file or fitted by timing the model at start-up. A trained retrieval run, when
 given, serves the cascade's retrieval stage (``load_retrieval``).
 """
