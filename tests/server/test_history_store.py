@@ -77,6 +77,7 @@ def test_a_store_out_of_reach_answers_503_and_the_server_keeps_serving(tmp_path:
     async def body(client: httpx.AsyncClient) -> None:
         r = await client.post("/v1/events", json=_events(1, [5], T0))
         assert r.status_code == 200, r.text
+        assert (await client.get("/readyz")).json()["history_store"] is True
         server.stop()
         for path, payload in (("/v1/events", _events(1, [6], T0)),
                               ("/v1/recommend", {"user_id": 1})):
@@ -85,6 +86,8 @@ def test_a_store_out_of_reach_answers_503_and_the_server_keeps_serving(tmp_path:
             assert r.json()["error"] == "HistoryStoreUnavailableError"
             assert r.headers["Retry-After"] == "1"
         assert (await client.get("/healthz")).status_code == 200
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["history_store"] is False
 
     run_with_client(service, body)
 

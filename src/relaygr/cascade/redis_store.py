@@ -146,7 +146,7 @@ class RedisHistoryStore(HistoryStore):
 
     @classmethod
     def connect(cls, url: str, num_items: int | None = None, namespace: str = "relaygr",
-                timeout_s: float = 5.0) -> RedisHistoryStore:
+                timeout_s: float = 2.0) -> RedisHistoryStore:
         """Open the store at ``url`` (``check_store_url``); ``HistoryStoreUnavailableError``
         when it does not answer within ``timeout_s``, ConfigError when it holds another
         catalogue. Connection errors are never retried (see the module docstring)."""
@@ -308,6 +308,13 @@ class RedisHistoryStore(HistoryStore):
                 raw: Any = self._client.get(self._keys(user_id)[2]) or b""
             expected = event_hash_sums(history.items, history.timestamps, 0, 0)
             assert np.array_equal(_ints(raw, "<u8"), expected), f"user {user_id}'s sums"
+
+    def reachable(self) -> bool:
+        """Whether the server answers a PING now (within the client's timeout)."""
+        try:
+            return bool(self._client.ping())
+        except redis.RedisError:
+            return False
 
     def close(self) -> None:
         """Close the client's connections (a later call opens new ones)."""

@@ -96,6 +96,10 @@ class HistoryStore(ABC):
     def num_events(self, user_id: int) -> int:
         """How many events the user has now."""
 
+    def reachable(self) -> bool:
+        """Whether the store answers now (readiness); a store in this process always does."""
+        return True
+
     @abstractmethod
     def __contains__(self, user_id: object) -> bool: ...
 
