@@ -50,6 +50,7 @@ from relaygr.cascade.history_checks import (
     check_timestamps,
     check_user,
 )
+from relaygr.cascade.redis_scripts import APPEND, READ, SUMS
 from relaygr.cascade.store import HistoryStore, UserHistory, event_hash_sums, version_of
 from relaygr.errors import ConfigError, HistoryStoreUnavailableError, UnknownUserError
 
@@ -58,46 +59,6 @@ _MASK64 = (1 << 64) - 1
 _WORD = 8                 # bytes per packed event field
 _MAX_TRIES = 64           # compare-and-set rounds an append may lose before it gives up
 _SEED_BATCH = 256         # users per round trip when add_absent fills the store
-
-# KEYS: items, ts, sums, users. ARGV: expected length (bytes), items, timestamps ('' when
-# untimed), sums, user id. Returns -1 (nothing written) unless the length is still the expected
-# one, else {new length in bytes, all items, all timestamps or false}.
-_APPEND = """
-local n = redis.call('STRLEN', KEYS[1])
-if n ~= tonumber(ARGV[1]) then return -1 end
-if n == 0 then redis.call('RPUSH', KEYS[4], ARGV[5]) end
-redis.call('APPEND', KEYS[1], ARGV[2])
-if ARGV[3] ~= '' then redis.call('APPEND', KEYS[2], ARGV[3]) end
-local m = redis.call('APPEND', KEYS[3], ARGV[4])
-return {m, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
-"""
-# KEYS: items, ts, sums. ARGV: event counts k (-1: all). Returns {length in bytes, timed,
-# then per k: the sum over the first k events ('' for k = 0 or past the end)}.
-_SUMS = """
-local n = redis.call('STRLEN', KEYS[1])
-local out = {n, redis.call('EXISTS', KEYS[2])}
-for i = 1, #ARGV do
-  local k = tonumber(ARGV[i])
-  if k < 0 then k = n / 8 end
-  if k >= 1 and 8 * k <= n then
-    out[#out + 1] = redis.call('GETRANGE', KEYS[3], 8 * (k - 1), 8 * k - 1)
-  else out[#out + 1] = '' end
-end
-if n > 0 and out[2] == 1 then out[#out + 1] = redis.call('GETRANGE', KEYS[2], n - 8, n - 1) end
-return out
-"""
-# KEYS: items, ts, sums. ARGV: k (-1: all). Returns {length in bytes, timed, the first k items,
-# their timestamps, the sum over them} ('' for what k = 0 or past the end leaves out).
-_READ = """
-local n = redis.call('STRLEN', KEYS[1])
-local k = tonumber(ARGV[1])
-if k < 0 then k = n / 8 end
-local timed = redis.call('EXISTS', KEYS[2])
-if k < 1 or 8 * k > n then return {n, timed, '', '', ''} end
-return {n, timed, redis.call('GETRANGE', KEYS[1], 0, 8 * k - 1),
-        redis.call('GETRANGE', KEYS[2], 0, 8 * k - 1),
-        redis.call('GETRANGE', KEYS[3], 8 * (k - 1), 8 * k - 1)}
-"""
 
 
 def check_store_url(url: str) -> str:
@@ -139,9 +100,9 @@ class RedisHistoryStore(HistoryStore):
         self.namespace = namespace
         self.location = location
         self._client = client
-        self._append = client.register_script(_APPEND)
-        self._sums_script = client.register_script(_SUMS)
-        self._read_script = client.register_script(_READ)
+        self._append = client.register_script(APPEND)
+        self._sums_script = client.register_script(SUMS)
+        self._read_script = client.register_script(READ)
         self._check_catalogue()
 
     @classmethod
