@@ -48,6 +48,12 @@ class NoHealthyInstanceError(RelayGRError):
     """No healthy ranking instance is available to route a request to."""
 
 
+class HistoryStoreUnavailableError(RelayGRError):
+    """The history store cannot be reached or refused the operation (a shared store's server is
+    down, out of memory, read-only): retry later (HTTP 503). A read changed nothing; an append
+    that fails this way may or may not have been kept (the store never holds part of one)."""
+
+
 class BenchProtocolError(RelayGRError):
     """A measured system broke the benchmark protocol (a malformed or inconsistent record)."""
 

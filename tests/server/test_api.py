@@ -143,7 +143,7 @@ def test_health_readiness_and_openapi() -> None:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json() == {"ready": True, "draining": False, "healthy_instances": 2,
-                                "instances": 2}
+                                "instances": 2, "history_store": True}
         await service.backend.system.fail_instance("rank-1")   # type: ignore[attr-defined]
         assert (await client.get("/readyz")).json()["healthy_instances"] == 1
         schema = (await client.get("/openapi.json")).json()

@@ -29,14 +29,16 @@ import numpy as np
 import numpy.typing as npt
 
 from relaygr.cascade.eventlog import EventLog
-from relaygr.errors import (
-    ConfigError,
-    EmptyInputError,
-    InvalidInputError,
-    ItemOutOfRangeError,
-    TimestampError,
-    UnknownUserError,
+from relaygr.cascade.history_checks import (
+    as_int_array,
+    check_count,
+    check_items,
+    check_start,
+    check_suffix_timestamps,
+    check_timestamps,
+    check_user,
 )
+from relaygr.errors import ConfigError, InvalidInputError, UnknownUserError
 from relaygr.routing.hashing import GOLDEN_GAMMA, mix64, mix64_array
 
 _TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
@@ -93,6 +95,10 @@ class HistoryStore(ABC):
     @abstractmethod
     def num_events(self, user_id: int) -> int:
         """How many events the user has now."""
+
+    def reachable(self) -> bool:
+        """Whether the store answers now (readiness); a store in this process always does."""
+        return True
 
     @abstractmethod
     def __contains__(self, user_id: object) -> bool: ...
@@ -166,15 +172,6 @@ class _UserLog:
         return UserHistory(user_id, items, ts, self.version(0, n))
 
 
-def _as_int_array(name: str, values: npt.ArrayLike) -> np.ndarray:
-    array = np.asarray(values)
-    if array.ndim != 1:
-        raise InvalidInputError(f"{name} must be 1-D, got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64)
-
-
 class InMemoryHistoryStore(HistoryStore):
     """A ``HistoryStore`` in process memory. ``num_items`` (when given) bounds item ids to the
     model's catalogue 1..num_items; ids must be >= 1 in any case (0 is padding)."""
@@ -209,12 +206,12 @@ class InMemoryHistoryStore(HistoryStore):
 
     def prefix(self, user_id: int, num_events: int) -> UserHistory:
         log = self._log(user_id)
-        return log.snapshot(user_id, self._check_count(log, num_events))
+        return log.snapshot(user_id, check_count(log.length, num_events))
 
     def version_at(self, user_id: int, num_events: int, start: int = 0) -> int:
         log = self._log(user_id)
-        n = self._check_count(log, num_events)
-        return log.version(self._check_start(start, n), n)
+        n = check_count(log.length, num_events)
+        return log.version(check_start(start, n), n)
 
     def num_events(self, user_id: int) -> int:
         return self._log(user_id).length
@@ -222,34 +219,26 @@ class InMemoryHistoryStore(HistoryStore):
     def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
                       timestamps: npt.ArrayLike | None = None, start: int = 0) -> int:
         log = self._log(user_id)
-        n = self._check_count(log, num_events)
-        first = self._check_start(start, n)
-        ids = _as_int_array("items", items)
+        n = check_count(log.length, num_events)
+        first = check_start(start, n)
+        ids = as_int_array("items", items)
         if ids.size == 0:
             return log.version(first, n)
-        if log.timed != (timestamps is not None):
-            raise TimestampError(f"this user's history is {'timed' if log.timed else 'untimed'}"
-                                 f"; timestamps must be {'given' if log.timed else 'omitted'}")
-        ts = None if timestamps is None else _as_int_array("timestamps", timestamps)
-        if ts is not None and ts.shape != ids.shape:
-            raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
+        ts = check_suffix_timestamps(log.timed, ids, timestamps)
         sums = event_hash_sums(ids, ts, n, int(log.sums[n]))
         hash_sum = (int(sums[-1]) - int(log.sums[first])) & _MASK64
         return version_of(hash_sum, n + ids.size - first, log.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
                timestamps: npt.ArrayLike | None = None) -> UserHistory:
-        _check_user(user_id)
-        ids = _as_int_array("items", items)
-        if ids.size == 0:
-            raise EmptyInputError("append needs at least one event")
-        low, high = int(ids.min()), int(ids.max())
-        if low < 1 or (self.num_items is not None and high > self.num_items):
-            upper = "" if self.num_items is None else f"..{self.num_items}"
-            raise ItemOutOfRangeError(f"item id {low if low < 1 else high} is out of range; "
-                                      f"valid ids are 1{upper}")
+        check_user(user_id)
+        ids = check_items(items, self.num_items)
         log = self._logs.get(user_id)
-        ts = self._check_timestamps(log, ids, timestamps)
+        last_ts = None
+        if log is not None and log.timestamps is not None and log.length:
+            last_ts = int(log.timestamps[log.length - 1])
+        ts = check_timestamps(timestamps is not None if log is None else log.timed, last_ts,
+                              ids, timestamps)
         if log is None:
             log = _UserLog(timed=ts is not None)
             self._logs[user_id] = log
@@ -287,52 +276,11 @@ class InMemoryHistoryStore(HistoryStore):
         return iter(list(self._logs))
 
     def _log(self, user_id: int) -> _UserLog:
-        _check_user(user_id)
+        check_user(user_id)
         log = self._logs.get(user_id)
         if log is None:
             raise UnknownUserError(f"user {user_id} has no history in this store")
         return log
-
-    @staticmethod
-    def _check_count(log: _UserLog, num_events: int) -> int:
-        if not isinstance(num_events, (int, np.integer)) or isinstance(num_events, bool) \
-                or not 0 <= num_events <= log.length:
-            raise InvalidInputError(f"num_events must be an int in [0, {log.length}], "
-                                    f"got {num_events!r}")
-        return int(num_events)
-
-    @staticmethod
-    def _check_start(start: int, num_events: int) -> int:
-        if not isinstance(start, (int, np.integer)) or isinstance(start, bool) \
-                or not 0 <= start <= num_events:
-            raise InvalidInputError(f"start must be an int in [0, {num_events}], got {start!r}")
-        return int(start)
-
-    @staticmethod
-    def _check_timestamps(log: _UserLog | None, ids: np.ndarray,
-                          timestamps: npt.ArrayLike | None) -> np.ndarray | None:
-        timed = (timestamps is not None) if log is None else log.timed
-        if timed != (timestamps is not None):
-            raise TimestampError(f"this user's history is {'timed' if timed else 'untimed'}; "
-                                 f"timestamps must be {'given' if timed else 'omitted'}")
-        if timestamps is None:
-            return None
-        ts = _as_int_array("timestamps", timestamps)
-        if ts.shape != ids.shape:
-            raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
-        last = None
-        if log is not None and log.length:
-            assert log.timestamps is not None
-            last = int(log.timestamps[log.length - 1])
-        if np.any(np.diff(ts) < 0) or (last is not None and int(ts[0]) < last):
-            raise TimestampError("events must be appended in time order (timestamps "
-                                 "non-decreasing, from the user's last event on)")
-        return ts
-
-
-def _check_user(user_id: int) -> None:
-    if not isinstance(user_id, (int, np.integer)) or isinstance(user_id, bool) or user_id < 0:
-        raise InvalidInputError(f"user_id must be an int >= 0, got {user_id!r}")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--events", default="auto",
                    help="SQLite file keeping appended events across restarts (default with "
                         "--checkpoint: RUN/events.sqlite; 'none': memory only)")
+    m.add_argument("--history-store", default=None, metavar="URL",
+                   help="keep the users' histories in Redis at redis://HOST:PORT[/DB], shared "
+                        "by every server process that names it (the dataset's users are added "
+                        "only where absent; appends are atomic per user and kept by Redis); "
+                        "default: in memory, appends kept by --events")
     m.add_argument("--synthetic-users", action="store_true",
                    help="serve --checkpoint with synthetic users instead of the users of the "
                         "data its run directory records")
@@ -84,14 +89,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--replica-cpus", type=float, default=None,
                    help="CPUs per ranking replica (default: an equal share of the Ray cluster "
                         "with the ingress, at most 1)")
+    r.add_argument("--ingress-replicas", type=int, default=1,
+                   help="ingress replicas running the cascade and the HTTP API; more than one "
+                        "need --history-store (they share the users' histories there)")
     p.set_defaults(func=run)
 
 
-def _events_path(flag: str, checkpoint: Path | None) -> Path | None:
+def _events_path(flag: str, checkpoint: Path | None, history_store: str | None) -> Path | None:
     if flag == "none":
         return None
-    if flag == "auto":
-        return None if checkpoint is None else checkpoint / "events.sqlite"
+    if flag == "auto":     # a shared history store keeps its appends itself
+        if history_store is not None or checkpoint is None:
+            return None
+        return checkpoint / "events.sqlite"
     return Path(flag)
 
 
@@ -117,7 +127,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_events=min(args.max_events, args.max_seq_len), seed=args.seed,
                         dataset=args.dataset, data_dir=args.data_dir,
                         synthetic_users=args.synthetic_users,
-                        events=_events_path(args.events, args.checkpoint),
+                        events=_events_path(args.events, args.checkpoint,
+                                            args.history_store),
+                        history_store=args.history_store,
                         retrieval_run=args.retrieval_run)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
                           max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
@@ -125,8 +137,11 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     replicas = args.replicas or (gpus if gpus else system.num_instances)
     in_processes = wants_processes(args.instance_processes, system.devices[0])
     sized = not {"device_budget_bytes", "host_budget_bytes"} & set(system_fields)
+    if args.ingress_replicas != 1 and not args.ray:
+        raise ConfigError("--ingress-replicas is for --ray (embedded, one process serves)")
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
-                        replicas, args.replica_cpus, args.log_level, in_processes, sized)
+                        replicas, args.replica_cpus, args.log_level, in_processes, sized,
+                        ingress_replicas=args.ingress_replicas)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,12 @@ from relaygr.server.build import (
     load_store,
     model_info,
 )
-from relaygr.server.config import ModelSource, ServeOptions, ServerConfig
+from relaygr.server.config import (
+    ModelSource,
+    ServeOptions,
+    ServerConfig,
+    check_ingress_replicas,
+)
 from relaygr.server.service import RelayService
 
 APP_NAME = "relaygr"
@@ -95,6 +100,9 @@ class RayAppSpec:
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
     ingress_cpus: float = 1.0
+    # Ingress replicas (each runs the cascade and the HTTP API); more than one share the users'
+    # histories through the model's shared history store (``ModelSource.history_store``).
+    ingress_replicas: int = 1
     device: str = "cpu"
     cost_model: dict[str, Any] | None = None     # None: each replica times its own device
     ledger_dir: Path | None = None
@@ -105,6 +113,8 @@ class RayAppSpec:
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ConfigError(f"RayAppSpec.replicas must be >= 1, got {self.replicas}")
+        check_ingress_replicas(self.ingress_replicas, self.model)
+
 
 
 @dataclass(frozen=True)
@@ -116,21 +126,22 @@ class CpuShares:
 
 
 def plan_cpu_shares(cluster_cpus: float, replicas: int, replica_cpus: float | None,
-                    ingress_cpus: float | None = None) -> CpuShares:
-    """Shares that fit ``cluster_cpus``: each deployment (the ingress and every replica) gets an
-    equal share of the cluster, at most one CPU, unless given. Shares that cannot all be placed
-    are refused up front with the arithmetic (Ray would otherwise leave replicas pending, and
-    ``serve.run`` would wait for them without a word)."""
-    auto = min(1.0, math.floor(100 * cluster_cpus / (replicas + 1)) / 100)
+                    ingress_cpus: float | None = None, ingresses: int = 1) -> CpuShares:
+    """Shares that fit ``cluster_cpus``: each replica (the ``ingresses`` ingress replicas and
+    every ranking replica) gets an equal share of the cluster, at most one CPU, unless given.
+    Shares that cannot all be placed are refused up front with the arithmetic (Ray would
+    otherwise leave replicas pending, and ``serve.run`` would wait for them without a word)."""
+    auto = min(1.0, math.floor(100 * cluster_cpus / (replicas + ingresses)) / 100)
     shares = CpuShares(auto if ingress_cpus is None else ingress_cpus,
                        auto if replica_cpus is None else replica_cpus)
-    need = shares.ingress + replicas * shares.replica
+    need = ingresses * shares.ingress + replicas * shares.replica
     if shares.ingress <= 0 or shares.replica <= 0 or need > cluster_cpus + 1e-9:
         raise ConfigError(
-            f"the ingress ({shares.ingress:g} CPU) and {replicas} replicas x "
+            f"{ingresses} ingress x {shares.ingress:g} CPU and {replicas} replicas x "
             f"{shares.replica:g} CPU need {need:g} CPUs; the Ray cluster has {cluster_cpus:g}. "
             "Pass --replica-cpus (e.g. "
-            f"{math.floor(100 * (cluster_cpus - shares.ingress) / replicas) / 100:g}) or fewer "
+            f"{math.floor(100 * (cluster_cpus - ingresses * shares.ingress) / replicas) / 100:g})"
+            " or fewer "
             "--replicas")
     return shares
 
@@ -158,7 +169,8 @@ def build_application(spec: RayAppSpec) -> Any:
         max_ongoing_requests=spec.max_ongoing_requests,
         request_router_config=router_config(spec.system))
     ingress = deployment(RelayIngress).options(
-        name="RelayIngress", num_replicas=1, ray_actor_options={"num_cpus": spec.ingress_cpus},
+        name="RelayIngress", num_replicas=spec.ingress_replicas,
+        ray_actor_options={"num_cpus": spec.ingress_cpus},
         max_ongoing_requests=spec.server.max_in_flight + 64)
     return ingress.bind(ranker.bind(replica), IngressSpec(
         spec.model, digest, spec.system, spec.server, torch_threads=spec.torch_threads))
@@ -193,12 +205,14 @@ def serve_forever(options: ServeOptions) -> int:
                                      device).to_dict()
     init_ray(options.ray_address)
     shares = plan_cpu_shares(ray.cluster_resources().get("CPU", 0.0), options.replicas,
-                             options.replica_cpus)
+                             options.replica_cpus, ingresses=options.ingress_replicas)
     spec = RayAppSpec(options.model, options.system, options.server, options.replicas,
                       shares.replica, 1.0 if gpus and device.startswith("cuda") else 0.0,
-                      ingress_cpus=shares.ingress, device=device, cost_model=cost_model)
-    print(f"relaygr: Ray cluster of {ray.cluster_resources().get('CPU', 0.0):g} CPUs: ingress "
-          f"{shares.ingress:g}, {spec.replicas} replicas x {shares.replica:g}", flush=True)
+                      ingress_cpus=shares.ingress, ingress_replicas=options.ingress_replicas,
+                      device=device, cost_model=cost_model)
+    print(f"relaygr: Ray cluster of {ray.cluster_resources().get('CPU', 0.0):g} CPUs: "
+          f"{spec.ingress_replicas} ingress x {shares.ingress:g}, {spec.replicas} replicas x "
+          f"{shares.replica:g}", flush=True)
     serve.start(http_options=HTTPOptions(host=options.server.host, port=options.server.port))
     running = threading.Event()
     threading.Thread(target=_warn_while_pending, args=(running, 20.0, shares, spec.replicas),

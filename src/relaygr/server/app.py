@@ -8,7 +8,8 @@ requests before stopping the instances.
 Status codes: 200 answered; 400 a body that cannot be read as text; 404 unknown user (or
 path); 413 body over the limit; 422 malformed or invalid input (wrong types, unknown fields, ids
 outside the catalogue, sequences over the model's length, empty or oversize lists); 503
-overloaded, draining or no healthy instance, with ``Retry-After``.
+overloaded, draining, no healthy instance or the shared history store out of reach, with
+``Retry-After``.
 Every error body is ``{"error": <type>, "detail": <what is wrong>}``.
 """
 
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relaygr import __version__
 from relaygr.errors import (
+    HistoryStoreUnavailableError,
     InvalidInputError,
     NoHealthyInstanceError,
     OverloadedError,
@@ -104,6 +106,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(NoHealthyInstanceError)
     async def no_instance(_: Request, exc: NoHealthyInstanceError) -> JSONResponse:
+        return _error(503, exc, {"Retry-After": "1"})
+
+    @app.exception_handler(HistoryStoreUnavailableError)
+    async def store_unavailable(_: Request, exc: HistoryStoreUnavailableError) -> JSONResponse:
         return _error(503, exc, {"Retry-After": "1"})
 
 

@@ -8,7 +8,9 @@ users over the model's catalogue; either way timed exactly when the served model
 with time. A history longer than the model's window is loaded as its newest window, cut where
 the window would start (``cascade.window``: a block boundary counted from the first event), so
 the windows it reads as visits append are those of the whole history; visits append past
-``max_seq_len`` freely (the window slides). The latency cost model (the trigger's predictions)
+``max_seq_len`` freely (the window slides). With ``ModelSource.history_store`` the histories
+live in that shared Redis store (``cascade.redis_store``), where start-up adds only the users it
+does not hold yet. The latency cost model (the trigger's predictions)
 is loaded from a file or fitted by timing the model at start-up. A trained retrieval run, when
 given, serves the cascade's retrieval stage (``load_retrieval``).
 """
@@ -24,7 +26,8 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.proposals import RetrievalStage
-from relaygr.cascade.store import InMemoryHistoryStore, SyntheticHistories
+from relaygr.cascade.redis_store import RedisHistoryStore
+from relaygr.cascade.store import HistoryStore, InMemoryHistoryStore, SyntheticHistories
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
 from relaygr.errors import CatalogueMismatchError, ConfigError
@@ -54,10 +57,20 @@ def _load_checkpoint(path: Path, device: str) -> HSTU:
 
 
 def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
-               log: Callable[[str], None] = lambda _: None) -> InMemoryHistoryStore:
-    """The served users (see the module docstring), cut to ``window``, with the appends
-    recorded at ``source.events`` replayed and every later one recorded there."""
+               log: Callable[[str], None] = lambda _: None) -> HistoryStore:
+    """The served users (see the module docstring), cut to ``window``: in memory, with the
+    appends recorded at ``source.events`` replayed and every later one recorded there; or, with
+    ``source.history_store``, in that shared store, where only the users it does not hold yet
+    are added (a user it holds keeps its history, appends included: a second server process, or
+    a restarted one, adds nothing twice)."""
     store = _base_store(source, model, window)
+    if source.history_store is not None:
+        shared = RedisHistoryStore.connect(source.history_store, model.cfg.num_items)
+        added = shared.add_absent({user: (history.items, history.timestamps)
+                                   for user, history in ((u, store.get(u)) for u in store)})
+        log(f"history store {source.history_store}: {added} of the {len(store)} users added, "
+            f"{len(shared)} held")
+        return shared
     if source.events is not None:
         replayed = store.persist_to(source.events)
         log(f"events: {replayed} appends replayed from {source.events}; new ones kept there")
@@ -182,7 +195,7 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
     return stage
 
 
-def sized_budgets(system: SystemConfig, model: HSTU, store: InMemoryHistoryStore,
+def sized_budgets(system: SystemConfig, model: HSTU, store: HistoryStore,
                   log: Callable[[str], None]) -> SystemConfig:
     """``system`` with per-instance cache budgets sized from ``model`` and ``store``'s users."""
     from relaygr.kvcache import KVLayout

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.redis_store import check_store_url
 from relaygr.errors import ConfigError
 
 KiB = 1 << 10
@@ -98,6 +99,9 @@ class ModelSource:
     synthetic_users: bool = False
     # Where appended events are kept across restarts (SQLite, cascade.eventlog); None: memory.
     events: Path | None = None
+    # A shared history store (``redis://HOST:PORT[/DB]``, cascade.redis_store) instead of the
+    # in-memory one: every server process that names it reads and appends the same histories.
+    history_store: str | None = None
     # A trained retrieval run (``relaygr train-retrieval``) serving the retrieval stage instead
     # of the model's item embeddings; its ids are mapped through the checkpoint's id map.
     retrieval_run: Path | None = None
@@ -115,6 +119,11 @@ class ModelSource:
             raise ConfigError("serving a dataset's users needs --checkpoint (its id map)")
         if self.synthetic_users and (self.checkpoint is None or self.dataset is not None):
             raise ConfigError("--synthetic-users is for a checkpoint served without --dataset")
+        if self.history_store is not None:
+            check_store_url(self.history_store)
+            if self.events is not None:
+                raise ConfigError("a shared history store keeps the appended events itself: "
+                                  "pass --history-store or --events, not both")
         if self.retrieval_run is not None and self.checkpoint is None:
             raise ConfigError("--retrieval-run needs --checkpoint: the ranker's id map says "
                               "which items the retrieval run's ids are")
@@ -145,6 +154,11 @@ class ServeOptions:
     # Cache budgets sized from the model and its users (kvcache.sizing) unless the system
     # config gave them: True when neither budget was given.
     size_budgets: bool = False
+    # Ray Serve ingress replicas (more than one need ``model.history_store``).
+    ingress_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        check_ingress_replicas(self.ingress_replicas, self.model)
 
 
 @dataclass(frozen=True)
@@ -155,3 +169,14 @@ class ModelInfo:
     name: str
     version: str
     digest: str
+
+
+def check_ingress_replicas(ingress_replicas: int, model: ModelSource) -> None:
+    """ConfigError unless ``ingress_replicas`` >= 1, and 1 without a shared history store (an
+    in-memory store would hold each user's appends in whichever replica took them)."""
+    if not isinstance(ingress_replicas, int) or ingress_replicas < 1:
+        raise ConfigError(f"ingress replicas must be an int >= 1, got {ingress_replicas!r}")
+    if ingress_replicas > 1 and model.history_store is None:
+        raise ConfigError(f"{ingress_replicas} ingress replicas need a shared history store "
+                          "(--history-store redis://HOST:PORT): each replica's in-memory store "
+                          "would hold only the appends it took")

@@ -148,6 +148,7 @@ class ReadyResponse(BaseModel):
     draining: bool
     healthy_instances: int
     instances: int
+    history_store: bool       # the history store answers (a shared one can be out of reach)
 
 
 class ErrorResponse(BaseModel):

@@ -84,9 +84,11 @@ class RelayService:
     def readiness(self) -> ReadyResponse:
         instances = self.backend.snapshot().instances
         healthy = sum(1 for i in instances if i.healthy)
-        ready = self.lifecycle.started and not self.admission.draining and healthy > 0
+        store = self.backend.store.reachable()
+        ready = self.lifecycle.started and not self.admission.draining and healthy > 0 and store
         return ReadyResponse(ready=ready, draining=self.admission.draining,
-                             healthy_instances=healthy, instances=len(instances))
+                             healthy_instances=healthy, instances=len(instances),
+                             history_store=store)
 
     async def fingerprint(self) -> StateFingerprint:
         """The state a request could change, once background work has settled."""
