@@ -38,6 +38,7 @@ def test_recommend_ranks_exactly_and_revisits_reuse_the_prefix() -> None:
         out = first.json()
         assert len(out["candidates"]) == 16 and out["prefix_tokens"] == before
         assert_scores(out["scores"], reference_scores(service, 3, out["candidates"]))
+        assert out["scores"] == sorted(out["scores"], reverse=True)   # the recommendation
         # The pre-infer signal and the ranking request met on one instance (affinity).
         assert out["preinfer"]["instance"] == out["instance"]
         assert out["preinfer"]["action"] == "prefill"

@@ -70,7 +70,9 @@ def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path
         proposed = stage.propose(history, 64, user)
         brute_force(retrieval, ranker, history, user, 6).check(proposed, 64)
         fresh = proposed[~np.isin(proposed, history)][:16]      # pre-processing's filter
-        assert body_["candidates"] == ranker[fresh - 1].tolist()      # in the API's ids
+        # the ranked proposals, best first, in the API's ids
+        assert sorted(body_["candidates"]) == sorted(ranker[fresh - 1].tolist())
+        assert body_["scores"] == sorted(body_["scores"], reverse=True)
         t = body_["timings"]
         assert t["simulated_delay_ms"] == 0.0 and t["retrieval_ms"] >= 0
         assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]

@@ -148,11 +148,15 @@ class RelayService:
         preinfer = None
         if rec.preinfer is not None and rec.preinfer_instance is not None:
             preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
-        candidates = self.catalog.to_api(rec.candidates.tolist())
+        ids, scores = rec.candidates.tolist(), rec.scores.float().cpu().tolist()
+        if endpoint == "recommend":      # the recommendation: best first (ties: retrieval's order)
+            order = sorted(range(len(scores)), key=lambda i: -scores[i])
+            ids, scores = [ids[i] for i in order], [scores[i] for i in order]
+        candidates = self.catalog.to_api(ids)
         timings = _timings(rec, end_s - start_s)
         return RecommendResponse(
             user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
-            scores=rec.scores.float().cpu().tolist(), path=rec.path, instance=rec.instance,
+            scores=scores, path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
             window_start=rec.window_start,
             ranking_ms=timings.ranking_ms, total_ms=timings.total_ms, timings=timings)
