@@ -15,6 +15,7 @@ from relaygr.model import HSTU
 from relaygr.train import TrainConfig, Trainer, load_trained
 from relaygr.train.batches import TrainingData
 from relaygr.train.mining import retrieval_top_k, with_hard_negatives
+from relaygr.train.trainer import StageRun
 from tests.train.helpers import TINY, cyclic_sequences
 
 
@@ -115,3 +116,32 @@ def test_rank_phase_trains_the_head_alone_and_keeps_the_best_validated_cascade(
     phased.model.load_state_dict(after)
     best = max(r["valid_cascade_ndcg@10"] for r in phase)
     assert phased._validate_cascade().ndcg[10] == pytest.approx(best, abs=1e-12)
+
+
+def test_a_ranker_trained_against_a_stage_mines_the_stages_top_k(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--stage``: every hard negative of the schedule and of the ranking phase comes from the
+    stage's retrieval head, never from the ranker's own; the run records the stage."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    config = TINY.with_(rank_score="retrieval_residual", rank_hard_negatives=4, rank_mine_k=40,
+                        rank_trains="head", similarity="cosine", temperature=0.05,
+                        rank_phase_epochs=1, rank_phase_users=16, max_epochs=1)
+    torch.manual_seed(3)
+    stage = HSTU(config.model_config(seqs.num_items)).eval()
+    trainer = Trainer(config, seqs, tmp_path / "run", dataset="d", seed=1, progress_bar=False,
+                      log=lambda _: None, stage=StageRun(stage, tmp_path / "stage"))
+    mined_by: list[HSTU] = []
+
+    def spy(model: HSTU, history: torch.Tensor, timestamps: torch.Tensor | None,
+            k: int) -> torch.Tensor:
+        mined_by.append(model)
+        return retrieval_top_k(model, history, timestamps, k)
+
+    monkeypatch.setattr("relaygr.train.mining.retrieval_top_k", spy)
+    trainer.fit()
+    assert mined_by and all(m is stage for m in mined_by)
+    assert load_trained(tmp_path / "run").run.stage == str(tmp_path / "stage")
+    with pytest.raises(ConfigError, match="items"):
+        other = HSTU(config.model_config(seqs.num_items + 1))
+        Trainer(config, seqs, tmp_path / "run2", dataset="d", progress_bar=False,
+                log=lambda _: None, stage=StageRun(other, tmp_path / "stage"))

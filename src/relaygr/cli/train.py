@@ -2,6 +2,12 @@
 
     relaygr train --dataset ml-1m --data-dir DIR --out RUN_DIR [--preset quick|paper]
                   [--device cpu|cuda] [--seed N] [--resume] [--set key=value ...]
+                  [--stage RUN]
+
+``--stage RUN`` trains a ranker for the cascade whose retrieval stage is another run's retrieval
+head: the ranking head's hard negatives come from that stage's top K, and the ranking phase keeps
+the head that best orders the stage's proposals (``relaygr eval --retrieval RUN`` then measures
+the cascade).
 
 The run directory receives the best model (safetensors), its JSON config, the id map, per-epoch
 validation metrics and a resumable state (see ``relaygr.train.checkpoint``).
@@ -18,15 +24,18 @@ from typing import Any
 import torch
 
 from relaygr.data import DATASET_FILES, TableSpec, load_sequences
+from relaygr.data.sequences import UserSequences
 from relaygr.errors import ConfigError
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
+    TrainConfig,
     Trainer,
     load_trained,
     preset,
     retrieval_ranks_padded,
 )
+from relaygr.train.trainer import StageRun
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -78,8 +87,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="continue the run in --out from its last completed epoch")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a TrainConfig field (repeatable)")
+    parser.add_argument("--stage", type=Path, default=None, metavar="RUN",
+                        help="train a ranker against this run's retrieval head (the cascade's "
+                             "stage): hard negatives from its top K, the ranking phase "
+                             "validated on its proposals")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
+
+
+def load_stage(path: Path, seqs: UserSequences, config: TrainConfig, device: str) -> StageRun:
+    """``--stage``: a run over the same items, position-only, holding out the same validation
+    users (``ConfigError`` naming what differs)."""
+    stage = load_trained(path, device)
+    if stage.id_map != seqs.id_map:
+        raise ConfigError(f"--stage {path} numbers items differently from this data")
+    if stage.uses_timestamps:
+        raise ConfigError(f"--stage {path} reads timestamps; a stage must be position-only")
+    theirs = stage.run.train
+    if (theirs.valid_users, theirs.valid_seed) != (config.valid_users, config.valid_seed):
+        raise ConfigError(f"--stage {path} held out other validation users (valid_users "
+                          f"{theirs.valid_users}, valid_seed {theirs.valid_seed}): the ranking "
+                          "phase would validate on items the stage trained on")
+    return StageRun(stage.model, path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{seqs.source}: {seqs.num_users} users, {seqs.num_items} items, "
           f"{seqs.num_events} interactions ({int(seqs.timed.sum())} users timed); "
           f"time features {'on' if config.use_timestamps else 'off'}", flush=True)
+    stage = None if args.stage is None else load_stage(args.stage, seqs, config, args.device)
     trainer = Trainer(config, seqs, args.out, dataset=args.dataset, preset=args.preset,
-                      seed=args.seed, device=args.device, progress_bar=not args.no_progress)
+                      seed=args.seed, device=args.device, progress_bar=not args.no_progress,
+                      stage=stage)
     result = trainer.fit(resume=args.resume)
     trained = load_trained(trainer.run_dir, args.device)   # the best epoch's weights
     test = RankingMetrics.from_ranks(retrieval_ranks_padded(

@@ -60,11 +60,14 @@ class RunConfig:
     dataset: DatasetInfo
     seed: int
     preset: str
+    # the run directory of the retrieval stage this ranker was trained against (its hard
+    # negatives came from that stage's head); None: from the model's own retrieval head
+    stage: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": RUN_FORMAT, "model": self.model.to_dict(),
                 "train": self.train.to_dict(), "dataset": asdict(self.dataset),
-                "seed": self.seed, "preset": self.preset}
+                "seed": self.seed, "preset": self.preset, "stage": self.stage}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
@@ -73,8 +76,10 @@ class RunConfig:
         try:
             # runs saved before valid_seed chose their validation users with the run seed
             train = {"valid_seed": int(data["seed"]), **data["train"]}
+            stage = data.get("stage")
             return cls(HSTUConfig.from_dict(data["model"]), TrainConfig.from_dict(train),
-                       DatasetInfo(**data["dataset"]), int(data["seed"]), str(data["preset"]))
+                       DatasetInfo(**data["dataset"]), int(data["seed"]), str(data["preset"]),
+                       None if stage is None else str(stage))
         except (KeyError, TypeError, ConfigError) as exc:
             raise CheckpointError(f"invalid run config: {exc}") from None
 

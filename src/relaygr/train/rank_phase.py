@@ -43,8 +43,11 @@ class RankPhase:
     """Trains ``model.rank_head`` on frozen layers (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, model: HSTU, data: TrainingData,
-                 gen: torch.Generator, validate: Validate) -> None:
+                 gen: torch.Generator, validate: Validate, miner: HSTU | None = None) -> None:
+        """``miner``: the model whose retrieval head gives the hard negatives (default
+        ``model``'s own; a separate stage's when the ranker is trained against one)."""
         self.cfg, self.model, self.data, self.gen = config, model, data, gen
+        self.miner = model if miner is None else miner
         self.validate = validate
         self.optimizer = torch.optim.AdamW(model.rank_head.parameters(), lr=config.learning_rate,
                                            betas=(0.9, config.adam_beta2), weight_decay=0.0)
@@ -54,7 +57,7 @@ class RankPhase:
         rank = self.data.rank_batch(rows, cfg.rank_phase_users, cfg.rank_negatives, self.gen)
         ts = None if rank.timestamps is None else rank.timestamps.to(device)
         rank = RankBatch(rank.history.to(device), rank.candidates.to(device), ts)
-        return with_hard_negatives(self.model, rank, cfg.rank_hard_negatives, cfg.rank_mine_k,
+        return with_hard_negatives(self.miner, rank, cfg.rank_hard_negatives, cfg.rank_mine_k,
                                    self.gen)
 
     def _epoch(self, order: BatchOrder) -> float:

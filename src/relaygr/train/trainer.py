@@ -49,7 +49,7 @@ from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.metrics import CUTOFFS, RankingMetrics
 from relaygr.train.mining import with_hard_negatives
 from relaygr.train.rank_phase import RankPhase
-from relaygr.train.stages import HeadRetrieval
+from relaygr.train.stages import CheckpointRetrieval, HeadRetrieval, RetrievalStage
 
 Log = Callable[[str], None]
 
@@ -70,13 +70,23 @@ class TrainResult:
     best_valid: RankingMetrics | None
 
 
+@dataclass(frozen=True)
+class StageRun:
+    """The cascade's retrieval stage a ranker is trained against: another run's model (its
+    retrieval head proposes; its top ``rank_mine_k`` give the hard negatives and the ranking
+    phase's validated cascade) and the directory it was loaded from (recorded in the run)."""
+
+    model: HSTU
+    run_dir: Path
+
+
 class Trainer:
     """One training run of ``config`` on ``sequences`` into ``run_dir`` (see the module doc)."""
 
     def __init__(self, config: TrainConfig, sequences: UserSequences, run_dir: Path, *,
                  dataset: str, preset: str = "custom", seed: int = 0,
                  device: torch.device | str = "cpu", progress_bar: bool = True,
-                 log: Log = _print) -> None:
+                 log: Log = _print, stage: StageRun | None = None) -> None:
         if config.use_timestamps and not sequences.all_timed:
             raise ConfigError(f"use_timestamps needs a timestamp on every event; "
                               f"{int((~sequences.timed).sum())} users of {sequences.source} "
@@ -101,7 +111,14 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(seed)
         self.order: BatchOrder = BATCH_ORDERS[config.batch_order]()
         self.run = RunConfig(self.model.cfg, config, DatasetInfo.of(dataset, sequences), seed,
-                             preset)
+                             preset, None if stage is None else str(stage.run_dir))
+        # hard negatives come from the cascade's retrieval stage: a separate run's head, or
+        # this model's own
+        self.stage = stage
+        self.miner = self.model if stage is None else stage.model.to(self.device).eval()
+        if self.miner.cfg.num_items != self.model.cfg.num_items:
+            raise ConfigError(f"the stage numbers {self.miner.cfg.num_items} items, this data "
+                              f"{self.model.cfg.num_items}")
 
     # ---- one epoch ---------------------------------------------------------------------------
 
@@ -130,7 +147,7 @@ class Trainer:
             loss, ranking = retrieval, torch.zeros(())
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
-                rank = with_hard_negatives(model, self._rank_batch_on_device(rank),
+                rank = with_hard_negatives(self.miner, self._rank_batch_on_device(rank),
                                            cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen)
                 ranking = ranking_loss(model, rank, cfg.rank_temperature,
                                        cfg.rank_trains == "head")
@@ -242,7 +259,9 @@ class Trainer:
 
     def _validate_cascade(self) -> RankingMetrics:
         """The cascade on the validation items: retrieval's top ``rank_mine_k``, ranked."""
-        spec = CascadeSpec(HeadRetrieval(self.model), self.cfg.rank_mine_k)
+        stage: RetrievalStage = (HeadRetrieval(self.model) if self.stage is None
+                                 else CheckpointRetrieval(self.miner))
+        spec = CascadeSpec(stage, self.cfg.rank_mine_k)
         ranks = serving_ranks(self.model, self.seqs, self.split.valid, self.cfg.max_seq_len,
                               self.cfg.use_timestamps, ("cascade",), cascade=spec)
         return RankingMetrics.from_ranks(ranks["cascade"])
@@ -253,7 +272,8 @@ class Trainer:
         started = time.perf_counter()
         best = load_checkpoint(self.run_dir, self.device)
         self.model.load_state_dict(best.state_dict())
-        phase = RankPhase(self.cfg, self.model, self.data, self.gen, self._validate_cascade)
+        phase = RankPhase(self.cfg, self.model, self.data, self.gen, self._validate_cascade,
+                          self.miner)
         epochs = phase.run(self.order, self.log)
         save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
         progress.rank_phase_done = True
