@@ -4,11 +4,11 @@ The replica is the embedded instance, unchanged: it builds its ``RankingInstance
 cascade's ``build_instance`` (same trigger, tiers, budgets and scheduler as an in-process
 instance) and answers the two legs of the relay:
 
-* ``preinfer(PreinferCall)``: the instance's pre-infer signal, unless its ranking queue is at
-  ``shed_preinfer_queue_depth`` (then shed, as the embedded system sheds it);
+* ``preinfer(PreinferCall)``: the instance's pre-infer signal, unless the cascade's shed rule
+  (``cascade.fleet.sheds_preinfer``, the one the embedded fleet checks) skips it;
 * ``rank(RankCall)``: the instance ranks (consuming the relayed prefix when it is here), unless
-  its ranking queue is at ``max_rank_queue_depth`` (then the reply says overloaded and the
-  ingress answers 503).
+  ``cascade.fleet.rank_shed`` refuses it (then the reply says overloaded and the ingress
+  answers 503).
 
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.fleet import SKIPPED, rank_shed, sheds_preinfer
 from relaygr.cascade.system import build_instance
 from relaygr.distributed.calls import (
     ControlCall,
@@ -36,7 +37,6 @@ from relaygr.distributed.calls import (
 )
 from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
-from relaygr.engine.types import PreinferAction, PreinferResult
 from relaygr.errors import ConfigError
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
@@ -93,10 +93,9 @@ class RankingReplica:
 
     async def preinfer(self, call: PreinferCall) -> PreinferReply:
         await self._start()
-        depth = self.instance.scheduler.rank_queue_depth
-        shed = depth >= self.system.shed_preinfer_queue_depth
+        shed = sheds_preinfer(self.instance.scheduler.rank_queue_depth, self.system)
         if shed:
-            result = PreinferResult(PreinferAction.SKIPPED, None, 0)
+            result = SKIPPED
         else:
             result = self.instance.preinfer(call.prefix.to_spec(), call.suffix_tokens,
                                             call.candidates)
@@ -105,12 +104,12 @@ class RankingReplica:
 
     async def rank(self, call: RankCall) -> RankReply:
         await self._start()
-        depth = self.instance.scheduler.rank_queue_depth
-        if depth >= self.system.max_rank_queue_depth:
+        shed = rank_shed(self.name, self.instance.scheduler.rank_queue_depth, self.system)
+        if shed is not None:
             self._record(call, "rank", "shed")
             return RankReply(self.name, None, None, self.instance.snapshot(),
-                             call.note, overloaded_retry_s=max(0.1, self.system.slo_ms / 1e3),
-                             detail=f"{self.name} has {depth} ranking requests queued")
+                             call.note, overloaded_retry_s=shed.retry_after_s,
+                             detail=str(shed))
         result = await self.instance.rank(call.to_job())
         self._record(call, "rank", result.path.value)
         return RankReply(self.name, result.scores, result.path,
