@@ -11,12 +11,13 @@ here it reaches the instances through ``cascade.fleet.InstanceFleet``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import InstanceFleet
+from relaygr.cascade.instances import InstanceFactory, build_instance
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, SystemCounters, Visit
@@ -25,17 +26,10 @@ from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.supervisor import InstanceSupervisor
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.handle import InstanceHandle
-from relaygr.engine.instance import InstanceConfig, RankingInstance
-from relaygr.engine.scheduler import BatchPolicy
 from relaygr.engine.types import PreinferResult
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
-from relaygr.relay.trigger import TriggerConfig, make_trigger
 from relaygr.routing import InstanceView, make_router
-
-# Builds instance ``name`` on ``device`` for a system config (``build_instance`` in this process,
-# ``InstanceProcesses.factory`` in processes of their own).
-InstanceFactory = Callable[[SystemConfig, str, str, HSTU, LatencyCostModel], InstanceHandle]
 
 
 class RelaySystem:
@@ -123,28 +117,3 @@ class RelaySystem:
     async def wait_idle(self) -> None:
         """Wait for background work (pre-infer, demotion, fills) of every instance to end."""
         await asyncio.gather(*(inst.idle() for inst in self.instances))
-
-
-def build_instance(config: SystemConfig, name: str, device: str, model: HSTU,
-                   cost_model: LatencyCostModel) -> RankingInstance:
-    """One ranking instance as ``config``'s mode wants it (trigger, tiers, budgets, batching).
-
-    The embedded system builds its K instances with it, and a Ray Serve replica builds its one
-    instance with it, so both run the same instance logic.
-    """
-    spec = spec_for(Mode.parse(config.mode))
-    trigger = None
-    if spec.trigger is not None:
-        trigger = make_trigger(spec.trigger, cost_model, TriggerConfig(
-            slo_ms=config.slo_ms, risk_fraction=config.risk_fraction,
-            max_pool_fraction=config.max_pool_fraction,
-            max_preinfer_tokens_per_s=config.max_preinfer_tokens_per_s,
-            burst_tokens=config.burst_tokens))
-    return RankingInstance(InstanceConfig(
-        name=name, device=device,
-        device_budget_bytes=config.device_budget_bytes if spec.device_cache else 0,
-        host_budget_bytes=config.host_budget_bytes if spec.host_tier else 0,
-        page_tokens=config.page_tokens, lease_s=config.lease_s, host_ttl_s=config.host_ttl_s,
-        batch=BatchPolicy(max_requests=config.batch_max_requests),
-        truncate_to_tokens=config.truncate_to_tokens,
-        cross_request_reuse=config.cross_request_reuse), model.eval(), trigger)

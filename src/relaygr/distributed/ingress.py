@@ -29,14 +29,8 @@ from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import FirstLeg, InstanceLost
-from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
-from relaygr.cascade.stages import EarlierStages
-from relaygr.cascade.store import HistoryStore
-from relaygr.cascade.window import HistoryWindow
-from relaygr.distributed.calls import (
+from relaygr.cascade.messages import (
     ControlCall,
-    PrefixPayload,
     PreinferCall,
     PreinferReply,
     RankCall,
@@ -44,6 +38,12 @@ from relaygr.distributed.calls import (
     ReplicaState,
     RouteNote,
 )
+from relaygr.cascade.payload import PrefixPayload
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
+from relaygr.cascade.stages import EarlierStages
+from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.types import PrefixSpec, RankJob, RankResult
 from relaygr.errors import OverloadedError
 from relaygr.model import HSTU, HSTUConfig
@@ -88,16 +88,14 @@ class ReplicaFleet:
         except REPLICA_LOST:
             return FirstLeg(None, lost=True)
         route = None if reply.note is None else _decision(call.user_id, reply.note)
-        return FirstLeg(route, reply.replica, reply.result, shed=reply.shed)
+        return FirstLeg(route, reply.instance, reply.result, shed=reply.shed)
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
                    job: RankJob, avoid: tuple[str, ...]) -> RankResult:
         follow = None if first is None or avoid else \
             RouteNote(first.instance_id, first.reason.value, first.spilled)
-        call = RankCall(request_id=request_id, user_id=user_id, follow=follow, avoid=avoid,
-                        prefix=PrefixPayload.of(job.prefix), candidates=job.candidates,
-                        query_ts=job.query_ts, grown=job.grown,
-                        suffix_items=job.suffix_items, suffix_timestamps=job.suffix_timestamps)
+        call = RankCall.of(job, request_id=request_id, user_id=user_id, follow=follow,
+                           avoid=avoid)
         try:
             reply: RankReply = await self.ranker.rank.remote(call)
         except REPLICA_LOST as exc:
@@ -106,17 +104,19 @@ class ReplicaFleet:
             if lost is not None:
                 self.snapshots.pop(lost, None)
             raise InstanceLost(lost) from exc
-        self.snapshots[reply.replica] = reply.snapshot
+        assert reply.snapshot is not None, "a replica's reply carries its snapshot"
+        self.snapshots[reply.instance] = reply.snapshot
         if reply.overloaded_retry_s is not None:
             raise OverloadedError(reply.detail, reply.overloaded_retry_s)
-        assert reply.scores is not None and reply.path is not None
-        return RankResult(reply.scores, reply.path, reply.replica)
+        assert reply.path is not None
+        return RankResult(reply.tensor(), reply.path, reply.instance)
 
     async def refresh(self, method: str = "state") -> list[ReplicaState]:
         """Ask every replica known so far (or any one, before the first answer) for its state."""
         targets: list[str | None] = list(self.snapshots) or [None]
         states = await asyncio.gather(*[
-            getattr(self.ranker, method).remote(ControlCall(request_id="control", target=t))
+            getattr(self.ranker, method).remote(ControlCall(request_id="control", target=t,
+                                                            op=method))
             for t in targets], return_exceptions=True)
         out = []
         for target, state in zip(targets, states, strict=True):

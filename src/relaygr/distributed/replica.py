@@ -26,8 +26,8 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import SKIPPED, rank_shed, sheds_preinfer
-from relaygr.cascade.system import build_instance
-from relaygr.distributed.calls import (
+from relaygr.cascade.instances import build_instance
+from relaygr.cascade.messages import (
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -107,13 +107,12 @@ class RankingReplica:
         shed = rank_shed(self.name, self.instance.scheduler.rank_queue_depth, self.system)
         if shed is not None:
             self._record(call, "rank", "shed")
-            return RankReply(self.name, None, None, self.instance.snapshot(),
-                             call.note, overloaded_retry_s=shed.retry_after_s,
+            return RankReply(self.name, None, snapshot=self.instance.snapshot(),
+                             note=call.note, overloaded_retry_s=shed.retry_after_s,
                              detail=str(shed))
         result = await self.instance.rank(call.to_job())
         self._record(call, "rank", result.path.value)
-        return RankReply(self.name, result.scores, result.path,
-                         self.instance.snapshot(), call.note)
+        return RankReply.ranked(result, self.instance.snapshot(), call.note)
 
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()
