@@ -9,9 +9,8 @@ The messages are the cascade's one set (``cascade.messages``: ``Open``, ``Preinf
 Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
 numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
 read in order and a ``PreinferCall`` is decided as it is read, so a ranking request read after its
-pre-infer signal always finds the signal's effect. The ``PrefixSpec`` a signal rebuilt is kept
-for its ranking request (the version hashing and the tensor copies are not redone on the
-critical path).
+pre-infer signal always finds the signal's effect. Each instance answers the legs through its
+``InstanceEnd`` (``cascade.instance_end``, as a Ray replica's does).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import os
 import pickle
 import signal
 import socket
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +28,8 @@ import torch
 from safetensors.torch import load as load_weights
 from safetensors.torch import save as save_weights
 
+from relaygr.cascade.fleet import SKIPPED
+from relaygr.cascade.instance_end import InstanceEnd
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.messages import (
     ControlCall,
@@ -45,16 +45,12 @@ from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
-from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult
 from relaygr.errors import ConfigError
-from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
 
 _HEADER_BYTES = 8
-# Pre-infer signals whose ranking request has not come (it went elsewhere, or was shed).
-_MAX_KEPT_SPECS = 1024
 
 
 def write_frame(writer: asyncio.StreamWriter, seq: int, message: object) -> None:
@@ -115,7 +111,7 @@ class _Host:
         self.writer = writer
         self.models: dict[str, HSTU] = {}
         self.instances: dict[int, RankingInstance] = {}
-        self.specs: OrderedDict[tuple[int, PrefixId], PrefixSpec] = OrderedDict()
+        self.ends: dict[int, InstanceEnd] = {}       # the legs' side of each instance
         self.tasks: set[asyncio.Task[None]] = set()
 
     def model(self, device: str) -> HSTU:
@@ -177,26 +173,20 @@ class _Host:
                                        self.spec.cost_model)
         await inst.start()
         self.instances[msg.iid] = inst
+        self.ends[msg.iid] = InstanceEnd(inst)   # the parent's InstanceFleet sheds
 
     def preinfer(self, msg: PreinferCall) -> PreinferReply:
-        inst = self.instances.get(msg.iid)
-        if inst is None:
-            return PreinferReply("", PreinferResult(PreinferAction.SKIPPED, None, 0))
-        spec = msg.prefix.to_spec()
-        self.specs[(msg.iid, spec.pid)] = spec
-        while len(self.specs) > _MAX_KEPT_SPECS:
-            self.specs.popitem(last=False)
-        return PreinferReply(inst.name, inst.preinfer(spec, msg.suffix_tokens, msg.candidates))
+        end = self.ends.get(msg.iid)
+        return PreinferReply("", SKIPPED) if end is None else end.preinfer(msg)
 
     async def rank(self, msg: RankCall) -> RankReply:
-        inst = self.instance(msg.iid)
-        spec = self.specs.pop((msg.iid, msg.prefix.pid), None)
-        return RankReply.ranked(await inst.rank(msg.to_job(spec)))
+        self.instance(msg.iid)          # raises if it is not open
+        return await self.ends[msg.iid].rank(msg)
 
     async def control(self, msg: ControlCall) -> InstanceSnapshot | None:
         inst = self.instance(msg.iid)
         if msg.op == "stop":
-            del self.instances[msg.iid]
+            del self.instances[msg.iid], self.ends[msg.iid]
             await inst.stop()
             return inst.snapshot()
         if msg.op == "fail":
@@ -225,6 +215,7 @@ class _Host:
         for inst in self.instances.values():
             await inst.stop()
         self.instances.clear()
+        self.ends.clear()
 
 
 async def _serve(sock: socket.socket, spec: HostSpec) -> None:

@@ -115,7 +115,8 @@ class RankCall(RoutedCall):
 
     def to_job(self, prefix: PrefixSpec | None = None) -> RankJob:
         """The job again (``prefix``: the spec already rebuilt from this call's payload)."""
-        return RankJob(prefix or self.prefix.to_spec(), torch.from_numpy(self.candidates),
+        spec = self.prefix.to_spec() if prefix is None else prefix
+        return RankJob(spec, torch.from_numpy(self.candidates),
                        _tensor(self.suffix_items), _tensor(self.suffix_timestamps),
                        self.query_ts, self.grown)
 

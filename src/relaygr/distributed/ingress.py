@@ -109,7 +109,7 @@ class ReplicaFleet:
         if reply.overloaded_retry_s is not None:
             raise OverloadedError(reply.detail, reply.overloaded_retry_s)
         assert reply.path is not None
-        return RankResult(reply.tensor(), reply.path, reply.instance)
+        return RankResult(reply.tensor(), reply.path, reply.instance, reply.timing)
 
     async def refresh(self, method: str = "state") -> list[ReplicaState]:
         """Ask every replica known so far (or any one, before the first answer) for its state."""

@@ -10,6 +10,9 @@ instance) and answers the two legs of the relay:
   ``cascade.fleet.rank_shed`` refuses it (then the reply says overloaded and the ingress
   answers 503).
 
+Both are answered by ``cascade.instance_end.InstanceEnd``, as in a worker process, with the
+shed rules applied here.
+
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
 ingress's /metrics) and the replica's own id.
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.fleet import SKIPPED, rank_shed, sheds_preinfer
+from relaygr.cascade.instance_end import InstanceEnd
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.messages import (
     ControlCall,
@@ -82,6 +85,8 @@ class RankingReplica:
         self.name = spec.name or _serve_replica_id()
         self.system = spec.system
         self.instance = build_instance(spec.system, self.name, spec.device, model, cost_model)
+        # the legs' side of the instance; it sheds here (the ingress cannot see this queue)
+        self.end = InstanceEnd(self.instance, shed_by=spec.system)
         self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
         self.legs: Counter[str] = Counter()
         self._started = False
@@ -93,26 +98,15 @@ class RankingReplica:
 
     async def preinfer(self, call: PreinferCall) -> PreinferReply:
         await self._start()
-        shed = sheds_preinfer(self.instance.scheduler.rank_queue_depth, self.system)
-        if shed:
-            result = SKIPPED
-        else:
-            result = self.instance.preinfer(call.prefix.to_spec(), call.suffix_tokens,
-                                            call.candidates)
-        self._record(call, "preinfer", "shed" if shed else result.action.value)
-        return PreinferReply(self.name, result, shed, call.note)
+        reply = self.end.preinfer(call)
+        self._record(call, "preinfer", "shed" if reply.shed else reply.result.action.value)
+        return reply
 
     async def rank(self, call: RankCall) -> RankReply:
         await self._start()
-        shed = rank_shed(self.name, self.instance.scheduler.rank_queue_depth, self.system)
-        if shed is not None:
-            self._record(call, "rank", "shed")
-            return RankReply(self.name, None, snapshot=self.instance.snapshot(),
-                             note=call.note, overloaded_retry_s=shed.retry_after_s,
-                             detail=str(shed))
-        result = await self.instance.rank(call.to_job())
-        self._record(call, "rank", result.path.value)
-        return RankReply.ranked(result, self.instance.snapshot(), call.note)
+        reply = await self.end.rank(call, with_snapshot=True)
+        self._record(call, "rank", "shed" if reply.path is None else reply.path.value)
+        return reply
 
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()
