@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
+from relaygr.cascade.request_path import Recommendation
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.cascade.system import Recommendation, RelaySystem
+from relaygr.cascade.system import RelaySystem
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits

@@ -12,9 +12,10 @@ import torch
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.cascade.system import Recommendation, RelaySystem, Visit
+from relaygr.cascade.system import RelaySystem
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.engine.helpers import flops_cost_model

@@ -11,9 +11,10 @@ import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.cascade.system import Recommendation, RelaySystem, Visit
+from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.errors import CatalogueMismatchError, EmptyInputError
 from tests.cascade.retrieval_runs import (

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.payload import PrefixPayload
+from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.cascade.system import Recommendation, RelaySystem, Visit
+from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError, SequenceTooLongError

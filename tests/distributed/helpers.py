@@ -21,7 +21,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.request_router import PendingRequest
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.distributed.calls import RoutedCall
+from relaygr.cascade.messages import RoutedCall
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
 from relaygr.model.digest import model_digest

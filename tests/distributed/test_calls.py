@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relaygr.cascade.messages import RankCall, RouteNote
+from relaygr.cascade.payload import UNKNOWN_VERSION, PrefixPayload
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.distributed.calls import UNKNOWN_VERSION, PrefixPayload, RankCall, RouteNote
 from relaygr.distributed.replica import RankingReplica
 from relaygr.errors import ConfigError
 from relaygr.kvcache import PrefixId
@@ -50,8 +51,7 @@ def test_foreign_versions_disable_partial_reuse_only() -> None:
 
 def test_calls_pickle_with_their_routing_note() -> None:
     payload = PrefixPayload(PrefixId(1, 2, 3), np.array([1, 2]), None)
-    import torch
-    call = RankCall(request_id="x", user_id=1, prefix=payload, candidates=torch.tensor([4]))
+    call = RankCall(request_id="x", user_id=1, prefix=payload, candidates=np.array([4]))
     call.note = RouteNote("r1", "owner", False)
     back = pickle.loads(pickle.dumps(call))
     assert back.note == call.note and back.user_id == 1

@@ -47,9 +47,10 @@ from relaygr.bench.workload import Workload
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
 from relaygr.cascade.proposals import RetrievalStage
+from relaygr.cascade.request_path import Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.cascade.system import RelaySystem, Visit
+from relaygr.cascade.system import RelaySystem
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 

@@ -17,15 +17,8 @@ import multiprocessing
 import socket
 from typing import Protocol
 
-from relaygr.cascade.instance_host import (
-    Call,
-    HostSpec,
-    Push,
-    Reply,
-    host_main,
-    read_frame,
-    write_frame,
-)
+from relaygr.cascade.instance_host import HostSpec, host_main, read_frame, write_frame
+from relaygr.cascade.messages import Push, Reply, RoutedCall
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.errors import ConfigError
@@ -127,7 +120,7 @@ class HostLink:
                         f"instance process {self.index} exited"))
             self.calls.clear()
 
-    def call(self, message: Call) -> asyncio.Future[Reply]:
+    def call(self, message: RoutedCall) -> asyncio.Future[Reply]:
         """Send ``message``; the future resolves with its reply (or the host's exit)."""
         assert self.loop is not None
         future: asyncio.Future[Reply] = self.loop.create_future()

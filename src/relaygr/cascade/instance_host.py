@@ -1,15 +1,16 @@
-"""The host process of ``relaygr.cascade.processes``: its messages, framing and serving loop.
+"""The host process of ``relaygr.cascade.processes``: framing and the serving loop.
 
 A host process holds one copy of the model and serves any number of ``RankingInstance``s by id,
 each built by ``build_instance`` from a system's config, all driven by the process's own event
 loop (each instance computes on its own worker thread, as in-process).
 
+The messages are the cascade's one set (``cascade.messages``: ``Open``, ``PreinferCall``,
+``RankCall``, ``ControlCall``; ``Reply`` wrapping ``PreinferReply`` or ``RankReply``; ``Push``).
 Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
 numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
-read in order and a ``Preinfer`` is decided as it is read, so a ranking request read after its
-pre-infer signal always finds the signal's effect. The ``PrefixSpec`` a signal rebuilt is kept
-for its ranking request (the version hashing and the tensor copies are not redone on the
-critical path).
+read in order and a ``PreinferCall`` is decided as it is read, so a ranking request read after its
+pre-infer signal always finds the signal's effect. Each instance answers the legs through its
+``InstanceEnd`` (``cascade.instance_end``, as a Ray replica's does).
 """
 
 from __future__ import annotations
@@ -19,121 +20,37 @@ import os
 import pickle
 import signal
 import socket
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load as load_weights
 from safetensors.torch import save as save_weights
 
-from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.payload import PrefixPayload
-from relaygr.cascade.system import build_instance
+from relaygr.cascade.fleet import SKIPPED
+from relaygr.cascade.instance_end import InstanceEnd
+from relaygr.cascade.instances import build_instance
+from relaygr.cascade.messages import (
+    ControlCall,
+    Open,
+    PreinferCall,
+    PreinferReply,
+    Push,
+    RankCall,
+    RankReply,
+    Reply,
+)
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
-from relaygr.engine.types import (
-    PrefixSpec,
-    PreinferAction,
-    PreinferResult,
-    RankJob,
-    RankPath,
-    RankTiming,
-)
 from relaygr.errors import ConfigError
-from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
 
 _HEADER_BYTES = 8
-# Pre-infer signals whose ranking request has not come (it went elsewhere, or was shed).
-_MAX_KEPT_SPECS = 1024
-
-
-# ---- messages: parent -> host ------------------------------------------------------------------
-@dataclass(frozen=True)
-class Open:
-    iid: int
-    config: SystemConfig
-    name: str
-    device: str
-
-
-@dataclass(frozen=True)
-class Preinfer:
-    iid: int
-    prefix: PrefixPayload
-    suffix_tokens: int
-    candidates: int
-
-
-@dataclass(frozen=True)
-class Rank:
-    iid: int
-    prefix: PrefixPayload
-    candidates: np.ndarray
-    suffix_items: np.ndarray | None
-    suffix_timestamps: np.ndarray | None
-    query_ts: int | None
-    grown: PrefixId | None
-
-    @classmethod
-    def of(cls, iid: int, job: RankJob) -> Rank:
-        def array(t: torch.Tensor | None) -> np.ndarray | None:
-            return None if t is None else t.numpy()
-        return cls(iid, PrefixPayload.of(job.prefix), job.candidates.numpy(),
-                   array(job.suffix_items), array(job.suffix_timestamps), job.query_ts, job.grown)
-
-    def to_job(self, prefix: PrefixSpec) -> RankJob:
-        def tensor(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a)
-        return RankJob(prefix, torch.from_numpy(self.candidates), tensor(self.suffix_items),
-                       tensor(self.suffix_timestamps), self.query_ts, self.grown)
-
-
-@dataclass(frozen=True)
-class Control:
-    iid: int
-    op: str        # stop | fail | restart | idle | integrity | snapshot
-
-
-Call = Open | Preinfer | Rank | Control
-
-
-# ---- messages: host -> parent ------------------------------------------------------------------
-@dataclass(frozen=True)
-class Reply:
-    """The answer to one call (``error`` set when it raised), with the instance's snapshot
-    when the call changed or asked for it."""
-
-    value: Any = None
-    error: BaseException | None = None
-    snapshot: InstanceSnapshot | None = None
-
-
-@dataclass(frozen=True)
-class Push:
-    """An instance's latest snapshot, sent every ``push_interval_s`` while it serves."""
-
-    iid: int
-    snapshot: InstanceSnapshot
-
-
-@dataclass(frozen=True)
-class Ranked:
-    scores: np.ndarray
-    dtype: str
-    path: RankPath
-    timing: RankTiming | None = None
-
-    def tensor(self) -> torch.Tensor:
-        """The scores in the model's dtype, bit-exact (they travel as float32)."""
-        return torch.from_numpy(self.scores).to(getattr(torch, self.dtype))
 
 
 def write_frame(writer: asyncio.StreamWriter, seq: int, message: object) -> None:
@@ -194,7 +111,7 @@ class _Host:
         self.writer = writer
         self.models: dict[str, HSTU] = {}
         self.instances: dict[int, RankingInstance] = {}
-        self.specs: OrderedDict[tuple[int, PrefixId], PrefixSpec] = OrderedDict()
+        self.ends: dict[int, InstanceEnd] = {}       # the legs' side of each instance
         self.tasks: set[asyncio.Task[None]] = set()
 
     def model(self, device: str) -> HSTU:
@@ -237,13 +154,13 @@ class _Host:
         task.add_done_callback(self.tasks.discard)
 
     def handle(self, seq: int, msg: object) -> None:
-        if isinstance(msg, Preinfer):
+        if isinstance(msg, PreinferCall):
             self.answer(seq, lambda: self.preinfer(msg))
-        elif isinstance(msg, Rank):
+        elif isinstance(msg, RankCall):
             self.spawn(self.answer_later(seq, self.rank(msg)))
         elif isinstance(msg, Open):
             self.spawn(self.answer_later(seq, self.open(msg), snapshot_of=msg.iid))
-        elif isinstance(msg, Control):
+        elif isinstance(msg, ControlCall):
             snapshot_of = None if msg.op == "stop" else msg.iid
             self.spawn(self.answer_later(seq, self.control(msg), snapshot_of))
         else:
@@ -256,29 +173,20 @@ class _Host:
                                        self.spec.cost_model)
         await inst.start()
         self.instances[msg.iid] = inst
+        self.ends[msg.iid] = InstanceEnd(inst)   # the parent's InstanceFleet sheds
 
-    def preinfer(self, msg: Preinfer) -> PreinferResult:
-        inst = self.instances.get(msg.iid)
-        if inst is None:
-            return PreinferResult(PreinferAction.SKIPPED, None, 0)
-        spec = msg.prefix.to_spec()
-        self.specs[(msg.iid, spec.pid)] = spec
-        while len(self.specs) > _MAX_KEPT_SPECS:
-            self.specs.popitem(last=False)
-        return inst.preinfer(spec, msg.suffix_tokens, msg.candidates)
+    def preinfer(self, msg: PreinferCall) -> PreinferReply:
+        end = self.ends.get(msg.iid)
+        return PreinferReply("", SKIPPED) if end is None else end.preinfer(msg)
 
-    async def rank(self, msg: Rank) -> Ranked:
-        inst = self.instance(msg.iid)
-        spec = self.specs.pop((msg.iid, msg.prefix.pid), None) or msg.prefix.to_spec()
-        result = await inst.rank(msg.to_job(spec))
-        scores = result.scores.detach().to("cpu")
-        return Ranked(scores.float().numpy(), str(scores.dtype).removeprefix("torch."),
-                      result.path, result.timing)
+    async def rank(self, msg: RankCall) -> RankReply:
+        self.instance(msg.iid)          # raises if it is not open
+        return await self.ends[msg.iid].rank(msg)
 
-    async def control(self, msg: Control) -> InstanceSnapshot | None:
+    async def control(self, msg: ControlCall) -> InstanceSnapshot | None:
         inst = self.instance(msg.iid)
         if msg.op == "stop":
-            del self.instances[msg.iid]
+            del self.instances[msg.iid], self.ends[msg.iid]
             await inst.stop()
             return inst.snapshot()
         if msg.op == "fail":
@@ -307,6 +215,7 @@ class _Host:
         for inst in self.instances.values():
             await inst.stop()
         self.instances.clear()
+        self.ends.clear()
 
 
 async def _serve(sock: socket.socket, spec: HostSpec) -> None:

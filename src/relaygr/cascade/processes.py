@@ -17,8 +17,9 @@ run there unchanged; a host can carry several instances (of different systems) a
 system's ``stop`` drops its instances from their hosts, so every benchmark point still starts
 from empty caches without paying a process start.
 
-The host side (messages, framing, serving loop) is ``relaygr.cascade.instance_host``. Messages
-are pickled frames over a socket pair, each side driven by its own event loop:
+The host side (framing, serving loop) is ``relaygr.cascade.instance_host``; the messages are the
+cascade's one set (``cascade.messages``, the Ray replicas' too), pickled frames over a socket
+pair, each side driven by its own event loop:
 
 * ``preinfer`` is sent and answered later (the handle returns an awaitable); the ranking leg
   may be sent right after it, because a host reads one instance's messages in order and starts
@@ -52,17 +53,18 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.host_link import HostLink
-from relaygr.cascade.instance_host import (
-    Control,
-    HostSpec,
+from relaygr.cascade.instance_host import HostSpec
+from relaygr.cascade.instances import InstanceFactory
+from relaygr.cascade.messages import (
+    ControlCall,
     Open,
-    Preinfer,
-    Rank,
-    Ranked,
+    PreinferCall,
+    PreinferReply,
+    RankCall,
+    RankReply,
     Reply,
 )
 from relaygr.cascade.payload import PrefixPayload
-from relaygr.cascade.system import InstanceFactory
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
@@ -140,7 +142,8 @@ class ProcessInstance:
         await self._open()
 
     async def _open(self) -> None:
-        self._value(await self.link.call(Open(self.iid, self.config, self._name, self.device)))
+        self._value(await self.link.call(Open(iid=self.iid, config=self.config,
+                                              name=self._name, device=self.device)))
         self.link.handles[self.iid] = self
 
     def _value(self, reply: Reply) -> Any:
@@ -151,7 +154,7 @@ class ProcessInstance:
         return reply.value
 
     async def _control(self, op: str) -> Any:
-        return self._value(await self.link.call(Control(self.iid, op)))
+        return self._value(await self.link.call(ControlCall(iid=self.iid, op=op)))
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -202,17 +205,17 @@ class ProcessInstance:
             done: asyncio.Future[PreinferResult] = loop.create_future()
             done.set_result(PreinferResult(PreinferAction.SKIPPED, None, 0))
             return done
-        sent = self.link.call(Preinfer(self.iid, PrefixPayload.of(spec), suffix_tokens,
-                                       candidates))
+        sent = self.link.call(PreinferCall(iid=self.iid, prefix=PrefixPayload.of(spec),
+                                           suffix_tokens=suffix_tokens, candidates=candidates))
         return loop.create_task(self._preinfer_result(sent))
 
     async def _preinfer_result(self, sent: asyncio.Future[Reply]) -> PreinferResult:
         try:
-            result = self._value(await sent)
+            reply = self._value(await sent)
         except InstanceStoppedError:
             return PreinferResult(PreinferAction.SKIPPED, None, 0)
-        assert isinstance(result, PreinferResult)
-        return result
+        assert isinstance(reply, PreinferReply)
+        return reply.result
 
     async def rank(self, job: RankJob) -> RankResult:
         if not self.healthy:
@@ -220,10 +223,10 @@ class ProcessInstance:
         self._ranks += 1
         sent = time.perf_counter()
         try:
-            ranked = self._value(await self.link.call(Rank.of(self.iid, job)))
+            ranked = self._value(await self.link.call(RankCall.of(job, iid=self.iid)))
         finally:
             self._ranks -= 1
-        assert isinstance(ranked, Ranked)
+        assert isinstance(ranked, RankReply) and ranked.path is not None
         timing = ranked.timing
         if timing is not None:   # the hop both ways, pickling included
             timing = replace(timing, transport_s=max(

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relaygr.distributed.calls import RoutedCall
+from relaygr.cascade.messages import RoutedCall
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,14 @@ The replica is the embedded instance, unchanged: it builds its ``RankingInstance
 cascade's ``build_instance`` (same trigger, tiers, budgets and scheduler as an in-process
 instance) and answers the two legs of the relay:
 
-* ``preinfer(PreinferCall)``: the instance's pre-infer signal, unless its ranking queue is at
-  ``shed_preinfer_queue_depth`` (then shed, as the embedded system sheds it);
+* ``preinfer(PreinferCall)``: the instance's pre-infer signal, unless the cascade's shed rule
+  (``cascade.fleet.sheds_preinfer``, the one the embedded fleet checks) skips it;
 * ``rank(RankCall)``: the instance ranks (consuming the relayed prefix when it is here), unless
-  its ranking queue is at ``max_rank_queue_depth`` (then the reply says overloaded and the
-  ingress answers 503).
+  ``cascade.fleet.rank_shed`` refuses it (then the reply says overloaded and the ingress
+  answers 503).
+
+Both are answered by ``cascade.instance_end.InstanceEnd``, as in a worker process, with the
+shed rules applied here.
 
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
@@ -25,8 +28,9 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.system import build_instance
-from relaygr.distributed.calls import (
+from relaygr.cascade.instance_end import InstanceEnd
+from relaygr.cascade.instances import build_instance
+from relaygr.cascade.messages import (
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -36,7 +40,6 @@ from relaygr.distributed.calls import (
 )
 from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
-from relaygr.engine.types import PreinferAction, PreinferResult
 from relaygr.errors import ConfigError
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
@@ -82,6 +85,8 @@ class RankingReplica:
         self.name = spec.name or _serve_replica_id()
         self.system = spec.system
         self.instance = build_instance(spec.system, self.name, spec.device, model, cost_model)
+        # the legs' side of the instance; it sheds here (the ingress cannot see this queue)
+        self.end = InstanceEnd(self.instance, shed_by=spec.system)
         self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
         self.legs: Counter[str] = Counter()
         self._started = False
@@ -93,28 +98,15 @@ class RankingReplica:
 
     async def preinfer(self, call: PreinferCall) -> PreinferReply:
         await self._start()
-        depth = self.instance.scheduler.rank_queue_depth
-        shed = depth >= self.system.shed_preinfer_queue_depth
-        if shed:
-            result = PreinferResult(PreinferAction.SKIPPED, None, 0)
-        else:
-            result = self.instance.preinfer(call.prefix.to_spec(), call.suffix_tokens,
-                                            call.candidates)
-        self._record(call, "preinfer", "shed" if shed else result.action.value)
-        return PreinferReply(self.name, result, shed, call.note)
+        reply = self.end.preinfer(call)
+        self._record(call, "preinfer", "shed" if reply.shed else reply.result.action.value)
+        return reply
 
     async def rank(self, call: RankCall) -> RankReply:
         await self._start()
-        depth = self.instance.scheduler.rank_queue_depth
-        if depth >= self.system.max_rank_queue_depth:
-            self._record(call, "rank", "shed")
-            return RankReply(self.name, None, None, self.instance.snapshot(),
-                             call.note, overloaded_retry_s=max(0.1, self.system.slo_ms / 1e3),
-                             detail=f"{self.name} has {depth} ranking requests queued")
-        result = await self.instance.rank(call.to_job())
-        self._record(call, "rank", result.path.value)
-        return RankReply(self.name, result.scores, result.path,
-                         self.instance.snapshot(), call.note)
+        reply = await self.end.rank(call, with_snapshot=True)
+        self._record(call, "rank", "shed" if reply.path is None else reply.path.value)
+        return reply
 
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()

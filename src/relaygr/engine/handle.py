@@ -2,7 +2,7 @@
 
 ``RankingInstance`` (in this process, driven by this event loop) and ``ProcessInstance`` (the
 same instance in a process of its own, ``relaygr.cascade.processes``) both satisfy it, so
-``RelaySystem`` routes, sheds and fails over the same way over either.
+the cascade's ``InstanceFleet`` routes, sheds and fails over the same way over either.
 
 ``preinfer`` is the one leg that differs in shape: in-process it decides at once and returns
 the result; across a process boundary the decision comes back later, so it returns an awaitable

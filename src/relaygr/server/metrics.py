@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relaygr.cascade.system import Recommendation
+from relaygr.cascade.request_path import Recommendation
 from relaygr.server.snapshot import ServingSnapshot
 
 # Seconds: 1 ms to 10 s, denser where ranking SLOs sit (tens to hundreds of ms).

@@ -1,0 +1,252 @@
+"""One request's path through the cascade, written once for every transport (DESIGN.md section 2).
+
+    visit ─► window prefix ─► fleet.preinfer (route; trigger, unless shed; returns at once) ──┐
+          └► retrieval ─► pre-processing (own fleets; measured, ≥ set delays)        first leg │
+          ─► fleet.rank (follows the first leg; shed; failover to the next choice) ◄──────────┘
+          ─► the visit's events are appended to the history (new prefix version)  second leg
+
+The prefix is the part of the user's history the model reads: its newest events, in a window
+that slides in blocks once the history outgrows the model (``cascade.window``: what is reused
+between slides, what is recomputed at one). The counters count the slides.
+
+``RequestPath`` is driven by the embedded system (``cascade.system.RelaySystem``: instances in
+this process or in worker processes) and by the Ray ingress (``distributed.ingress``: replicas
+behind Serve); they differ only in the ``Fleet`` (``cascade.fleet``) they hand it. Failover: a
+ranking leg whose instance is gone goes to the user's next choice (which recomputes), up to the
+fleet's ``max_attempts``, so only latency suffers. Shedding: a shed pre-infer signal costs only
+the relay; a shed ranking leg raises ``OverloadedError`` (HTTP 503).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.fleet import FirstLeg, Fleet, InstanceLost
+from relaygr.cascade.modes import Mode, spec_for
+from relaygr.cascade.stages import EarlierStages, StageTiming
+from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.types import (
+    PrefixSpec,
+    PreinferResult,
+    RankJob,
+    RankPath,
+    RankResult,
+    RankTiming,
+)
+from relaygr.errors import NoHealthyInstanceError, OverloadedError
+from relaygr.routing import RouteDecision
+
+# Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
+_MAX_REMEMBERED_DECISIONS = 100_000
+
+
+@dataclass(frozen=True)
+class Visit:
+    """One request: a user, the behaviours since their last visit, and the request time."""
+
+    user_id: int
+    recent_items: tuple[int, ...] = ()
+    recent_timestamps: tuple[int, ...] | None = None
+    request_ts: int | None = None
+    num_candidates: int | None = None     # None: the system's default
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Candidates (best retrieval order) and their ranking scores, with how they were made."""
+
+    candidates: Tensor
+    scores: Tensor
+    path: RankPath
+    instance: str                  # the instance that ranked
+    preinfer: PreinferResult | None
+    preinfer_instance: str | None  # the instance that got the pre-infer signal
+    prefix_tokens: int
+    suffix_tokens: int
+    ranking_due_s: float       # time.perf_counter() when ranking was due
+    ranking_done_s: float
+    timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
+    window_start: int = 0      # the history event the model read first (cascade.window)
+    stages: StageTiming | None = None  # retrieval and delays before ranking (None: no stages)
+
+
+@dataclass
+class SystemCounters:
+    requests: int = 0
+    failovers: int = 0
+    shed_preinfer: int = 0
+    shed_rank: int = 0
+    lost_preinfer: int = 0       # pre-infer signals whose instance was gone
+    paths: Counter[str] = field(default_factory=Counter)
+    window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
+    windowed_requests: int = 0   # ranked from a window that starts after the first event
+
+
+@dataclass
+class _Leg:
+    """A request between its two legs: the routed prefix and the first leg as sent."""
+
+    visit: Visit
+    request_id: str
+    spec: PrefixSpec
+    history_items: np.ndarray
+    num_candidates: int
+    sent: FirstLeg | Awaitable[FirstLeg]
+
+
+class RequestPath:
+    """See the module docstring. One event loop drives it."""
+
+    def __init__(self, fleet: Fleet, config: SystemConfig, store: HistoryStore,
+                 window: HistoryWindow, stages: EarlierStages) -> None:
+        self.fleet = fleet
+        self.config = config
+        self.store = store
+        self.window = window
+        self.stages = stages
+        self.preinfers = spec_for(Mode.parse(config.mode)).preinfer
+        self.counters = SystemCounters()
+        # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
+        self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
+
+    @property
+    def remembered_prefills(self) -> int:
+        """Pre-infer signals (``prefill``) whose ranking leg has not come yet."""
+        return len(self._decisions)
+
+    async def recommend(self, visit: Visit) -> Recommendation:
+        """The whole cascade for one visit: retrieval, pre-processing and relayed ranking."""
+        leg = self._first_leg(visit, send=True)
+        seen = np.concatenate([leg.history_items,
+                               np.asarray(visit.recent_items, dtype=np.int64)])
+        try:
+            earlier = await self.stages.run(seen, leg.num_candidates, visit.user_id)
+        finally:
+            first = await self._first(leg)
+        return await self._second_leg(leg, first, first.route, earlier.candidates,
+                                      earlier.timing)
+
+    async def prefill(self, user_id: int, suffix_tokens: int = 0,
+                      num_candidates: int | None = None) -> tuple[str, PreinferResult]:
+        """The pre-infer signal alone (for callers that run their own earlier stages). The
+        routing decision is remembered so the user's next ``rank_candidates`` follows it."""
+        leg = self._first_leg(Visit(user_id, num_candidates=num_candidates), send=True,
+                              suffix_tokens=suffix_tokens)
+        first = await self._first(leg)
+        if first.route is not None:
+            self._decisions[user_id] = first.route
+            self._decisions.move_to_end(user_id)
+            while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
+                self._decisions.popitem(last=False)
+        result = await _result(first)
+        if result is None or first.instance is None:
+            raise NoHealthyInstanceError("the pre-infer signal found no live ranking instance")
+        return first.instance, result
+
+    async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
+        """Rank given candidates for a visit, consuming the relayed prefix when present."""
+        leg = self._first_leg(visit, send=False)
+        first = await self._first(leg)
+        route = self._decisions.pop(visit.user_id, first.route)
+        return await self._second_leg(leg, first, route, candidates.to(torch.int64))
+
+    def append_events(self, user_id: int, items: Sequence[int],
+                      timestamps: Sequence[int] | None = None) -> int:
+        """Append behaviour events (the prefix version changes); returns the new length."""
+        before = self.store.num_events(user_id) if user_id in self.store else 0
+        after = self.store.append(user_id, items, timestamps).num_events
+        self.counters.window_slides += int(before > 0 and self.window.slid(before, after))
+        return after
+
+    # ---- the two legs ------------------------------------------------------------------------
+    def _prefix_spec(self, user_id: int, suffix_tokens: int) -> tuple[PrefixSpec, np.ndarray]:
+        """The window's prefix a visit adding ``suffix_tokens`` events reads, and the user's
+        whole history (what retrieval excludes)."""
+        prefix = self.window.prefix(self.store, user_id, suffix_tokens)
+        ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
+        start = prefix.window_start
+        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts,
+                          lambda n: self.store.version_at(user_id, start + n, start), start)
+        return spec, self.store.get(user_id).items
+
+    def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None) -> _Leg:
+        s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
+        spec, history_items = self._prefix_spec(visit.user_id, s)
+        n_cand = visit.num_candidates or self.config.num_candidates
+        request_id = uuid.uuid4().hex
+        sent = self.fleet.preinfer(request_id, visit.user_id, spec, s, n_cand,
+                                   send and self.preinfers)
+        if isinstance(sent, FirstLeg):      # decided at once (counted now, as it was shed now)
+            self._count_first(sent)
+        return _Leg(visit, request_id, spec, history_items, n_cand, sent)
+
+    async def _first(self, leg: _Leg) -> FirstLeg:
+        """The first leg's outcome (awaited once: across Ray it comes with the reply)."""
+        if not isinstance(leg.sent, FirstLeg):
+            leg.sent = await leg.sent
+            self._count_first(leg.sent)
+        return leg.sent
+
+    def _count_first(self, first: FirstLeg) -> None:
+        self.counters.shed_preinfer += int(first.shed)
+        self.counters.lost_preinfer += int(first.lost)
+
+    async def _second_leg(self, leg: _Leg, first: FirstLeg, route: RouteDecision | None,
+                          candidates: Tensor, stages: StageTiming | None = None
+                          ) -> Recommendation:
+        visit, spec = leg.visit, leg.spec
+        suffix = suffix_ts = None
+        grown = None
+        if visit.recent_items:
+            suffix = torch.tensor(visit.recent_items, dtype=torch.int64)
+            if visit.recent_timestamps is not None:
+                suffix_ts = torch.tensor(visit.recent_timestamps, dtype=torch.int64)
+            grown = self.window.grown(self.store, spec.pid, spec.window_start,
+                                      visit.recent_items, visit.recent_timestamps)
+        job = RankJob(spec, candidates, suffix, suffix_ts, visit.request_ts, grown)
+        due = time.perf_counter()
+        result = await self._rank(leg, route, job)
+        done = time.perf_counter()
+        if visit.recent_items:
+            self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps)
+        self.counters.requests += 1
+        self.counters.windowed_requests += int(spec.window_start > 0)
+        self.counters.paths[result.path.value] += 1
+        return Recommendation(candidates, result.scores, result.path, result.instance,
+                              await _result(first), first.instance, spec.num_tokens,
+                              job.suffix_tokens, due, done, result.timing, spec.window_start,
+                              stages)
+
+    async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob) -> RankResult:
+        avoid: tuple[str, ...] = ()
+        for _ in range(self.fleet.max_attempts):
+            try:
+                return await self.fleet.rank(leg.request_id, leg.visit.user_id, route, job,
+                                             avoid)
+            except OverloadedError:           # the fleet's shed rule refused the leg
+                self.counters.shed_rank += 1
+                raise
+            except InstanceLost as lost:
+                self.counters.failovers += 1
+                if lost.instance is not None:
+                    avoid += (lost.instance,)
+        raise NoHealthyInstanceError(
+            f"ranking failed on {self.fleet.max_attempts} instances in turn")
+
+
+async def _result(first: FirstLeg) -> PreinferResult | None:
+    """The pre-infer outcome (an instance in another process reports it asynchronously)."""
+    if inspect.isawaitable(first.result):
+        first.result = await first.result
+    return first.result

@@ -1,0 +1,157 @@
+"""The one request path over a scripted fleet: what it sends, follows, counts and raises.
+
+The path is the same object under the embedded system and the Ray ingress; these tests pin its
+contract with the ``Fleet`` (``cascade.fleet``) so that either transport can be swapped in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+import pytest
+import torch
+
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.fleet import SKIPPED, FirstLeg, InstanceLost, rank_shed, sheds_preinfer
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.request_path import RequestPath, Visit
+from relaygr.cascade.stages import EarlierStages
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.types import (
+    PrefixSpec,
+    PreinferAction,
+    PreinferResult,
+    RankJob,
+    RankPath,
+    RankResult,
+)
+from relaygr.errors import NoHealthyInstanceError, OverloadedError
+from relaygr.routing import RouteDecision, RouteReason
+from tests.cascade.test_system import NUM_ITEMS, config, histories
+from tests.model.helpers import make_model
+
+DONE = PreinferResult(PreinferAction.PREFILL, None, 7)
+
+
+class ScriptedFleet:
+    """A fleet whose rank answers are scripted per attempt: ``"lost"``, ``"shed"`` or a name.
+    ``deferred``: the first leg is answered later (as across Ray)."""
+
+    def __init__(self, answers: list[str], deferred: bool = False, shed_first: bool = False
+                 ) -> None:
+        self.answers = list(answers)
+        self.deferred = deferred
+        self.shed_first = shed_first
+        self.ranked: list[tuple[str, RouteDecision | None, tuple[str, ...]]] = []
+        self.sent: list[tuple[str, bool]] = []
+
+    @property
+    def max_attempts(self) -> int:
+        return 3
+
+    def preinfer(self, request_id: str, user_id: int, spec: PrefixSpec, suffix_tokens: int,
+                 candidates: int, send: bool) -> FirstLeg | Awaitable[FirstLeg]:
+        self.sent.append((request_id, send))
+        route = RouteDecision(user_id, "a", 0, False, RouteReason.OWNER)
+        first = FirstLeg(route)
+        if send:
+            first = FirstLeg(route, "a", SKIPPED if self.shed_first else DONE,
+                             shed=self.shed_first)
+        if not self.deferred:
+            return first
+
+        async def later() -> FirstLeg:
+            return first
+        return asyncio.ensure_future(later())
+
+    async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
+                   job: RankJob, avoid: tuple[str, ...]) -> RankResult:
+        self.ranked.append((request_id, first, avoid))
+        answer = self.answers.pop(0)
+        if answer == "lost":
+            raise InstanceLost(first.instance_id if first and not avoid else f"x{len(avoid)}")
+        if answer == "shed":
+            raise rank_shed(answer, 9, SystemConfig(max_rank_queue_depth=9)) or AssertionError
+        return RankResult(torch.zeros(job.candidates.shape[0]), RankPath.FULL, answer)
+
+
+def make_path(fleet: ScriptedFleet, mode: str = "relay") -> RequestPath:
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    cfg = config(mode)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, cfg.retrieval_history), cfg.retrieval_k,
+                           0.0, 0.0)
+    return RequestPath(fleet, cfg, store, HistoryWindow.for_model(model.cfg, cfg), stages)
+
+
+VISIT = Visit(3, (5, 6), (1_700_000_001, 1_700_000_002), 1_700_000_003, 8)
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_both_legs_share_a_request_and_the_second_follows_the_first(deferred: bool) -> None:
+    fleet = ScriptedFleet(["a"], deferred=deferred)
+    path = make_path(fleet)
+    before = path.store.num_events(3)
+    rec = asyncio.run(path.recommend(VISIT))
+    (rid, send), = fleet.sent
+    assert send and fleet.ranked == [(rid, fleet.ranked[0][1], ())]
+    assert fleet.ranked[0][1] is not None and fleet.ranked[0][1].instance_id == "a"
+    assert rec.preinfer == DONE and rec.preinfer_instance == "a" and rec.instance == "a"
+    assert path.store.num_events(3) == before + 2 and path.counters.requests == 1
+
+
+def test_failover_avoids_each_lost_instance_then_gives_up() -> None:
+    fleet = ScriptedFleet(["lost", "b"])
+    path = make_path(fleet)
+    assert asyncio.run(path.recommend(VISIT)).instance == "b"
+    assert [avoid for _, _, avoid in fleet.ranked] == [(), ("a",)]
+    assert path.counters.failovers == 1
+
+    fleet = ScriptedFleet(["lost"] * 3)
+    path = make_path(fleet)
+    with pytest.raises(NoHealthyInstanceError):
+        asyncio.run(path.recommend(VISIT))
+    assert path.counters.failovers == 3 and path.counters.requests == 0
+
+
+def test_shedding_is_counted_on_both_legs() -> None:
+    fleet = ScriptedFleet(["shed"], shed_first=True)
+    path = make_path(fleet)
+    before = path.store.num_events(3)
+    with pytest.raises(OverloadedError):
+        asyncio.run(path.recommend(VISIT))
+    assert path.counters.shed_preinfer == 1 and path.counters.shed_rank == 1
+    assert path.store.num_events(3) == before          # nothing appended
+    assert len(fleet.ranked) == 1                      # a shed leg is not sent elsewhere
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_prefill_is_remembered_until_its_ranking_leg(deferred: bool) -> None:
+    fleet = ScriptedFleet(["a"], deferred=deferred)
+    path = make_path(fleet)
+
+    async def main() -> None:
+        assert await path.prefill(3, 2, 8) == ("a", DONE)
+        assert path.remembered_prefills == 1
+        rec = await path.rank_candidates(VISIT, torch.arange(1, 9))
+        assert rec.preinfer is None and rec.preinfer_instance is None
+    asyncio.run(main())
+    assert path.remembered_prefills == 0
+    assert [send for _, send in fleet.sent] == [True, False]
+
+
+def test_modes_without_preinfer_send_no_signal() -> None:
+    fleet = ScriptedFleet(["a"])
+    rec = asyncio.run(make_path(fleet, "baseline").recommend(VISIT))
+    assert [send for _, send in fleet.sent] == [False] and rec.preinfer is None
+
+
+def test_the_shed_rules_bound_at_their_depths() -> None:
+    cfg = SystemConfig(shed_preinfer_queue_depth=3, max_rank_queue_depth=5, slo_ms=250)
+    assert not sheds_preinfer(2, cfg) and sheds_preinfer(3, cfg)
+    assert rank_shed("r", 4, cfg) is None
+    shed = rank_shed("r", 5, cfg)
+    assert isinstance(shed, OverloadedError) and shed.retry_after_s == 0.25
+    assert str(shed) == "r has 5 ranking requests queued"
