@@ -4,8 +4,9 @@ Why: in one process the instances' worker threads share a GIL, and a ranking pas
 of its time in Python between the ops (the model's per-layer code, the scheduler, the cache
 bookkeeping). On the 2-core CPU box a cached ranking pass (cpu profile, 512-token prefix,
 256 candidates) took 5.2-6.7 ms alone, 7.5-9.9 ms each when two threads of one process ran it
-at once, and 5.1-7.7 ms each in two processes (docs/benchmark.md, "What limits the relay's
-throughput"). A production ranking server runs one process per accelerator for the same
+at once, and 5.1-7.7 ms each in two processes
+(docs/runs/2026-11-21-bench-what-limits-the-relay-s-throughput-taken-apart.md). A production
+ranking server runs one process per accelerator for the same
 reason.
 
 ``InstanceProcesses`` starts K host processes once (spawned: model weights and the fitted cost
