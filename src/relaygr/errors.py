@@ -40,6 +40,11 @@ class ConfigError(RelayGRError, ValueError):
     """A configuration value is invalid or unknown."""
 
 
+class PreinferDisabledError(InvalidInputError):
+    """A pre-infer signal was sent to a mode that does not pre-infer (``baseline``,
+    ``reactive``, ...); nothing was done."""
+
+
 class UnknownUserError(InvalidInputError):
     """The user id is not in the history store; nothing was changed."""
 

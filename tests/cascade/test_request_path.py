@@ -27,7 +27,7 @@ from relaygr.engine.types import (
     RankPath,
     RankResult,
 )
-from relaygr.errors import NoHealthyInstanceError, OverloadedError
+from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
 from relaygr.routing import RouteDecision, RouteReason
 from tests.cascade.test_system import NUM_ITEMS, config, histories
 from tests.model.helpers import make_model
@@ -146,6 +146,10 @@ def test_modes_without_preinfer_send_no_signal() -> None:
     fleet = ScriptedFleet(["a"])
     rec = asyncio.run(make_path(fleet, "baseline").recommend(VISIT))
     assert [send for _, send in fleet.sent] == [False] and rec.preinfer is None
+    # an explicit pre-infer signal is bad input there (422), not a missing instance (503)
+    with pytest.raises(PreinferDisabledError, match="does not pre-infer"):
+        asyncio.run(make_path(fleet, "baseline").prefill(3, 2, 8))
+    assert len(fleet.sent) == 1                        # nothing was sent
 
 
 def test_the_shed_rules_bound_at_their_depths() -> None:

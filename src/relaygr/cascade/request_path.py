@@ -44,7 +44,7 @@ from relaygr.engine.types import (
     RankResult,
     RankTiming,
 )
-from relaygr.errors import NoHealthyInstanceError, OverloadedError
+from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
 from relaygr.routing import RouteDecision
 
 # Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
@@ -140,7 +140,11 @@ class RequestPath:
     async def prefill(self, user_id: int, suffix_tokens: int = 0,
                       num_candidates: int | None = None) -> tuple[str, PreinferResult]:
         """The pre-infer signal alone (for callers that run their own earlier stages). The
-        routing decision is remembered so the user's next ``rank_candidates`` follows it."""
+        routing decision is remembered so the user's next ``rank_candidates`` follows it.
+        ``PreinferDisabledError`` in a mode without pre-inference."""
+        if not self.preinfers:
+            raise PreinferDisabledError(f"mode {self.config.mode!r} does not pre-infer; "
+                                        "send /v1/rank alone, or serve a relay mode")
         leg = self._first_leg(Visit(user_id, num_candidates=num_candidates), send=True,
                               suffix_tokens=suffix_tokens)
         first = await self._first(leg)
