@@ -44,7 +44,9 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def _wait_ready(self, timeout_s: float = 10.0) -> bool:
+    def _wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """PONG within ``timeout_s`` (a hang guard for a slow, busy machine, not a verdict: a
+        server that lost its port exits, and that ends the wait at once)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.process.poll() is None:
             try:

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.cli.eval_stages import TrainedRunStage
-from relaygr.cli.train import add_data_arguments, parse_columns
+from relaygr.cli.train import add_data_arguments, load_stage_run, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of
@@ -138,18 +138,9 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
         return TrainedRunStage.load(path, seqs, ranker.run.dataset.name)
-    other = load_trained(path, args.device)
-    mine, theirs = ranker.run.train, other.run.train
-    if args.fit_stage_weight and (mine.valid_users, mine.valid_seed) != (
-            theirs.valid_users, theirs.valid_seed):
-        raise ConfigError(f"{path} held out other validation users than the ranking model's "
-                          "run: --fit-stage-weight would choose on items the stage trained on")
-    if other.id_map != ranker.id_map:
-        raise ConfigError(f"{path} numbers items differently from the ranking model's run")
-    if other.uses_timestamps:
-        raise ConfigError(f"{path} reads timestamps; a separate retrieval stage must be "
-                          "position-only")
-    return CheckpointRetrieval(other.model)
+    # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
+    held_out = ranker.run.train if args.fit_stage_weight else None
+    return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
 
 
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,

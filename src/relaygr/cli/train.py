@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from relaygr.data import DATASET_FILES, TableSpec, load_sequences
-from relaygr.data.sequences import UserSequences
+from relaygr.data import DATASET_FILES, IdMap, TableSpec, load_sequences
 from relaygr.errors import ConfigError
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
     TrainConfig,
+    TrainedModel,
     Trainer,
     load_trained,
     preset,
@@ -95,20 +95,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def load_stage(path: Path, seqs: UserSequences, config: TrainConfig, device: str) -> StageRun:
-    """``--stage``: a run over the same items, position-only, holding out the same validation
-    users (``ConfigError`` naming what differs)."""
+def load_stage_run(path: Path, device: str, id_map: IdMap, held_out: TrainConfig | None
+                   ) -> TrainedModel:
+    """A run as a cascade's retrieval stage: over the same items (``id_map``), position-only,
+    and, when ``held_out`` is given, holding out the same validation users as that config
+    (else a choice made on them would be made on items the stage trained on). ``ConfigError``
+    naming what differs."""
     stage = load_trained(path, device)
-    if stage.id_map != seqs.id_map:
-        raise ConfigError(f"--stage {path} numbers items differently from this data")
+    if stage.id_map != id_map:
+        raise ConfigError(f"stage {path} numbers items differently from the ranker's data")
     if stage.uses_timestamps:
-        raise ConfigError(f"--stage {path} reads timestamps; a stage must be position-only")
+        raise ConfigError(f"stage {path} reads timestamps; a stage must be position-only")
     theirs = stage.run.train
-    if (theirs.valid_users, theirs.valid_seed) != (config.valid_users, config.valid_seed):
-        raise ConfigError(f"--stage {path} held out other validation users (valid_users "
-                          f"{theirs.valid_users}, valid_seed {theirs.valid_seed}): the ranking "
-                          "phase would validate on items the stage trained on")
-    return StageRun(stage.model, path)
+    if held_out is not None and (theirs.valid_users, theirs.valid_seed) != (
+            held_out.valid_users, held_out.valid_seed):
+        raise ConfigError(f"stage {path} held out other validation users (valid_users "
+                          f"{theirs.valid_users}, valid_seed {theirs.valid_seed}): a choice on "
+                          "the validation users would be made on items the stage trained on")
+    return stage
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{seqs.source}: {seqs.num_users} users, {seqs.num_items} items, "
           f"{seqs.num_events} interactions ({int(seqs.timed.sum())} users timed); "
           f"time features {'on' if config.use_timestamps else 'off'}", flush=True)
-    stage = None if args.stage is None else load_stage(args.stage, seqs, config, args.device)
+    stage = None if args.stage is None else StageRun(
+        load_stage_run(args.stage, args.device, seqs.id_map, config).model, args.stage)
     trainer = Trainer(config, seqs, args.out, dataset=args.dataset, preset=args.preset,
                       seed=args.seed, device=args.device, progress_bar=not args.no_progress,
                       stage=stage)

@@ -148,15 +148,15 @@ class RelayService:
         preinfer = None
         if rec.preinfer is not None and rec.preinfer_instance is not None:
             preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
-        ids, scores = rec.candidates.tolist(), rec.scores.float().cpu().tolist()
+        ids, scores = rec.candidates.cpu(), rec.scores.float().cpu()
         if endpoint == "recommend":      # the recommendation: best first (ties: retrieval's order)
-            order = sorted(range(len(scores)), key=lambda i: -scores[i])
-            ids, scores = [ids[i] for i in order], [scores[i] for i in order]
-        candidates = self.catalog.to_api(ids)
+            order = torch.argsort(scores, descending=True, stable=True)
+            ids, scores = ids[order], scores[order]
+        candidates = self.catalog.to_api(ids.tolist())
         timings = _timings(rec, end_s - start_s)
         return RecommendResponse(
             user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
-            scores=scores, path=rec.path, instance=rec.instance,
+            scores=scores.tolist(), path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
             window_start=rec.window_start,
             ranking_ms=timings.ranking_ms, total_ms=timings.total_ms, timings=timings)

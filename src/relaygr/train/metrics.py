@@ -56,9 +56,8 @@ class RankingMetrics:
     def from_ranks(cls, ranks: Tensor | np.ndarray) -> RankingMetrics:
         r = torch.as_tensor(ranks, dtype=torch.float64)
         assert r.numel() > 0, "metrics need at least one case"
-        gain = 1.0 / torch.log2(r + 2.0)
-        hr = {k: float((r < k).double().mean()) for k in CUTOFFS}
-        ndcg = {k: float(torch.where(r < k, gain, 0.0).mean()) for k in CUTOFFS}
+        hr = {k: float(_per_case(r, k, "hr").mean()) for k in CUTOFFS}
+        ndcg = {k: float(_per_case(r, k, "ndcg").mean()) for k in CUTOFFS}
         return cls(hr=hr, ndcg=ndcg, mrr=float((1.0 / (r + 1.0)).mean()), num_cases=r.numel())
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +91,7 @@ class PairedDifference:
 
 
 def _per_case(ranks: Tensor, k: int, metric: str) -> Tensor:
+    """Each case's HR@k (hit or not) or NDCG@k (1 / log2(rank + 2) for a hit, else 0)."""
     r = torch.as_tensor(ranks, dtype=torch.float64)
     hit = (r < k).double()
     if metric == "hr":
