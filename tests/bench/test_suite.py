@@ -10,68 +10,34 @@ from __future__ import annotations
 
 import io
 import json
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 from rich.console import Console
 
-from relaygr.bench import noise as noise_module
 from relaygr.bench.benchmark import run_benchmark
 from relaygr.bench.config import (
-    BenchConfig,
-    ExactnessConfig,
-    LimitConfig,
-    MixedConfig,
-    PointBudget,
     QpsSearchConfig,
-    SweepConfig,
-    ThroughputConfig,
 )
 from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.qps_search import QpsSearch
 from relaygr.bench.report import BenchReport
 from relaygr.bench.search import LengthSweep, Outcome, Trial
-from relaygr.bench.workload import StageDelays, SyntheticConfig, SyntheticWorkload, workload_builder
-from relaygr.model import HSTUConfig
-from tests.bench.fakes import SimulatedServer, lindley_latencies_ms, service_time
-
-SLO_MS = 1.0
-SERVICE = {"baseline": service_time(20e-6, 0.4e-6),    # full recompute: cost grows with length
-           "reactive": service_time(20e-6, 0.1e-6),
-           "relay": service_time(20e-6, 0.02e-6)}      # cached: little per prefix token
-PATHS = {"baseline": "full", "reactive": "host_hit", "relay": "device_hit"}
-POPULATION = SyntheticConfig(num_users=3000, num_items=500, num_candidates=4,
-                             recent_events_mean=2.0, stage_delays=StageDelays(0.0, 0.0))
-MIXED = {"num_users": 3000, "num_items": 500, "num_candidates": 4, "recent_events_mean": 2.0,
-         "prefix_len": {"kind": "lognormal", "median": 300.0, "sigma": 0.8,
-                        "max_tokens": 2048},
-         "stage_delays": {"retrieval_ms": 0.0, "preprocessing_ms": 0.0}}
-SEARCH = QpsSearchConfig(start_qps=1000.0, rel_tol=0.1, min_qps=50.0, max_qps=50_000.0)
-CONFIG = BenchConfig(
-    slo_ms=SLO_MS, seed=7, population=POPULATION,
-    # every point runs to its end (its verdict is then a function of the schedule alone, see
-    # ``oracle``); at 90% and 256 requests a pass needs 230 without an overage
-    budget=PointBudget(measured_requests=256, min_measured_requests=256, warmup_requests=10,
-                       max_point_s=1.0, max_in_flight=100_000, drain_timeout_s=5.0,
-                       stop_when_decided=False, confidence=0.9,
-                       remeasure_slowdown=math.inf),
-    sweep=SweepConfig(lengths=(128, 256, 512, 1024, 2048), qps=2000.0),
-    throughput=ThroughputConfig(search=SEARCH),
-    mixed=MixedConfig(source="synthetic", params=MIXED, search=SEARCH),
-    limit=LimitConfig(mode="relay", qps=200.0, requests=30, warmup_requests=3),
-    exactness=ExactnessConfig(requests=12, qps=500.0),
-    model=HSTUConfig(num_items=500, dim=32, num_layers=2, num_heads=2),
-    measure_matmul_peak=False)
-
-
-def factory(mode: str) -> Callable[[SystemContext], SimulatedServer]:
-    noise = 1e-7 if mode == "relay" else 0.0
-    return lambda ctx: SimulatedServer(ctx, SERVICE[mode], PATHS[mode], score_noise=noise,
-                                       bytes_per_token=8 if mode != "baseline" else 0)
+from relaygr.bench.workload import SyntheticWorkload, workload_builder
+from tests.bench.fakes import SimulatedServer, lindley_latencies_ms
+from tests.bench.simulated_plan import (
+    CONFIG,
+    MIXED,
+    POPULATION,
+    SEARCH,
+    SERVICE,
+    SLO_MS,
+    factory,
+    fake_steal,
+)
 
 
 class FixedProbe:
@@ -277,109 +243,6 @@ def test_extra_workload_phase_measures_named_systems(tmp_path: Path) -> None:
         run_benchmark({"baseline": factory("baseline")},
                       replace(config, workloads=(replace(phase, modes=("relay-x",)),)),
                       tmp_path, console=Console(file=io.StringIO()))
-
-
-def fake_steal(monkeypatch: pytest.MonkeyPatch, share: float) -> dict[str, float]:
-    """Make the suite read CPU times of which ``steal["share"]`` was stolen (mutable)."""
-    from relaygr.bench.hardware import CpuTimes
-
-    ticks = iter(range(0, 10**6, 1000))
-    steal = {"share": share}
-
-    def fake_cpu_times() -> CpuTimes:
-        total = next(ticks)
-        return CpuTimes(steal=int(total * steal["share"]), total=total)
-
-    monkeypatch.setattr(noise_module, "cpu_times", fake_cpu_times)
-    return steal
-
-
-def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
-    """Steal only slows a system down: a point that misses the SLO while the hypervisor took
-    10% of the CPU is measured again (up to ``max_remeasures``), every attempt kept; a point
-    that misses without steal, or that passes, is measured once."""
-    import asyncio
-
-    from relaygr.bench import suite as suite_module
-    from relaygr.bench.suite import BenchSuite
-
-    steal = fake_steal(monkeypatch, 0.10)
-    waits: list[float] = []
-
-    async def no_wait(max_steal: float) -> bool:   # the real one polls for up to 2 minutes
-        waits.append(max_steal)
-        return True
-
-    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
-    suite = BenchSuite({"baseline": factory("baseline")}, CONFIG)
-    heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
-    stats = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048))
-    assert stats.verdict is Verdict.FAIL
-    assert [p.attempt for p in suite.points] == [1, 2, 3]
-    assert waits == [CONFIG.budget.remeasure_steal] * 2   # a quiet host is awaited each time
-    assert all(p.steal_fraction == pytest.approx(0.10, abs=0.01) for p in suite.points)
-
-    steal["share"] = 0.0
-    suite.points.clear()
-    asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048))
-    light = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
-    steal["share"] = 0.10
-    assert asyncio.run(suite.measure("baseline", "sweep", light, 2000.0, 128)).passed
-    assert [p.attempt for p in suite.points] == [1, 1]
-
-
-def test_a_miss_while_the_calibration_ran_slow_is_measured_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where steal is not reported, a slow calibration timing marks the noise: a point that
-    does not pass while the fixed workload took 2x its best time in the run is measured again;
-    a pass is never re-measured."""
-    import asyncio
-    from dataclasses import replace
-
-    from relaygr.bench import suite as suite_module
-    from relaygr.bench.suite import BenchSuite
-
-    fake_steal(monkeypatch, 0.0)
-    timings = iter([1.0, 2.0, 1.1])     # ms: the light point, then two attempts of the heavy
-    monkeypatch.setattr(noise_module, "calibration_ms", lambda: next(timings))
-
-    async def no_wait(max_steal: float) -> bool:
-        return True
-
-    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
-    config = replace(CONFIG, budget=replace(CONFIG.budget, remeasure_slowdown=1.5))
-    suite = BenchSuite({"baseline": factory("baseline")}, config)
-    light = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
-    heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
-    assert asyncio.run(suite.measure("baseline", "sweep", light, 2000.0, 128)).passed
-    assert not asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048)).passed
-    assert [(p.prefix_len, p.attempt, p.calibration_ms) for p in suite.points] == [
-        (128, 1, 1.0), (2048, 1, 2.0), (2048, 2, 1.1)]
-
-
-def test_cpu_times_reads_proc_stat(tmp_path: Path) -> None:
-    from relaygr.bench.hardware import CpuTimes, cpu_times, steal_fraction
-
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 50 0 25 400 5 0 0 20 0 0\n")
-    assert cpu_times(stat) == CpuTimes(steal=40, total=1000)
-    assert steal_fraction(CpuTimes(40, 1000), CpuTimes(90, 2000)) == pytest.approx(0.05)
-    assert steal_fraction(None, CpuTimes(1, 2)) is None
-    assert cpu_times(tmp_path / "missing") is None
-
-
-def test_waiting_for_a_quiet_host_polls_steal(monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
-
-    from relaygr.bench.hardware import CpuTimes
-
-    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100), CpuTimes(50, 100), CpuTimes(51, 200)])
-    monkeypatch.setattr(noise_module, "cpu_times", lambda: next(readings))
-    assert asyncio.run(noise_module.wait_for_quiet_host(0.05, window_s=0.01, patience_s=1.0))
-    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 3)
-    assert not asyncio.run(noise_module.wait_for_quiet_host(0.05, window_s=0.01,
-                                                            patience_s=0.03))
 
 
 def test_a_confirmed_sweep_pools_the_second_round_of_its_knee() -> None:

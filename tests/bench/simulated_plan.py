@@ -1,0 +1,74 @@
+"""The simulated benchmark the bench tests share: one FIFO server per mode whose service time is
+a + b x prefix tokens (``tests.bench.fakes.SimulatedServer``), a synthetic population, and a
+plan small enough to run in seconds with every answer known offline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from relaygr.bench import noise as noise_module
+from relaygr.bench.config import (
+    BenchConfig,
+    ExactnessConfig,
+    LimitConfig,
+    MixedConfig,
+    PointBudget,
+    QpsSearchConfig,
+    SweepConfig,
+    ThroughputConfig,
+)
+from relaygr.bench.hardware import CpuTimes
+from relaygr.bench.protocol import SystemContext
+from relaygr.bench.workload import StageDelays, SyntheticConfig
+from relaygr.model import HSTUConfig
+from tests.bench.fakes import SimulatedServer, service_time
+
+SLO_MS = 1.0
+SERVICE = {"baseline": service_time(20e-6, 0.4e-6),    # full recompute: cost grows with length
+           "reactive": service_time(20e-6, 0.1e-6),
+           "relay": service_time(20e-6, 0.02e-6)}      # cached: little per prefix token
+PATHS = {"baseline": "full", "reactive": "host_hit", "relay": "device_hit"}
+POPULATION = SyntheticConfig(num_users=3000, num_items=500, num_candidates=4,
+                             recent_events_mean=2.0, stage_delays=StageDelays(0.0, 0.0))
+MIXED = {"num_users": 3000, "num_items": 500, "num_candidates": 4, "recent_events_mean": 2.0,
+         "prefix_len": {"kind": "lognormal", "median": 300.0, "sigma": 0.8,
+                        "max_tokens": 2048},
+         "stage_delays": {"retrieval_ms": 0.0, "preprocessing_ms": 0.0}}
+SEARCH = QpsSearchConfig(start_qps=1000.0, rel_tol=0.1, min_qps=50.0, max_qps=50_000.0)
+CONFIG = BenchConfig(
+    slo_ms=SLO_MS, seed=7, population=POPULATION,
+    # every point runs to its end (its verdict is then a function of the schedule alone, see
+    # ``oracle``); at 90% and 256 requests a pass needs 230 without an overage
+    budget=PointBudget(measured_requests=256, min_measured_requests=256, warmup_requests=10,
+                       max_point_s=1.0, max_in_flight=100_000, drain_timeout_s=5.0,
+                       stop_when_decided=False, confidence=0.9,
+                       remeasure_slowdown=math.inf),
+    sweep=SweepConfig(lengths=(128, 256, 512, 1024, 2048), qps=2000.0),
+    throughput=ThroughputConfig(search=SEARCH),
+    mixed=MixedConfig(source="synthetic", params=MIXED, search=SEARCH),
+    limit=LimitConfig(mode="relay", qps=200.0, requests=30, warmup_requests=3),
+    exactness=ExactnessConfig(requests=12, qps=500.0),
+    model=HSTUConfig(num_items=500, dim=32, num_layers=2, num_heads=2),
+    measure_matmul_peak=False)
+
+
+def factory(mode: str) -> Callable[[SystemContext], SimulatedServer]:
+    noise = 1e-7 if mode == "relay" else 0.0
+    return lambda ctx: SimulatedServer(ctx, SERVICE[mode], PATHS[mode], score_noise=noise,
+                                       bytes_per_token=8 if mode != "baseline" else 0)
+
+
+def fake_steal(monkeypatch: pytest.MonkeyPatch, share: float) -> dict[str, float]:
+    """Make the suite read CPU times of which ``steal["share"]`` was stolen (mutable)."""
+    ticks = iter(range(0, 10**6, 1000))
+    steal = {"share": share}
+
+    def fake_cpu_times() -> CpuTimes:
+        total = next(ticks)
+        return CpuTimes(steal=int(total * steal["share"]), total=total)
+
+    monkeypatch.setattr(noise_module, "cpu_times", fake_cpu_times)
+    return steal
