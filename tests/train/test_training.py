@@ -313,6 +313,22 @@ def test_learning_rate_halves_on_a_plateau_and_early_stopping_counts(tmp_path: P
         [config.learning_rate / 2]
 
 
+def test_the_last_epoch_is_validated_when_the_schedule_ends_between_validations(
+        tmp_path: Path) -> None:
+    # 3 epochs, a validation every 2nd: epoch 3 ends the run and must be validated too, else
+    # its training is lost (and a run shorter than one validation period kept its initial
+    # weights as the "best").
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    trainer = Trainer(TINY.with_(max_epochs=3, eval_every_epochs=2), seqs, tmp_path / "run",
+                      dataset="d", progress_bar=False)
+    result = trainer.fit()
+    assert [h["epoch"] for h in result.progress.history] == [2, 3]
+    once = Trainer(TINY.with_(max_epochs=1, eval_every_epochs=2), seqs, tmp_path / "once",
+                   dataset="d", progress_bar=False).fit()
+    assert [h["epoch"] for h in once.progress.history] == [1]
+    assert once.progress.best_epoch == 1
+
+
 def test_cosine_schedule_decays_per_step_to_its_floor(tmp_path: Path) -> None:
     assert cosine_factor(0, 10, 0.1) == 1.0
     assert cosine_factor(5, 10, 0.1) == pytest.approx(0.55)

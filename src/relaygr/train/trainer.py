@@ -216,12 +216,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _stop_reason(self, progress: TrainProgress, epoch_s: float) -> str:
+    def _stop_reason(self, progress: TrainProgress, epoch_s: float,
+                     elapsed_s: float | None = None) -> str:
+        """Why the run stops after this epoch ("" if it goes on); ``elapsed_s`` defaults to
+        the progress's, ``epoch_s`` is the time the next epoch is expected to take."""
+        elapsed = progress.elapsed_s if elapsed_s is None else elapsed_s
         if progress.evals_since_best >= self.cfg.patience:
             return f"early stop: no better validation NDCG@10 in {self.cfg.patience} validations"
         if progress.epoch >= self.cfg.max_epochs:
             return f"reached max_epochs ({self.cfg.max_epochs})"
-        if progress.elapsed_s + epoch_s > self.cfg.time_budget_s:
+        if elapsed + epoch_s > self.cfg.time_budget_s:
             return f"time budget ({self.cfg.time_budget_s:.0f} s) would be exceeded"
         return ""
 
@@ -237,7 +241,12 @@ class Trainer:
             line = (f"epoch {progress.epoch} step {progress.step} lr {lr:.2g} "
                     f"loss {losses['loss']:.4f} "
                     f"(retrieval {losses['retrieval']:.4f} ranking {losses['ranking']:.4f})")
-            if progress.epoch % self.cfg.eval_every_epochs == 0:
+            train_s = time.perf_counter() - started
+            # The schedule's last epoch is always validated: else a run that stops between
+            # validations (max_epochs or the time budget) would keep an older best, epoch 0's
+            # untrained weights if it never validated at all.
+            last = bool(self._stop_reason(progress, train_s, progress.elapsed_s + train_s))
+            if last or progress.epoch % self.cfg.eval_every_epochs == 0:
                 metrics = self.validate()
                 progress.elapsed_s += time.perf_counter() - started
                 self._after_validation(progress, metrics, losses)
