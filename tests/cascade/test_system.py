@@ -213,6 +213,37 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
     assert (stages.replayed, stages.retrieved, len(book)) == (1, 3, 1)
 
 
+def test_stage_scores_follow_the_kept_candidates_and_a_fusing_cascade_needs_them() -> None:
+    model = make_model(0, num_items=NUM_ITEMS)
+    retrieval = EmbeddingRetrieval.of(model, 16)
+    history = np.arange(1, 40, dtype=np.int64)
+    ids, scores = retrieval.scored(history, 64)
+    assert np.array_equal(ids, retrieval.propose(history, 64))
+    assert (np.diff(scores) <= 0).all()                       # best first
+    fresh = ~np.isin(ids, history)                            # pre-processing's filter
+    stages = EarlierStages(retrieval, 64, 0.0, 0.0, scores_needed=True)
+    kept, kept_scores = stages.scored_candidates(history, 24)
+    assert torch.equal(kept, torch.from_numpy(ids[fresh][:24]))
+    assert torch.equal(kept_scores, torch.from_numpy(scores[fresh][:24]))
+    book = CandidateBook()
+    book.add(3, history, 24, torch.tensor([7, 8, 9]))                          # ids only
+    book.add(4, history, 24, torch.tensor([7, 8]), torch.tensor([2.0, 1.0]))   # with scores
+    stages.book = book
+
+    async def main() -> list[torch.Tensor | None]:
+        live = await stages.run(history, 24, user_id=3)     # the book lacks its scores: live
+        replayed = await stages.run(history, 24, user_id=4)
+        return [live.candidates, live.scores, replayed.candidates, replayed.scores]
+
+    try:
+        live_ids, live_scores, replayed_ids, replayed_scores = asyncio.run(main())
+    finally:
+        stages.shutdown()
+    assert torch.equal(live_ids, kept) and torch.equal(live_scores, kept_scores)
+    assert replayed_ids.tolist() == [7, 8] and replayed_scores.tolist() == [2.0, 1.0]
+    assert (stages.replayed, stages.retrieved) == (1, 1)
+
+
 def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
     stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 4 * NUM_ITEMS, 0.0, 0.0)

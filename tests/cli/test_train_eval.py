@@ -13,6 +13,7 @@ from relaygr.cli import train as train_cli
 from relaygr.data import IdMap, load_sequences
 from relaygr.errors import ConfigError, DataFormatError
 from relaygr.train import preset
+from relaygr.train.stage_runs import load_stage_run
 from tests.train.helpers import write_cyclic_udata
 
 TINY_SETTINGS = ["dim=16", "num_layers=1", "num_heads=2", "max_seq_len=24", "batch_size=16",
@@ -124,15 +125,15 @@ def test_a_stage_run_must_share_items_positions_and_held_out_users(tmp_path: Pat
     assert _run([*base, "--out", str(tmp_path / "timed"), "--set", "use_timestamps=true"]) == 0
     seqs = load_sequences("ml-100k", tmp_path)
     config = preset("quick").with_(**train_cli.parse_overrides(TINY_SETTINGS))
-    stage = train_cli.load_stage_run(tmp_path / "stage", "cpu", seqs.id_map, config)
+    stage = load_stage_run(tmp_path / "stage", "cpu", seqs.id_map, config)
     assert stage.run.train.valid_seed == config.valid_seed
     with pytest.raises(ConfigError, match="numbers items differently"):
         other = IdMap((*seqs.id_map.items[:-1], 10**6))
-        train_cli.load_stage_run(tmp_path / "stage", "cpu", other, config)
+        load_stage_run(tmp_path / "stage", "cpu", other, config)
     with pytest.raises(ConfigError, match="must be position-only"):
-        train_cli.load_stage_run(tmp_path / "timed", "cpu", seqs.id_map, config)
+        load_stage_run(tmp_path / "timed", "cpu", seqs.id_map, config)
     with pytest.raises(ConfigError, match="held out other validation users"):
-        train_cli.load_stage_run(tmp_path / "stage", "cpu", seqs.id_map,
+        load_stage_run(tmp_path / "stage", "cpu", seqs.id_map,
                                  config.with_(valid_seed=7))
     # without a choice made on the validation users, other held-out users are fine
-    train_cli.load_stage_run(tmp_path / "stage", "cpu", seqs.id_map, None)
+    load_stage_run(tmp_path / "stage", "cpu", seqs.id_map, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -47,6 +48,10 @@ class SystemConfig:
     preprocess_delay_ms: float = 20.0
     # Latest events that form retrieval's user vector (either strategy's).
     retrieval_history: int = 64
+    # /v1/recommend orders by ranker score + stage_weight x the retrieval stage's score (both
+    # computed as now, fused after ranking; relaygr eval's CascadeSpec.stage_weight). 0: the
+    # ranker alone, as a cascade that does not fuse.
+    stage_weight: float = 0.0
     # Affinity router: spill to the next choice when the owner's queue is deeper than this.
     spill_queue_depth: int = 8
     # Trigger: at-risk threshold and bounds (see relaygr.relay.trigger.TriggerConfig). A full
@@ -89,6 +94,9 @@ class SystemConfig:
         for name in ("retrieval_delay_ms", "preprocess_delay_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"SystemConfig.{name} must be >= 0")
+        if not (math.isfinite(self.stage_weight) and self.stage_weight >= 0):
+            raise ConfigError("SystemConfig.stage_weight must be finite and >= 0, got "
+                              f"{self.stage_weight!r}")
         if not 0 < self.window_slide_fraction <= 0.5:
             raise ConfigError("SystemConfig.window_slide_fraction must be in (0, 0.5], got "
                               f"{self.window_slide_fraction!r}")

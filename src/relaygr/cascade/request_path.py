@@ -46,6 +46,7 @@ from relaygr.engine.types import (
 )
 from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
 from relaygr.routing import RouteDecision
+from relaygr.train.stages import fused_scores
 
 # Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
 _MAX_REMEMBERED_DECISIONS = 100_000
@@ -64,7 +65,11 @@ class Visit:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """Candidates (best retrieval order) and their ranking scores, with how they were made."""
+    """Candidates (best retrieval order) and their ranking scores, with how they were made.
+
+    ``scores`` are the ranker's, exact whatever the path (cached or full); ``stage_scores`` the
+    retrieval stage's score of each candidate (None: no stage ran, as for given candidates);
+    the recommendation's order is by ``final_scores``, the two fused after ranking."""
 
     candidates: Tensor
     scores: Tensor
@@ -79,6 +84,17 @@ class Recommendation:
     timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
     window_start: int = 0      # the history event the model read first (cascade.window)
     stages: StageTiming | None = None  # retrieval and delays before ranking (None: no stages)
+    stage_scores: Tensor | None = None
+    stage_weight: float = 0.0          # of stage_scores in final_scores (0: the ranker alone)
+
+    @property
+    def final_scores(self) -> Tensor:
+        """``scores + stage_weight x stage_scores`` (``train.stages.fused_scores``, the formula
+        of ``relaygr eval``'s cascade); ``scores`` when the weight is 0."""
+        if self.stage_weight == 0:
+            return self.scores
+        assert self.stage_scores is not None, "a fused recommendation needs the stage's scores"
+        return fused_scores(self.scores, self.stage_scores, self.stage_weight)
 
 
 @dataclass
@@ -135,7 +151,7 @@ class RequestPath:
         finally:
             first = await self._first(leg)
         return await self._second_leg(leg, first, first.route, earlier.candidates,
-                                      earlier.timing)
+                                      earlier.timing, earlier.scores)
 
     async def prefill(self, user_id: int, suffix_tokens: int = 0,
                       num_candidates: int | None = None) -> tuple[str, PreinferResult]:
@@ -207,8 +223,8 @@ class RequestPath:
         self.counters.lost_preinfer += int(first.lost)
 
     async def _second_leg(self, leg: _Leg, first: FirstLeg, route: RouteDecision | None,
-                          candidates: Tensor, stages: StageTiming | None = None
-                          ) -> Recommendation:
+                          candidates: Tensor, stages: StageTiming | None = None,
+                          stage_scores: Tensor | None = None) -> Recommendation:
         visit, spec = leg.visit, leg.spec
         suffix = suffix_ts = None
         grown = None
@@ -230,7 +246,8 @@ class RequestPath:
         return Recommendation(candidates, result.scores, result.path, result.instance,
                               await _result(first), first.instance, spec.num_tokens,
                               job.suffix_tokens, due, done, result.timing, spec.window_start,
-                              stages)
+                              stages, stage_scores,
+                              0.0 if stages is None else self.config.stage_weight)
 
     async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob) -> RankResult:
         avoid: tuple[str, ...] = ()

@@ -6,12 +6,15 @@ two stages together last at least their configured delays, which stand for the t
 fleets take in production. That window is what pre-inference hides in. With a trained
 retrieval stage the delays default to 0 (``MEASURED_STAGE_DELAYS``): the request then waits
 for the measured retrieval alone. ``StageTiming`` says which of the two a request waited for.
-Both stages are deterministic, so every mode ranks the same candidates.
+Both stages are deterministic, so every mode ranks the same candidates. The candidates keep
+the strategy's score of each (``StageOutput.scores``), which the cascade may fuse with the
+ranker's after ranking (``SystemConfig.stage_weight``).
 
 A benchmark keeps the other fleets' compute off the machine it measures: it runs retrieval for
 every scheduled visit before the point starts (``CandidateBook``, same function, same inputs)
 and the stages then only take their configured delay. A visit the book does not hold exactly
-(same user, same history) is retrieved live, so a replay can be slower, never different.
+(same user, same history), or holds it without the stage's scores when the cascade fuses them
+(``scores_needed``), is retrieved live, so a replay can be slower, never different.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class CandidateBook:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int], tuple[bytes, Tensor]] = {}
+        self._entries: dict[tuple[int, int, int], tuple[bytes, Tensor, Tensor | None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -48,14 +51,21 @@ class CandidateBook:
         return np.ascontiguousarray(history, dtype=np.int64).tobytes()
 
     def add(self, user_id: int, history: np.ndarray, num_candidates: int,
-            candidates: Tensor) -> None:
+            candidates: Tensor, scores: Tensor | None = None) -> None:
+        """``scores``: the stage's score of each candidate (None: not kept)."""
         events = self._events(history)
-        self._entries[(user_id, num_candidates, hash(events))] = (events, candidates)
+        self._entries[(user_id, num_candidates, hash(events))] = (events, candidates, scores)
 
     def get(self, user_id: int, history: np.ndarray, num_candidates: int) -> Tensor | None:
+        found = self.get_scored(user_id, history, num_candidates)
+        return None if found is None else found[0]
+
+    def get_scored(self, user_id: int, history: np.ndarray, num_candidates: int
+                   ) -> tuple[Tensor, Tensor | None] | None:
+        """The candidates and their stage scores (None where not kept), or None: a miss."""
         events = self._events(history)
         found = self._entries.get((user_id, num_candidates, hash(events)))
-        return found[1] if found is not None and found[0] == events else None
+        return found[1:] if found is not None and found[0] == events else None
 
 
 @dataclass(frozen=True)
@@ -77,10 +87,13 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class StageOutput:
-    """The candidates pre-processing kept (``[<= num_candidates]`` dense ids) and their time."""
+    """The candidates pre-processing kept (``[<= num_candidates]`` dense ids, the stage's order),
+    the stage's score of each (float32, same shape; None: replayed from a book that did not keep
+    them), and their time."""
 
     candidates: Tensor
     timing: StageTiming
+    scores: Tensor | None = None
 
 
 class EarlierStages:
@@ -88,9 +101,13 @@ class EarlierStages:
 
     def __init__(self, retrieval: RetrievalStage, retrieval_k: int, retrieval_delay_s: float,
                  preprocess_delay_s: float, book: CandidateBook | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 scores_needed: bool = False) -> None:
         """``clock`` measures ``StageTiming`` (the delays run on the event loop's timers, whose
-        clock may be coarse: uvloop's counts milliseconds)."""
+        clock may be coarse: uvloop's counts milliseconds). ``scores_needed``: every output
+        must carry the stage's scores (the cascade fuses them), so a book entry without them
+        is a miss."""
+        self.scores_needed = scores_needed
         self.retrieval = retrieval
         self.clock = clock
         self.retrieval_k = retrieval_k
@@ -103,11 +120,19 @@ class EarlierStages:
     def candidates(self, history: np.ndarray, num_candidates: int,
                    user_id: int | None = None) -> Tensor:
         """The top items not already in the history, best first (``[<= num_candidates]``)."""
+        return self.scored_candidates(history, num_candidates, user_id)[0]
+
+    def scored_candidates(self, history: np.ndarray, num_candidates: int,
+                          user_id: int | None = None) -> tuple[Tensor, Tensor]:
+        """``candidates`` and the stage's score of each (float32)."""
         if history.size == 0:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
-        ids = self.retrieval.propose(history, self.retrieval_k, user_id)
-        fresh = ids[~np.isin(ids, history)]                 # pre-processing: filter
-        return torch.from_numpy(np.ascontiguousarray(fresh[:num_candidates]))   # ... truncate
+        ids, scores = self.retrieval.scored(history, self.retrieval_k, user_id)
+        fresh = ~np.isin(ids, history)                       # pre-processing: filter
+        kept = np.ascontiguousarray(ids[fresh][:num_candidates])          # ... truncate
+        return (torch.from_numpy(kept),
+                torch.from_numpy(np.ascontiguousarray(scores[fresh][:num_candidates],
+                                                      dtype=np.float32)))
 
     async def run(self, history: np.ndarray, num_candidates: int, user_id: int | None = None
                   ) -> StageOutput:
@@ -118,22 +143,25 @@ class EarlierStages:
         loop = asyncio.get_running_loop()
         start = self.clock()
         deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
-        candidates = None
+        found = None
         if self.book is not None and user_id is not None:
-            candidates = self.book.get(user_id, history, num_candidates)
-        replayed = candidates is not None
-        if candidates is None:
-            candidates = await loop.run_in_executor(self._fleet, self.candidates, history,
-                                                    num_candidates, user_id)
+            found = self.book.get_scored(user_id, history, num_candidates)
+        if found is not None and found[1] is None and self.scores_needed:
+            found = None                       # the book lacks what fusion needs: live
+        replayed = found is not None
+        if found is None:
+            found = await loop.run_in_executor(self._fleet, self.scored_candidates, history,
+                                               num_candidates, user_id)
             self.retrieved += 1
         else:
             self.replayed += 1
+        candidates, scores = found
         retrieved = self.clock()
         delay_s = 0.0
         if deadline > loop.time():
             await asyncio.sleep(deadline - loop.time())
             delay_s = self.clock() - retrieved
-        return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed))
+        return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed), scores)
 
     def shutdown(self) -> None:
         self._fleet.shutdown(wait=True)

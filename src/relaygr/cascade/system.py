@@ -61,7 +61,7 @@ class RelaySystem:
         self.stages = EarlierStages(
             retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
             config.retrieval_k, config.retrieval_delay_ms / 1e3,
-            config.preprocess_delay_ms / 1e3, book)
+            config.preprocess_delay_ms / 1e3, book, scores_needed=config.stage_weight > 0)
         self.fleet = InstanceFleet(self.instances, self.router, config)
         self.path = RequestPath(self.fleet, config, store, self.window, self.stages)
 

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.cli.eval_stages import TrainedRunStage
-from relaygr.cli.train import add_data_arguments, load_stage_run, parse_columns
+from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of
@@ -47,6 +47,7 @@ from relaygr.train import (
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
+from relaygr.train.stage_runs import StageRunKind, load_stage_run, stage_run_kind
 from relaygr.train.stages import (
     RETRIEVAL_STAGES,
     CheckpointRetrieval,
@@ -133,7 +134,7 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     if not path.is_dir():
         raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage "
                           f"({', '.join(sorted(RETRIEVAL_STAGES))}) nor a run directory")
-    if (path / "run.json").is_file():     # a retrieval run (relaygr train-retrieval)
+    if stage_run_kind(path) is StageRunKind.RETRIEVAL:
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")

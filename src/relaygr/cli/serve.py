@@ -53,12 +53,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "data its run directory records")
     m.add_argument("--max-events", type=int, default=2048, help="longest synthetic history")
     m.add_argument("--retrieval-run", type=Path, default=None, metavar="RUN",
-                   help="a `relaygr train-retrieval` run directory serving the retrieval stage "
-                        "(its user tower on the user's recent events, its item vectors in a "
-                        "FAISS index) instead of the checkpoint's item embeddings; needs "
-                        "--checkpoint of the same dataset. Its time is measured on the "
-                        "request's path, so the simulated stage delays default to 0 (a "
-                        "--system-config may still set retrieval_delay_ms/preprocess_delay_ms)")
+                   help="a trained run serving the retrieval stage instead of the "
+                        "checkpoint's item embeddings, told apart by its files: a `relaygr "
+                        "train-retrieval` run (its user tower on the user's recent events, its "
+                        "item vectors in a FAISS index) or a `relaygr train` run (its "
+                        "retrieval head over the user's history, as `relaygr eval --retrieval "
+                        "RUN`); needs --checkpoint of the same dataset (an HSTU run: the same "
+                        "item ids). Its time is measured on the request's path, so the "
+                        "simulated stage delays default to 0 (a --system-config may still set "
+                        "retrieval_delay_ms/preprocess_delay_ms)")
+    m.add_argument("--stage-weight", type=float, default=None, metavar="W",
+                   help="/v1/recommend orders by ranker score + W x the retrieval stage's "
+                        "score, as `relaygr eval --stage-weight W` (default 0: the ranker "
+                        "alone; SystemConfig.stage_weight)")
     m.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("relay system")
     s.add_argument("--system-config", type=Path, default=None,
@@ -111,7 +118,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         system_fields = json.loads(args.system_config.read_text())
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for name, value in (("mode", args.mode), ("num_instances", args.instances),
-                        ("slo_ms", args.slo_ms)):
+                        ("slo_ms", args.slo_ms), ("stage_weight", args.stage_weight)):
         if value is not None:
             system_fields[name] = value
     if args.device is not None or "devices" not in system_fields:

@@ -23,18 +23,17 @@ from typing import Any
 
 import torch
 
-from relaygr.data import DATASET_FILES, IdMap, TableSpec, load_sequences
+from relaygr.data import DATASET_FILES, TableSpec, load_sequences
 from relaygr.errors import ConfigError
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
-    TrainConfig,
-    TrainedModel,
     Trainer,
     load_trained,
     preset,
     retrieval_ranks_padded,
 )
+from relaygr.train.stage_runs import load_stage_run
 from relaygr.train.trainer import StageRun
 
 
@@ -93,26 +92,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "validated on its proposals")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
-
-
-def load_stage_run(path: Path, device: str, id_map: IdMap, held_out: TrainConfig | None
-                   ) -> TrainedModel:
-    """A run as a cascade's retrieval stage: over the same items (``id_map``), position-only,
-    and, when ``held_out`` is given, holding out the same validation users as that config
-    (else a choice made on them would be made on items the stage trained on). ``ConfigError``
-    naming what differs."""
-    stage = load_trained(path, device)
-    if stage.id_map != id_map:
-        raise ConfigError(f"stage {path} numbers items differently from the ranker's data")
-    if stage.uses_timestamps:
-        raise ConfigError(f"stage {path} reads timestamps; a stage must be position-only")
-    theirs = stage.run.train
-    if held_out is not None and (theirs.valid_users, theirs.valid_seed) != (
-            held_out.valid_users, held_out.valid_seed):
-        raise ConfigError(f"stage {path} held out other validation users (valid_users "
-                          f"{theirs.valid_users}, valid_seed {theirs.valid_seed}): a choice on "
-                          "the validation users would be made on items the stage trained on")
-    return stage
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,19 +86,22 @@ def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
     os.replace(tmp, path)
 
 
+RUN_INFO_FILE = "run.json"
+
+
 def seed_dir(run_dir: Path, seed: int) -> Path:
     return Path(run_dir) / f"seed-{seed}"
 
 
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
-    _atomic(Path(run_dir) / "run.json", lambda p: p.write_text(json.dumps(info.to_dict(),
-                                                                          indent=2)))
+    _atomic(Path(run_dir) / RUN_INFO_FILE,
+            lambda p: p.write_text(json.dumps(info.to_dict(), indent=2)))
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
-    path = Path(run_dir) / "run.json"
+    path = Path(run_dir) / RUN_INFO_FILE
     if not path.is_file():
-        raise CheckpointError(f"{run_dir} is not a retrieval run (no run.json)")
+        raise CheckpointError(f"{run_dir} is not a retrieval run (no {RUN_INFO_FILE})")
     try:
         return RunInfo.from_dict(json.loads(path.read_text()))
     except ValueError as exc:

@@ -11,8 +11,9 @@ the windows it reads as visits append are those of the whole history; visits app
 ``max_seq_len`` freely (the window slides). With ``ModelSource.history_store`` the histories
 live in that shared Redis store (``cascade.redis_store``), where start-up adds only the users it
 does not hold yet. The latency cost model (the trigger's predictions)
-is loaded from a file or fitted by timing the model at start-up. A trained retrieval run, when
-given, serves the cascade's retrieval stage (``load_retrieval``).
+is loaded from a file or fitted by timing the model at start-up. A trained run, when given,
+serves the cascade's retrieval stage (``load_retrieval``): a retrieval run's towers, or another
+HSTU run's retrieval head.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +40,9 @@ from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.catalog import ItemCatalog, read_titles
 from relaygr.server.config import ModelInfo, ModelSource, ServerConfig
 from relaygr.server.service import RelayService
+
+if TYPE_CHECKING:
+    from relaygr.data import IdMap
 
 
 def load_model(source: ModelSource, device: str = "cpu") -> HSTU:
@@ -172,17 +177,36 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
 
 def load_retrieval(source: ModelSource, system: SystemConfig,
                    log: Callable[[str], None] = lambda _: None) -> RetrievalStage | None:
-    """The trained retrieval stage of ``source.retrieval_run`` (None without one), its ids
-    mapped through the checkpoint's id map (``CatalogueMismatchError`` when they cannot be)."""
+    """The retrieval stage of ``source.retrieval_run`` (None without one), by the run's kind
+    (``train.stage_runs.stage_run_kind``; ``ConfigError`` for a directory of neither kind): a
+    retrieval run, its ids mapped through the checkpoint's id map (``CatalogueMismatchError``
+    when they cannot be); or an HSTU run, over the checkpoint's very item ids and position-only
+    (``train.stage_runs.load_stage_run``, ``ConfigError`` naming what differs), on the ranking
+    device."""
     if source.retrieval_run is None:
         return None
-    from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
     from relaygr.data import IdMap
-    from relaygr.train import read_run_config
     from relaygr.train.checkpoint import ID_MAP_FILE
+    from relaygr.train.stage_runs import StageRunKind, stage_run_kind
 
     assert source.checkpoint is not None      # ModelSource checks it
     id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
+    if stage_run_kind(source.retrieval_run) is StageRunKind.HSTU:
+        from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
+        head = HSTURunRetrieval.load(source.retrieval_run, id_map, system.devices[0])
+        log(f"retrieval: {head.name}, top {system.retrieval_k} of {head.num_items} items; "
+            f"stage weight {system.stage_weight:g}; stage delays "
+            f"{system.retrieval_delay_ms:g} + {system.preprocess_delay_ms:g} ms")
+        return head
+    return _trained_retrieval(source, id_map, system, log)
+
+
+def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
+                       log: Callable[[str], None]) -> RetrievalStage:
+    from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+    from relaygr.train import read_run_config
+
+    assert source.checkpoint is not None and source.retrieval_run is not None
     if not all(isinstance(i, int) for i in id_map.items):
         raise CatalogueMismatchError(f"{source.checkpoint} names its items by strings; a "
                                      "retrieval run's catalogue records integer ids")
@@ -190,8 +214,8 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
                              np.asarray(id_map.items), not source.synthetic_users)
     stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.retrieval_history)
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
-        f"{id_map.num_items} items indexed; stage delays {system.retrieval_delay_ms:g} + "
-        f"{system.preprocess_delay_ms:g} ms")
+        f"{id_map.num_items} items indexed; stage weight {system.stage_weight:g}; stage "
+        f"delays {system.retrieval_delay_ms:g} + {system.preprocess_delay_ms:g} ms")
     return stage
 
 

@@ -102,8 +102,9 @@ class ModelSource:
     # A shared history store (``redis://HOST:PORT[/DB]``, cascade.redis_store) instead of the
     # in-memory one: every server process that names it reads and appends the same histories.
     history_store: str | None = None
-    # A trained retrieval run (``relaygr train-retrieval``) serving the retrieval stage instead
-    # of the model's item embeddings; its ids are mapped through the checkpoint's id map.
+    # A trained run serving the retrieval stage instead of the model's item embeddings: a
+    # retrieval run (``relaygr train-retrieval``; its ids mapped through the checkpoint's id
+    # map) or an HSTU run (``relaygr train``; its retrieval head, over the checkpoint's ids).
     retrieval_run: Path | None = None
 
     def __post_init__(self) -> None:

@@ -113,12 +113,23 @@ class StageTimings(BaseModel):
 
 
 class RecommendResponse(BaseModel):
-    """Candidates (retrieval order for /v1/recommend, the given order for /v1/rank) and their
-    scores, with how ranking ran."""
+    """Candidates (/v1/recommend: best first by ``scores``; /v1/rank: the given order) and
+    their scores, with how ranking ran."""
 
     user_id: int
     candidates: list[int]
-    scores: list[float]
+    scores: list[float] = Field(
+        description="the final score of each candidate, what /v1/recommend orders by: "
+                    "ranker_scores + stage_weight x stage_scores (the ranker's alone when "
+                    "stage_weight is 0)")
+    ranker_scores: list[float] = Field(
+        description="the ranking model's score of each candidate (exact on every path)")
+    stage_scores: list[float] | None = Field(
+        default=None, description="the retrieval stage's score of each candidate; null for "
+                                  "/v1/rank (no retrieval ran)")
+    stage_weight: float = Field(
+        default=0.0, description="the weight of stage_scores in scores (serve --stage-weight; "
+                                 "0 for /v1/rank)")
     path: RankPath
     instance: str
     preinfer: PreinferOut | None

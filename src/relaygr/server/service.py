@@ -148,15 +148,20 @@ class RelayService:
         preinfer = None
         if rec.preinfer is not None and rec.preinfer_instance is not None:
             preinfer = _preinfer_out(PrefillOutcome(rec.preinfer_instance, rec.preinfer))
-        ids, scores = rec.candidates.cpu(), rec.scores.float().cpu()
+        ids, scores = rec.candidates.cpu(), rec.final_scores.float().cpu()
+        ranker = rec.scores.float().cpu()
+        stage = None if rec.stage_scores is None else rec.stage_scores.float().cpu()
         if endpoint == "recommend":      # the recommendation: best first (ties: retrieval's order)
             order = torch.argsort(scores, descending=True, stable=True)
-            ids, scores = ids[order], scores[order]
+            ids, scores, ranker = ids[order], scores[order], ranker[order]
+            stage = None if stage is None else stage[order]
         candidates = self.catalog.to_api(ids.tolist())
         timings = _timings(rec, end_s - start_s)
         return RecommendResponse(
             user_id=user_id, candidates=candidates, titles=self.catalog.titles_of(candidates),
-            scores=scores.tolist(), path=rec.path, instance=rec.instance,
+            scores=scores.tolist(), ranker_scores=ranker.tolist(),
+            stage_scores=None if stage is None else stage.tolist(),
+            stage_weight=rec.stage_weight, path=rec.path, instance=rec.instance,
             preinfer=preinfer, prefix_tokens=rec.prefix_tokens, suffix_tokens=rec.suffix_tokens,
             window_start=rec.window_start,
             ranking_ms=timings.ranking_ms, total_ms=timings.total_ms, timings=timings)

@@ -35,7 +35,13 @@ from relaygr.data.split import EvalCases, LeaveOneOutSplit
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, PrefillRequest, PrefixKV, RankRequest
 from relaygr.train.metrics import target_ranks
-from relaygr.train.stages import HeadRetrieval, Proposals, RetrievalQuery, RetrievalStage
+from relaygr.train.stages import (
+    HeadRetrieval,
+    Proposals,
+    RetrievalQuery,
+    RetrievalStage,
+    fused_scores,
+)
 
 HEADS = ("retrieval", "ranking", "cascade")
 # Items the cascade's retrieval stage proposes by default: the relay's ranking request size.
@@ -118,10 +124,7 @@ class CascadeSpec:
 def fuse(proposals: Proposals, ranked: Sequence[Tensor], stage_weight: float) -> list[Tensor]:
     """The final score of each user's proposals: the ranker's plus ``stage_weight`` x the
     stage's (``CascadeSpec``); the ranker's scores alone when the weight is 0."""
-    if stage_weight == 0:
-        return list(ranked)
-    return [r.float() + stage_weight * proposals.row(j)[1].to(r.device).float()
-            for j, r in enumerate(ranked)]
+    return [fused_scores(r, proposals.row(j)[1], stage_weight) for j, r in enumerate(ranked)]
 
 
 def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tensor,

@@ -103,6 +103,18 @@ class CheckpointRetrieval:
         return HeadRetrieval(self.model).propose(own, k)
 
 
+def fused_scores(ranker: Tensor, stage: Tensor, stage_weight: float) -> Tensor:
+    """A cascade's final score of ``[k]`` proposals: the ranker's scores plus ``stage_weight``
+    times the stage's (float32, on the ranker's device); the ranker's own scores, untouched,
+    when the weight is 0. The one formula of ``relaygr eval``'s cascade (``evaluate.fuse``) and
+    ``relaygr serve``'s (``cascade.request_path.Recommendation.final_scores``)."""
+    if stage_weight == 0:
+        return ranker
+    assert ranker.shape == stage.shape, \
+        f"one stage score per ranked item: {tuple(ranker.shape)} vs {tuple(stage.shape)}"
+    return ranker.float() + stage_weight * stage.to(ranker.device).float()
+
+
 RETRIEVAL_STAGES: dict[str, Callable[[HSTU], RetrievalStage]] = {"head": HeadRetrieval}
 
 
