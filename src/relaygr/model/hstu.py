@@ -16,6 +16,7 @@ history and itself, never another candidate.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -275,14 +276,22 @@ class HSTU(nn.Module):
                 ts = torch.cat([ts, query_ts[:, None].expand(batch, n_cand)], dim=1)
             buckets = time_buckets(ts, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
         x = self.input_dropout(x)
-        heads, dh = cfg.num_heads, cfg.head_dim
         for layer in self.blocks:
-            u, v, q, k = layer.project(x)
-            q, k, v = (t.view(batch, total, heads, dh).transpose(1, 2) for t in (q, k, v))
-            bias = layer.position_bias(dist)
-            if buckets is not None:
-                bias = bias + layer.time_bias(buckets)
-            out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
-            x = layer.finish(x, out.transpose(1, 2).reshape(batch, total, cfg.dim), u)
+            x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible))
         h = self.final_norm(x)
         return h[:, :hist], (h[:, hist:] if n_cand else None)
+
+    def _dense_attend(self, layer: HSTULayer, dist: Tensor, buckets: Tensor | None,
+                      visible: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``layer``'s attention over a padded batch (``Attend``): ``q``, ``k``, ``v`` ``[B, T,
+        d]``, ``dist`` the ``[B, T, T]`` causal distances, ``buckets`` the time buckets or None,
+        ``visible`` the ``[B, T, T]`` mask."""
+        cfg = self.cfg
+        batch, total = q.shape[:2]
+        q, k, v = (t.view(batch, total, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+                   for t in (q, k, v))
+        bias = layer.position_bias(dist)
+        if buckets is not None:
+            bias = bias + layer.time_bias(buckets)
+        out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
+        return out.transpose(1, 2).reshape(batch, total, cfg.dim)

@@ -10,11 +10,19 @@ heads); it does not own keys or values, which the caller passes in and keeps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relaygr.model.config import HSTUConfig
+
+# The part of a layer that depends on which keys each token sees: ``(Q, K, V)`` of the layer's
+# tokens, each ``[..., d]``, to their attention output ``[..., d]``. Training supplies dense
+# masked attention over padded batches (``HSTU._dense_forward``), serving blocked attention over a
+# cached prefix's segments (``Pass._attend``, which also keeps the keys and values it is given).
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class HSTULayer(nn.Module):
@@ -30,6 +38,12 @@ class HSTULayer(nn.Module):
         # rab^p: one weight per causal distance 0..max_seq_len; rab^t: one per time bucket.
         self.pos_w = nn.Parameter(torch.zeros(cfg.max_seq_len + 1))
         self.time_w = nn.Parameter(torch.zeros(cfg.num_time_buckets))
+
+    def forward(self, x: Tensor, attend: Attend) -> Tensor:
+        """``Y = X + f2(Norm(attend(Q, K, V)) * U)`` for tokens ``x [..., d]``: the layer of the
+        module docstring around the attention the caller supplies (``Attend``)."""
+        u, v, q, k = self.project(x)
+        return self.finish(x, attend(q, k, v), u)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``x [..., d]`` → U, V, Q, K, each ``[..., d]``."""

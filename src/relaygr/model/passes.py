@@ -15,6 +15,7 @@ values as computing it inside the ranking pass.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -243,53 +244,60 @@ class Pass:
         return torch.cat(rows)
 
     def _forward(self, pieces: list[_Piece]) -> None:
-        model, cfg = self.model, self.model.cfg
-        heads, dh, norm = cfg.num_heads, cfg.head_dim, cfg.normalizer
+        model = self.model
         x = model.input_dropout(self._embed(pieces))            # [R, d], R rows in the round
         for layer_index, layer in enumerate(model.blocks):
-            u, v, q, k = layer.project(x)                        # each [R, d]
-            attn = torch.empty_like(q)
-            w_rev = self._pos_w_rev.get(layer_index)
-            if w_rev is None:
-                w_rev = self._pos_w_rev[layer_index] = reversed_padded(layer.pos_w,
-                                                                       cfg.query_block)
-            row = 0
-            for p in pieces:
-                t = p.track
-                if p.hist_len:
-                    n, s_new = p.hist_len, p.hist_start
-                    rows = slice(row, row + n)
-                    new = slice(s_new, s_new + n)
-                    # [n, d] → [H, n, dh]
-                    t.k[layer_index, :, new] = k[rows].view(n, heads, dh).transpose(0, 1)
-                    t.v[layer_index, :, new] = v[rows].view(n, heads, dh).transpose(0, 1)
-                    q_rev = q[rows].view(n, heads, dh).transpose(0, 1).flip(1)
-                    start = t.history.past_tokens + s_new
-                    bias = toeplitz_reversed(w_rev, start, n, start + n, cfg.max_seq_len)
-                    if p.hist_buckets is not None:
-                        bias = layer.time_bias(p.hist_buckets).add_(bias)
-                    out = block_attention(q_rev, t.segments(layer_index, s_new + n), bias, norm)
-                    attn[rows] = out.transpose(0, 1).reshape(n, cfg.dim)
-                    row += n
-                if p.cand_len:
-                    c = p.cand_len
-                    rows = slice(row, row + c)
-                    total = t.history.total_tokens
-                    # every candidate sits at position `total`: bias row w[total - j], j < total
-                    bias_vec = layer.pos_w[1:total + 1].flip(0)
-                    if p.cand_buckets is not None:
-                        bias_vec = bias_vec + layer.time_bias(p.cand_buckets)
-                    heads_view = (c, heads, dh)
-                    out = candidate_attention(
-                        q[rows].view(heads_view).transpose(0, 1),
-                        k[rows].view(heads_view).transpose(0, 1),
-                        v[rows].view(heads_view).transpose(0, 1),
-                        t.segments(layer_index, t.new_tokens), bias_vec,
-                        layer.self_bias(p.cand_buckets is not None), norm)
-                    attn[rows] = out.transpose(0, 1).reshape(c, cfg.dim)
-                    row += c
-            x = layer.finish(x, attn, u)
+            x = layer(x, functools.partial(self._attend, pieces, layer_index, layer))
         self._collect(pieces, model.final_norm(x))
+
+    def _attend(self, pieces: list[_Piece], layer_index: int, layer: HSTULayer, q: Tensor,
+                k: Tensor, v: Tensor) -> Tensor:
+        """``layer``'s attention for the round's rows (``Attend``): ``q``, ``k``, ``v`` ``[R,
+        d]`` in the order of ``pieces``. Each piece's history rows store their keys and values
+        in its track, then attend over the track's segments; its candidate rows attend over the
+        whole history and themselves."""
+        cfg = self.model.cfg
+        heads, dh, norm = cfg.num_heads, cfg.head_dim, cfg.normalizer
+        attn = torch.empty_like(q)
+        w_rev = self._pos_w_rev.get(layer_index)
+        if w_rev is None:
+            w_rev = self._pos_w_rev[layer_index] = reversed_padded(layer.pos_w, cfg.query_block)
+        row = 0
+        for p in pieces:
+            t = p.track
+            if p.hist_len:
+                n, s_new = p.hist_len, p.hist_start
+                rows = slice(row, row + n)
+                new = slice(s_new, s_new + n)
+                # [n, d] → [H, n, dh]
+                t.k[layer_index, :, new] = k[rows].view(n, heads, dh).transpose(0, 1)
+                t.v[layer_index, :, new] = v[rows].view(n, heads, dh).transpose(0, 1)
+                q_rev = q[rows].view(n, heads, dh).transpose(0, 1).flip(1)
+                start = t.history.past_tokens + s_new
+                bias = toeplitz_reversed(w_rev, start, n, start + n, cfg.max_seq_len)
+                if p.hist_buckets is not None:
+                    bias = layer.time_bias(p.hist_buckets).add_(bias)
+                out = block_attention(q_rev, t.segments(layer_index, s_new + n), bias, norm)
+                attn[rows] = out.transpose(0, 1).reshape(n, cfg.dim)
+                row += n
+            if p.cand_len:
+                c = p.cand_len
+                rows = slice(row, row + c)
+                total = t.history.total_tokens
+                # every candidate sits at position `total`: bias row w[total - j], j < total
+                bias_vec = layer.pos_w[1:total + 1].flip(0)
+                if p.cand_buckets is not None:
+                    bias_vec = bias_vec + layer.time_bias(p.cand_buckets)
+                heads_view = (c, heads, dh)
+                out = candidate_attention(
+                    q[rows].view(heads_view).transpose(0, 1),
+                    k[rows].view(heads_view).transpose(0, 1),
+                    v[rows].view(heads_view).transpose(0, 1),
+                    t.segments(layer_index, t.new_tokens), bias_vec,
+                    layer.self_bias(p.cand_buckets is not None), norm)
+                attn[rows] = out.transpose(0, 1).reshape(c, cfg.dim)
+                row += c
+        return attn
 
     def _collect(self, pieces: list[_Piece], h: Tensor) -> None:
         row = 0
