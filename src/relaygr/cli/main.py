@@ -15,7 +15,7 @@ from relaygr import __version__
 from relaygr.errors import RelayGRError
 
 # Sub-command modules, in the order `relaygr --help` lists them.
-COMMANDS = ["train", "eval", "retrieval", "bench", "serve", "profile", "demo"]
+COMMANDS = ["train", "eval", "retrieval", "bench", "serve", "profile", "demo", "config"]
 
 
 def build_parser() -> argparse.ArgumentParser:

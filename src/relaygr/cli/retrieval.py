@@ -20,9 +20,11 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from relaygr.cli.config import as_plain
 from relaygr.cli.train import parse_overrides
 from relaygr.errors import ConfigError
 from relaygr.retrieval.checkpoint import (
@@ -32,7 +34,7 @@ from relaygr.retrieval.checkpoint import (
     save_splits,
     write_run_info,
 )
-from relaygr.retrieval.config import PRESETS, preset
+from relaygr.retrieval.config import PRESETS, SCCDRConfig, preset
 from relaygr.retrieval.data import Domain, load_pair
 from relaygr.retrieval.movielens import load_movielens
 from relaygr.retrieval.report import report
@@ -57,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        metavar="KEY=VALUE", help="override an SCCDRConfig field (repeatable)")
     train.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
-    train.set_defaults(func=run_train)
+    train.set_defaults(func=run_train, effective_config=effective_config)
     ev = subparsers.add_parser("eval-retrieval", help="evaluate a retrieval run and baselines",
                                description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,9 +72,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.set_defaults(func=run_eval)
 
 
+def retrieval_config(args: argparse.Namespace) -> SCCDRConfig:
+    """The preset with the ``--set`` overrides: what ``train-retrieval`` trains with."""
+    return preset(args.preset).with_(**parse_overrides(args.overrides))
+
+
+def effective_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``relaygr config show train-retrieval ...``: the SCCDRConfig and the data it reads."""
+    return {"retrieval": as_plain(retrieval_config(args)),
+            **as_plain({k: getattr(args, k) for k in ("preset", "dataset", "pair", "data_dir",
+                                                      "split", "seeds", "out")})}
+
+
 def run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    cfg = preset(args.preset).with_(**parse_overrides(args.overrides))
+    cfg = retrieval_config(args)
     if args.dataset == "ml-1m":
         pair, name = load_movielens(args.data_dir), "ml-1m"
         domains: tuple[Domain, ...] = pair.domains[:1]

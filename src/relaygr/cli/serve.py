@@ -21,6 +21,7 @@ import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.processes import PLACEMENTS, wants_processes
+from relaygr.cli.config import as_plain
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
 from relaygr.model import MODEL_SIZES
@@ -99,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--ingress-replicas", type=int, default=1,
                    help="ingress replicas running the cascade and the HTTP API; more than one "
                         "need --history-store (they share the users' histories there)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, effective_config=effective_config)
 
 
 def _events_path(flag: str, checkpoint: Path | None, history_store: str | None) -> Path | None:
@@ -149,6 +150,12 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,
                         replicas, args.replica_cpus, args.log_level, in_processes, sized,
                         ingress_replicas=args.ingress_replicas)
+
+
+def effective_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``relaygr config show serve ...``: the validated ServeOptions (with ``size_budgets``
+    true, the cache budgets shown are replaced at start-up by ones sized from the model)."""
+    return as_plain(options_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
+from relaygr.cli.config import as_plain
 from relaygr.data import DATASET_FILES, TableSpec, load_sequences
 from relaygr.errors import ConfigError
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
+    TrainConfig,
     Trainer,
     load_trained,
     preset,
@@ -91,13 +93,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "stage): hard negatives from its top K, the ranking phase "
                              "validated on its proposals")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, effective_config=effective_config)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The preset with the ``--set`` overrides: what the run trains with."""
+    return preset(args.preset).with_(**parse_overrides(args.overrides))
+
+
+def effective_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``relaygr config show train ...``: the run's TrainConfig and what else decides it."""
+    return {"train": as_plain(train_config(args)),
+            **as_plain({k: getattr(args, k) for k in ("preset", "seed", "dataset", "data_dir",
+                                                      "device", "stage", "out")})}
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = preset(args.preset).with_(**parse_overrides(args.overrides))
+    config = train_config(args)
     started = time.perf_counter()
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns))
     print(f"{seqs.source}: {seqs.num_users} users, {seqs.num_items} items, "
