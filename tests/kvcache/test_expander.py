@@ -19,7 +19,7 @@ from relaygr.kvcache import (
     ReloadOutcome,
 )
 from relaygr.kvcache.allocator import PageRun
-from relaygr.model import PrefixKV, RankRequest
+from relaygr.model import PrefixKV, RankInput
 from tests.kvcache.helpers import (
     FakeClock,
     assert_kv_equal,
@@ -326,7 +326,7 @@ def test_release_can_demote_the_prefix_extended_by_the_ranked_suffix() -> None:
         ex.pool.commit(pending)
         view = ex.pool.acquire(pid)
         assert view is not None
-        out = model.rank_batch_outputs([RankRequest(
+        out = model.rank_batch_outputs([RankInput(
             torch.arange(1, 20), prefix=view, suffix_items=items[100:],
             suffix_timestamps=ts[100:])])[0]
         assert out.computed is not None and out.computed.num_tokens == 20

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.model import PrefillRequest, RankRequest
+from relaygr.model import PrefillInput, RankInput
 from tests.model.helpers import assert_close, make_model, random_history
 
 
@@ -22,13 +22,13 @@ def test_batch_composition_does_not_change_scores(lengths: list[int], timed: lis
         items, ts = random_history(gen, length, 500, timed[i])
         cands = torch.randint(1, 501, (int(torch.randint(1, 60, (1,), generator=gen)),),
                               generator=gen)
-        requests.append(RankRequest(cands, prefix_items=items, prefix_timestamps=ts))
-        kvs.append(PrefillRequest(items, ts))
+        requests.append(RankInput(cands, prefix_items=items, prefix_timestamps=ts))
+        kvs.append(PrefillInput(items, ts))
     alone = [model.rank_batch([r])[0] for r in requests]
     together = model.rank_batch(requests)
     reversed_batch = model.rank_batch(requests[::-1])[::-1]
     prefixes = model.prefill_batch(kvs)
-    cached = model.rank_batch([RankRequest(r.candidates, prefix=kv)
+    cached = model.rank_batch([RankInput(r.candidates, prefix=kv)
                                for r, kv in zip(requests, prefixes, strict=True)])
     for a, b, c, d in zip(alone, together, reversed_batch, cached, strict=True):
         assert_close(b, a)
@@ -90,7 +90,7 @@ def test_prefill_job_runs_in_chunk_rounds() -> None:
     """A prefill can be advanced one chunk round at a time (the scheduler's unit of work)."""
     model = make_model(2, query_block=64)
     items = torch.randint(1, 501, (300,), generator=torch.Generator().manual_seed(2))
-    job = model.prefill_job([PrefillRequest(items)])
+    job = model.prefill_job([PrefillInput(items)])
     rounds = 0
     with torch.inference_mode():
         while not job.done:

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.model import RankRequest, concat_prefix
+from relaygr.model import RankInput, concat_prefix
 from tests.model.helpers import assert_close, make_model, random_history
 
 configs = st.fixed_dictionaries({
@@ -113,7 +113,7 @@ def test_ranking_returns_the_suffix_kv_of_the_next_prefix(prefix_len: int, suffi
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, prefix_len + suffix_len, 500, timed)
     kv = model.prefill(items[:prefix_len], None if ts is None else ts[:prefix_len])
-    out = model.rank_batch_outputs([RankRequest(
+    out = model.rank_batch_outputs([RankInput(
         torch.arange(1, 11), prefix=kv, suffix_items=items[prefix_len:],
         suffix_timestamps=None if ts is None else ts[prefix_len:])])[0]
     assert out.computed is not None and out.computed.num_tokens == suffix_len
@@ -123,5 +123,5 @@ def test_ranking_returns_the_suffix_kv_of_the_next_prefix(prefix_len: int, suffi
     assert_close(grown.v, whole.v)
     assert_close(grown.last_hidden, whole.last_hidden)
     assert (grown.timestamps is None) == (ts is None)
-    cached_only = model.rank_batch_outputs([RankRequest(torch.arange(1, 5), prefix=kv)])[0]
+    cached_only = model.rank_batch_outputs([RankInput(torch.arange(1, 5), prefix=kv)])[0]
     assert cached_only.computed is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from relaygr.model import RankRequest
+from relaygr.model import RankInput
 from tests.model.helpers import make_model, random_history
 
 DIM = 32
@@ -47,7 +47,7 @@ def test_residual_is_the_mlp_plus_the_retrieval_logit() -> None:
     items, _ = random_history(torch.Generator().manual_seed(1), 80, 500, timed=False)
     kv = residual.prefill(items)
     cands = torch.arange(1, 41)
-    [with_prior, without] = [m.rank_batch([RankRequest(cands, prefix=kv)])[0]
+    [with_prior, without] = [m.rank_batch([RankInput(cands, prefix=kv)])[0]
                              for m in (residual, state)]
     retrieval = residual.retrieval_scores(kv.last_hidden)[cands]
     assert (with_prior - without - retrieval).abs().max() <= 2 * TOLERANCE

@@ -44,7 +44,7 @@ from relaygr.engine.types import (
 )
 from relaygr.errors import ConfigError
 from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout
-from relaygr.model import HSTU, PrefixKV, RankOutput, RankRequest
+from relaygr.model import HSTU, PrefixKV, RankInput, RankOutput
 from relaygr.relay.trigger import (
     InstanceLoad,
     PoolUsage,
@@ -250,9 +250,9 @@ class RankingInstance:
         kv, path = (None, RankPath.FULL) if res is None else await res.find(job.prefix)
         found = time.perf_counter()
         if kv is not None:
-            request = RankRequest(job.candidates, prefix=kv, suffix_items=job.suffix_items,
-                                  suffix_timestamps=job.suffix_timestamps,
-                                  query_timestamp=job.query_ts)
+            request = RankInput(job.candidates, prefix=kv, suffix_items=job.suffix_items,
+                                suffix_timestamps=job.suffix_timestamps,
+                                query_timestamp=job.query_ts)
             cost = int(job.candidates.numel()) + job.suffix_tokens
         else:
             request, path = self._uncached_request(job)
@@ -271,17 +271,17 @@ class RankingInstance:
                             time.perf_counter() - entered)
         return RankResult(out.scores, path, self.name, timing)
 
-    def _uncached_request(self, job: RankJob) -> tuple[RankRequest, RankPath]:
+    def _uncached_request(self, job: RankJob) -> tuple[RankInput, RankPath]:
         items, ts = job.prefix.items, job.prefix.timestamps
         limit = self.config.truncate_to_tokens
         path = RankPath.FULL
         if limit is not None and items.numel() > limit:
             items, ts = items[-limit:], None if ts is None else ts[-limit:]
             path = RankPath.TRUNCATED
-        request = RankRequest(job.candidates, prefix_items=items, prefix_timestamps=ts,
-                              suffix_items=job.suffix_items,
-                              suffix_timestamps=job.suffix_timestamps,
-                              query_timestamp=job.query_ts)
+        request = RankInput(job.candidates, prefix_items=items, prefix_timestamps=ts,
+                            suffix_items=job.suffix_items,
+                            suffix_timestamps=job.suffix_timestamps,
+                            query_timestamp=job.query_ts)
         return request, path
 
     def _after_rank(self, res: Residency, job: RankJob, cached: bool, path: RankPath,

@@ -33,7 +33,7 @@ from relaygr.kvcache import (
     PrefixId,
     ReloadOutcome,
 )
-from relaygr.model import HSTU, PrefillRequest, PrefixKV
+from relaygr.model import HSTU, PrefillInput, PrefixKV
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Residency:
         if pending is None:
             self.counters.admission_refused += 1
             return False
-        job = self.model.prefill_job([PrefillRequest(spec.items, spec.timestamps)])
+        job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps)])
         track = job.tracks[0]
         work = self.scheduler.submit_prefill(
             job.step, lambda: job.done, lambda: self.pool.write(pending, track.tail()))
@@ -145,7 +145,7 @@ class Residency:
 
     async def _extension(self, spec: PrefixSpec, start: int, past: PrefixKV) -> PrefixKV:
         ts = None if spec.timestamps is None else spec.timestamps[start:]
-        job = self.model.prefill_job([PrefillRequest(spec.items[start:], ts, past)])
+        job = self.model.prefill_job([PrefillInput(spec.items[start:], ts, past)])
         track = job.tracks[0]
         work = self.scheduler.submit_prefill(job.step, lambda: job.done, track.tail)
         self._inflight[spec.pid.user_id] = work

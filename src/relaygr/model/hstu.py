@@ -31,8 +31,8 @@ from relaygr.model.attention import dense_attention, time_buckets
 from relaygr.model.config import HSTUConfig
 from relaygr.model.inputs import (
     IntSeq,
-    PrefillRequest,
-    RankRequest,
+    PrefillInput,
+    RankInput,
     check_item_range,
     validate_prefill,
     validate_rank,
@@ -166,15 +166,15 @@ class HSTU(nn.Module):
     def prefill(self, items: IntSeq, timestamps: IntSeq | None = None,
                 past: PrefixKV | None = None) -> PrefixKV:
         """Per-layer K/V of ``items`` (appended to ``past`` when given)."""
-        return self.prefill_batch([PrefillRequest(items, timestamps, past)])[0]
+        return self.prefill_batch([PrefillInput(items, timestamps, past)])[0]
 
     @torch.inference_mode()
-    def prefill_batch(self, requests: Sequence[PrefillRequest]) -> list[PrefixKV]:
+    def prefill_batch(self, requests: Sequence[PrefillInput]) -> list[PrefixKV]:
         job = self.prefill_job(requests)
         job.run()
         return [t.prefix() for t in job.tracks]
 
-    def prefill_job(self, requests: Sequence[PrefillRequest]) -> Pass:
+    def prefill_job(self, requests: Sequence[PrefillInput]) -> Pass:
         """A resumable prefill: ``step()`` computes one chunk round (the scheduler's unit of
         pre-infer work); when ``done``, ``[t.prefix() for t in job.tracks]`` are the results.
         Call ``step`` under ``torch.inference_mode()``."""
@@ -186,18 +186,18 @@ class HSTU(nn.Module):
              prefix_items: IntSeq | None = None, prefix_timestamps: IntSeq | None = None,
              suffix_items: IntSeq | None = None, suffix_timestamps: IntSeq | None = None,
              query_timestamp: int | None = None) -> Tensor:
-        """Scores ``[C]`` of ``candidates``; see ``RankRequest`` for the arguments."""
-        request = RankRequest(candidates, prefix, prefix_items, prefix_timestamps,
-                              suffix_items, suffix_timestamps, query_timestamp)
+        """Scores ``[C]`` of ``candidates``; see ``RankInput`` for the arguments."""
+        request = RankInput(candidates, prefix, prefix_items, prefix_timestamps,
+                            suffix_items, suffix_timestamps, query_timestamp)
         return self.rank_batch([request])[0]
 
     @torch.inference_mode()
-    def rank_batch(self, requests: Sequence[RankRequest]) -> list[Tensor]:
+    def rank_batch(self, requests: Sequence[RankInput]) -> list[Tensor]:
         """Scores for several users at once (lengths may differ; batching changes no score)."""
         return [out.scores for out in self.rank_batch_outputs(requests)]
 
     @torch.inference_mode()
-    def rank_batch_outputs(self, requests: Sequence[RankRequest]) -> list[RankOutput]:
+    def rank_batch_outputs(self, requests: Sequence[RankInput]) -> list[RankOutput]:
         """Like ``rank_batch``, also returning the K/V of the history tokens the pass computed
         (the suffix, or the whole history on a full pass), so the caller can keep them."""
         tracks = []

@@ -28,7 +28,7 @@ IntSeq = Tensor | Sequence[int]
 
 
 @dataclass(frozen=True)
-class PrefillRequest:
+class PrefillInput:
     """Pre-infer ``items`` (with optional ``timestamps``), extending ``past`` when given."""
 
     items: IntSeq
@@ -37,7 +37,7 @@ class PrefillRequest:
 
 
 @dataclass(frozen=True)
-class RankRequest:
+class RankInput:
     """Score ``candidates`` for one user.
 
     The history is ``prefix`` (cached K/V) or ``prefix_items`` (computed in this pass), followed
@@ -156,7 +156,7 @@ def validate_candidates(cfg: HSTUConfig, candidates: IntSeq, device: torch.devic
     return ids
 
 
-def validate_prefill(cfg: HSTUConfig, request: PrefillRequest, device: torch.device,
+def validate_prefill(cfg: HSTUConfig, request: PrefillInput, device: torch.device,
                      dtype: torch.dtype) -> History:
     history = build_history(cfg, device, dtype, request.past,
                             [("prefill", request.items, request.timestamps)])
@@ -165,7 +165,7 @@ def validate_prefill(cfg: HSTUConfig, request: PrefillRequest, device: torch.dev
     return history
 
 
-def validate_rank(cfg: HSTUConfig, request: RankRequest, device: torch.device,
+def validate_rank(cfg: HSTUConfig, request: RankInput, device: torch.device,
                   dtype: torch.dtype) -> tuple[History, Tensor, int | None]:
     """→ (history, candidates, query timestamp or None for an untimed history)."""
     if request.prefix is not None and request.prefix_items is not None:

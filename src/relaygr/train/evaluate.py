@@ -33,7 +33,7 @@ from tqdm import tqdm
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import EvalCases, LeaveOneOutSplit
 from relaygr.errors import ConfigError
-from relaygr.model import HSTU, PrefillRequest, PrefixKV, RankRequest
+from relaygr.model import HSTU, PrefillInput, PrefixKV, RankInput
 from relaygr.train.metrics import target_ranks
 from relaygr.train.stages import (
     HeadRetrieval,
@@ -143,7 +143,7 @@ def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tenso
 def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals
                      ) -> list[Tensor]:
     """The relay path: each user's proposals scored as candidates against its cached prefix."""
-    requests = [RankRequest(proposals.row(j)[0], prefix=kv) for j, kv in enumerate(prefixes)]
+    requests = [RankInput(proposals.row(j)[0], prefix=kv) for j, kv in enumerate(prefixes)]
     return model.rank_batch(requests)
 
 
@@ -157,7 +157,7 @@ def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_se
         prefills = []
         for j, n in enumerate(w.lengths.tolist()):
             ts = None if w.timestamps is None else w.timestamps[j, :n]
-            prefills.append(PrefillRequest(w.items[j, :n].to(model.device), ts))
+            prefills.append(PrefillInput(w.items[j, :n].to(model.device), ts))
         yield rows, w, model.prefill_batch(prefills)
 
 
@@ -193,7 +193,7 @@ def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_le
             ranks["retrieval"].append(
                 target_ranks(model.retrieval_scores(users), w.targets, w.histories))
         if "ranking" in heads:
-            scores = model.rank_batch([RankRequest(catalogue, prefix=kv) for kv in prefixes])
+            scores = model.rank_batch([RankInput(catalogue, prefix=kv) for kv in prefixes])
             padded = torch.nn.functional.pad(torch.stack(scores), (1, 0))      # [b, N + 1]
             ranks["ranking"].append(target_ranks(padded, w.targets, w.histories))
         if cascade is not None and "cascade" in heads:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from relaygr.errors import ConfigError
-from relaygr.model import HSTU, PrefillRequest, PrefixKV
+from relaygr.model import HSTU, PrefillInput, PrefixKV
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class CheckpointRetrieval:
         keep = self.model.cfg.max_seq_len
         device = self.model.device
         prefixes = self.model.prefill_batch([
-            PrefillRequest(torch.as_tensor(np.asarray(h[-keep:]), device=device))
+            PrefillInput(torch.as_tensor(np.asarray(h[-keep:]), device=device))
             for h in query.histories])
         own = RetrievalQuery(query.users, query.histories, prefixes)
         return HeadRetrieval(self.model).propose(own, k)
