@@ -26,6 +26,7 @@ from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
 from relaygr.model.digest import model_digest
 from relaygr.server.build import load_model
+from relaygr.server.config import ModelSource
 from tests.engine.helpers import flops_cost_model
 from tests.server.helpers import SOURCE, system_config
 
@@ -50,9 +51,10 @@ async def choose(router: RelayRequestRouter, names: list[str], call: Any) -> lis
     return [[r.replica_id.unique_id for r in rank] for rank in ranks]
 
 
-def replica_spec(system: SystemConfig, name: str, ledger: Path | None) -> ReplicaSpec:
-    model = load_model(SOURCE)
-    return ReplicaSpec(SOURCE, model_digest(model), system,
+def replica_spec(system: SystemConfig, name: str, ledger: Path | None,
+                 source: ModelSource = SOURCE) -> ReplicaSpec:
+    model = load_model(source)
+    return ReplicaSpec(source, model_digest(model), system,
                        cost_model=flops_cost_model(model.cfg).to_dict(), ledger_dir=ledger,
                        name=name)
 
@@ -61,9 +63,10 @@ class LocalRanker:
     """A stand-in for the ranking deployment's handle (see the module docstring)."""
 
     def __init__(self, names: list[str], ledger: Path | None = None,
-                 system: SystemConfig | None = None) -> None:
+                 system: SystemConfig | None = None, source: ModelSource = SOURCE) -> None:
         self.system = system or system_config()
-        self.replicas = {n: RankingReplica(replica_spec(self.system, n, ledger)) for n in names}
+        self.replicas = {n: RankingReplica(replica_spec(self.system, n, ledger, source))
+                         for n in names}
         self.router = make_router(router="affinity",
                                   spill_queue_depth=self.system.spill_queue_depth)
         self.dead: set[str] = set()

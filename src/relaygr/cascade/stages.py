@@ -29,8 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relaygr.cascade.proposals import RetrievalStage
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
 from relaygr.errors import EmptyInputError
+from relaygr.model import HSTU
 
 
 class CandidateBook:
@@ -116,6 +118,16 @@ class EarlierStages:
         self.book = book
         self.replayed = self.retrieved = 0     # visits answered from the book / computed
         self._fleet = ThreadPoolExecutor(max_workers=2, thread_name_prefix="relaygr-retrieval")
+
+    @classmethod
+    def of(cls, config: SystemConfig, model: HSTU, retrieval: RetrievalStage | None = None,
+           book: CandidateBook | None = None) -> EarlierStages:
+        """The stages ``config`` sets (K, delays; scores kept when it fuses them), retrieving
+        with ``retrieval``, default the ranking model's item embeddings (``EmbeddingRetrieval``):
+        one construction for every transport (the embedded system, the Ray ingress)."""
+        return cls(retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
+                   config.retrieval_k, config.retrieval_delay_ms / 1e3,
+                   config.preprocess_delay_ms / 1e3, book, scores_needed=config.stage_weight > 0)
 
     def candidates(self, history: np.ndarray, num_candidates: int,
                    user_id: int | None = None) -> Tensor:

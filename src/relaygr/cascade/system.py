@@ -19,7 +19,7 @@ from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import InstanceFleet
 from relaygr.cascade.instances import InstanceFactory, build_instance
 from relaygr.cascade.modes import Mode, spec_for
-from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, SystemCounters, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
@@ -58,10 +58,7 @@ class RelaySystem:
         self.by_name = {inst.name: inst for inst in self.instances}
         # restarts instances whose process died (instances in processes; others never die)
         self.supervisor = InstanceSupervisor(self.instances)
-        self.stages = EarlierStages(
-            retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
-            config.retrieval_k, config.retrieval_delay_ms / 1e3,
-            config.preprocess_delay_ms / 1e3, book, scores_needed=config.stage_weight > 0)
+        self.stages = EarlierStages.of(config, self.model, retrieval, book)
         self.fleet = InstanceFleet(self.instances, self.router, config)
         self.path = RequestPath(self.fleet, config, store, self.window, self.stages)
 

@@ -125,8 +125,6 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     if args.device is not None or "devices" not in system_fields:
         system_fields["devices"] = [device]
     if args.retrieval_run is not None:
-        if args.ray:
-            raise ConfigError("--retrieval-run is served embedded only (not with --ray yet)")
         for name, value in MEASURED_STAGE_DELAYS.items():
             system_fields.setdefault(name, value)
     system = SystemConfig.from_dict(system_fields)

@@ -2,7 +2,7 @@
 
 ::
 
-    HTTP ─► Serve proxy ─► RelayIngress (FastAPI app, cascade, history store)
+    HTTP ─► Serve proxy ─► RelayIngress (FastAPI app, cascade, history store, retrieval stage)
                               │  handle.preinfer / handle.rank (both legs, same user)
                               ▼
                      RelayRequestRouter (relaygr's router, in the ingress process)
@@ -11,7 +11,9 @@
 
 ``build_application(spec)`` binds the two deployments; ``serve_forever(options)`` is
 ``relaygr serve --ray``: start or join a cluster, run the app behind Serve's HTTP proxy, and on
-SIGINT/SIGTERM shut Serve down (replicas drain their requests first).
+SIGINT/SIGTERM shut Serve down (replicas drain their requests first). A trained retrieval stage
+(``ModelSource.retrieval_run``) is checked by the driver and loaded by each ingress replica from
+its run directory (``ingress_service``); it runs there, on the ingress's CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from relaygr.server.build import (
     load_catalog,
     load_cost_model,
     load_model,
+    load_retrieval,
     load_store,
     model_info,
 )
@@ -56,6 +60,8 @@ from relaygr.server.config import (
 from relaygr.server.service import RelayService
 
 APP_NAME = "relaygr"
+# Where the ingress computes (its model copy, the retrieval stage): it reserves CPUs only.
+INGRESS_DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -77,16 +83,27 @@ class RelayIngress:
         tune_host_allocator()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
-        model = load_model(spec.model)
-        if model_digest(model) != spec.model_digest:
-            raise ConfigError("the ingress built a different model than the driver")
-        store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
-        backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts)
-        self.service = RelayService(backend, spec.server, load_catalog(spec.model, model),
-                                    model_info(spec.model, model))
+        self.service = ingress_service(ranker, spec)
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_app(self.service)
+
+
+def ingress_service(ranker: Any, spec: IngressSpec) -> RelayService:
+    """What an ingress replica serves: the model (``ConfigError`` when its digest is not the
+    driver's), the users' store, the retrieval stage of ``spec.model.retrieval_run`` (None: the
+    model's item embeddings), loaded here from the run directory, which every ingress node must
+    be able to read, and run on this process's CPU (``INGRESS_DEVICE``), and a ``RelayService``
+    over a ``RayBackend`` sending the ranking legs to ``ranker`` (a handle of the ranking
+    deployment, or a stand-in with its methods)."""
+    model = load_model(spec.model)
+    if model_digest(model) != spec.model_digest:
+        raise ConfigError("the ingress built a different model than the driver")
+    store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
+    retrieval = load_retrieval(spec.model, spec.system, device=INGRESS_DEVICE)
+    backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
+    return RelayService(backend, spec.server, load_catalog(spec.model, model),
+                        model_info(spec.model, model))
 
 
 @dataclass(frozen=True)
@@ -157,9 +174,14 @@ def router_config(system: SystemConfig) -> RequestRouterConfig:
                                request_router_kwargs=settings)
 
 
-def build_application(spec: RayAppSpec) -> Any:
-    """The bound Serve application (pass it to ``serve.run``)."""
+def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: None) -> Any:
+    """The bound Serve application (pass it to ``serve.run``). Needs no running cluster. A
+    retrieval run (``spec.model.retrieval_run``) is loaded here once, as the ingress will load
+    it, so a run that does not fit the model is refused now with the embedded server's typed
+    error (``load_retrieval``), not as an ingress that fails to start; ``log`` hears what it
+    is. The application carries the run's path, not the loaded stage."""
     digest = model_digest(load_model(spec.model))
+    load_retrieval(spec.model, spec.system, log, device=INGRESS_DEVICE)
     replica = ReplicaSpec(spec.model, digest, spec.system, spec.device, spec.cost_model,
                           spec.ledger_dir, spec.torch_threads)
     deployment: Any = serve.deployment
@@ -218,7 +240,8 @@ def serve_forever(options: ServeOptions) -> int:
     threading.Thread(target=_warn_while_pending, args=(running, 20.0, shares, spec.replicas),
                      daemon=True).start()
     try:
-        serve.run(build_application(spec), name=APP_NAME, route_prefix="/")
+        serve.run(build_application(spec, lambda line: print(f"relaygr: {line}", flush=True)),
+                  name=APP_NAME, route_prefix="/")
     finally:
         running.set()
     stop = threading.Event()

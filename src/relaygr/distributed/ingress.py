@@ -13,8 +13,13 @@ recomputes), up to ``max_attempts`` times. A replica sheds by the cascade's shed
 (``cascade.fleet``) on its own queue: a shed ranking leg answers overloaded, and the request
 gets 503.
 
+The earlier stages run here, in the ingress, as in the embedded system: the retrieval stage a
+``RetrievalStage`` (a trained run's, loaded by the ingress from its run directory, or the model's
+item embeddings), its measured time in the answer's ``timings``, its scores fused after ranking
+(``SystemConfig.stage_weight``) by the same ``RequestPath``.
+
 ``RelayIngress`` (``distributed.app``) is the Serve deployment class: it builds the model (and
-checks its digest), the store and a ``RelayService`` over a ``RayBackend``.
+checks its digest), the store, the retrieval stage and a ``RelayService`` over a ``RayBackend``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from relaygr.cascade.messages import (
     RouteNote,
 )
 from relaygr.cascade.payload import PrefixPayload
-from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
@@ -136,13 +141,13 @@ class RayBackend:
     """``RelayBackend`` over a Ray Serve ranking deployment (see the module docstring)."""
 
     def __init__(self, ranker: Any, model: HSTU, store: HistoryStore, system: SystemConfig,
-                 max_attempts: int = 4) -> None:
+                 max_attempts: int = 4, retrieval: RetrievalStage | None = None) -> None:
+        """``retrieval``: the retrieval stage, run here in the ingress (default: the model's
+        item embeddings; ``EarlierStages.of``)."""
         self.model = model.eval()
         self.system = system
         self.fleet = ReplicaFleet(ranker, max_attempts)
-        self.stages = EarlierStages(EmbeddingRetrieval.of(model, system.retrieval_history),
-                                    system.retrieval_k, system.retrieval_delay_ms / 1e3,
-                                    system.preprocess_delay_ms / 1e3)
+        self.stages = EarlierStages.of(system, self.model, retrieval)
         self.path = RequestPath(self.fleet, system, store,
                                 HistoryWindow.for_model(model.cfg, system), self.stages)
 

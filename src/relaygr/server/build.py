@@ -176,13 +176,14 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
 
 
 def load_retrieval(source: ModelSource, system: SystemConfig,
-                   log: Callable[[str], None] = lambda _: None) -> RetrievalStage | None:
+                   log: Callable[[str], None] = lambda _: None,
+                   device: str | None = None) -> RetrievalStage | None:
     """The retrieval stage of ``source.retrieval_run`` (None without one), by the run's kind
     (``train.stage_runs.stage_run_kind``; ``ConfigError`` for a directory of neither kind): a
     retrieval run, its ids mapped through the checkpoint's id map (``CatalogueMismatchError``
     when they cannot be); or an HSTU run, over the checkpoint's very item ids and position-only
-    (``train.stage_runs.load_stage_run``, ``ConfigError`` naming what differs), on the ranking
-    device."""
+    (``train.stage_runs.load_stage_run``, ``ConfigError`` naming what differs), on ``device``
+    (default: the ranking device, ``system.devices[0]``)."""
     if source.retrieval_run is None:
         return None
     from relaygr.data import IdMap
@@ -193,7 +194,8 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
     id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
     if stage_run_kind(source.retrieval_run) is StageRunKind.HSTU:
         from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
-        head = HSTURunRetrieval.load(source.retrieval_run, id_map, system.devices[0])
+        head = HSTURunRetrieval.load(source.retrieval_run, id_map,
+                                     device or system.devices[0])
         log(f"retrieval: {head.name}, top {system.retrieval_k} of {head.num_items} items; "
             f"stage weight {system.stage_weight:g}; stage delays "
             f"{system.retrieval_delay_ms:g} + {system.preprocess_delay_ms:g} ms")
