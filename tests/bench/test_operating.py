@@ -138,6 +138,7 @@ def test_json_and_console_state_the_length_and_why(tmp_path: Path) -> None:
     assert point["slo_share"] == 0.25 and point["cost_ms"] == pytest.approx(0.2504)
     assert point["curve"][0] == {"prefix_tokens": 256, "cost_ms": pytest.approx(0.1224)}
     assert point["serving"] == {"instances": 1} and "25% of the 1 ms SLO" in point["reason"]
+    assert point["calibration_ms"] > 0     # the host's noise while the curve was measured
     printed = buffer.getvalue()
     assert "fixed-length operating point: 576 tokens" in printed and "chosen" in printed
     assert report.modes["baseline"].throughput is not None

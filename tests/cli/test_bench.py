@@ -48,6 +48,7 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     # the quick run sweeps and searches at one load, where a pass takes seconds, not minutes
     quick_search = quick.throughput.search
     assert quick_search.start_qps == quick.sweep.qps == QUICK_LOAD_SCALE * profile.sweep_qps
+    assert quick_search.min_qps == quick_search.start_qps / 4
     assert quick.mixed is not None and quick.mixed.search is None
     assert [w.name for w in full.workloads] == ["ml1m", "dlrmv3"]
     assert "relay-closed" in full.workloads[1].modes and quick.workloads == ()

@@ -41,7 +41,7 @@ class ModelLimitProbe:
     # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
     # the shared 2-core box; the ratio it divides needs a steadier denominator (25 calls: 0.4 s).
     def __init__(self, model: HSTU, repeats: int = 25, seed: int = 0, timed: bool = True,
-                 full_repeats: int = 7) -> None:
+                 full_repeats: int = 9) -> None:
         self.model, self.repeats, self.timed = model, repeats, timed
         # the cost curve's points: a few calls each (tens of ms each near the operating point)
         self.full_repeats = full_repeats
@@ -69,7 +69,8 @@ class ModelLimitProbe:
         call = partial(self.model.rank, self._items(candidates), prefix_items=prefix,
                        prefix_timestamps=self._times(prefix_tokens, 10**9), suffix_items=suffix,
                        suffix_timestamps=self._times(suffix_tokens, 10**9 + 60 * prefix_tokens))
-        return time_call(call, self.model.device, repeats=self.full_repeats).median_ms
+        # two warm-up calls: the first of a new length allocates its buffers
+        return time_call(call, self.model.device, repeats=self.full_repeats, warmup=2).median_ms
 
 
 def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,

@@ -67,6 +67,10 @@ class OperatingPoint:
     bound: str
     curve: tuple[CostSample, ...]
     serving: Mapping[str, Any] = field(default_factory=dict)
+    # The machine's noise while the curve was measured (``relaygr.bench.noise``): a busy host
+    # makes every pass slower and so the length shorter.
+    steal_fraction: float | None = None
+    calibration_ms: float | None = None
 
     @property
     def reason(self) -> str:
@@ -174,6 +178,10 @@ def operating_table(point: OperatingPoint) -> Table:
     table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
                         f"baseline's full pass alone takes {point.slo_share:.0%} of the SLO"
                         + (f" (baseline serving: {serving})" if serving else ""))
+    if point.calibration_ms is not None:
+        steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
+        table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
+                         "ms")
     for column in ("prefix tokens", "full pass ms", "share of SLO", ""):
         table.add_column(column, justify="right")
     for sample in sorted(point.curve, key=lambda s: s.prefix_tokens):

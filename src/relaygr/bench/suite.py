@@ -202,12 +202,16 @@ class BenchSuite:
                 or self.cost_probe is None:
             return None
         population = self.config.population
+        before = self.noise.begin()
         point = operating_point(self.cost_probe, self.config.slo_ms, cfg.slo_share,
                                 round(population.recent_events_mean), population.num_candidates,
                                 cfg.lengths, self.config.serving)
+        noise = self.noise.end(before)
+        point = replace(point, steal_fraction=noise.steal_fraction,
+                        calibration_ms=noise.calibration_ms)
         curve = ", ".join(f"{s.prefix_tokens}: {s.cost_ms:.1f}" for s in point.curve)
         self.progress.note(f"operating point: {point.prefix_len} tokens ({point.reason}); "
-                           f"full pass ms by length: {curve}")
+                           f"full pass ms by length: {curve}; {noise.describe()}")
         return point
 
     def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None,
