@@ -60,10 +60,12 @@ CONFIG = BenchConfig(
 
 class CurveProbe:
     """A machine's cost curves, simulated: the full pass costs ``full_ms(prefix tokens)`` (no
-    clock involved); the cached pass costs ``cached_ms``. Records every call."""
+    clock involved), a call over B users ``batch_cost(B)`` times that (B: no gain from
+    batching); the cached pass costs ``cached_ms``. Records every call."""
 
-    def __init__(self, full_ms: Callable[[int], float], cached_ms: float = 0.05) -> None:
-        self.full_ms, self.cached_ms = full_ms, cached_ms
+    def __init__(self, full_ms: Callable[[int], float], cached_ms: float = 0.05,
+                 batch_cost: Callable[[int], float] = float) -> None:
+        self.full_ms, self.cached_ms, self.batch_cost = full_ms, cached_ms, batch_cost
         self.calls: list[tuple[int, int, int]] = []
         self.full_calls: list[tuple[int, int, int]] = []
 
@@ -71,9 +73,10 @@ class CurveProbe:
         self.calls.append((prefix_tokens, suffix_tokens, candidates))
         return self.cached_ms
 
-    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
         self.full_calls.append((prefix_tokens, suffix_tokens, candidates))
-        return self.full_ms(prefix_tokens)
+        return self.full_ms(prefix_tokens) * self.batch_cost(batch)
 
 
 def simulated_baseline_ms(prefix_tokens: int) -> float:

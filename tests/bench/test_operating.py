@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,15 +14,18 @@ import pytest
 from rich.console import Console
 
 from relaygr.bench.benchmark import run_benchmark
-from relaygr.bench.config import BenchConfig, ThroughputConfig
+from relaygr.bench.config import BenchConfig, SweepConfig, ThroughputConfig
 from relaygr.bench.operating import (
     LengthSearch,
     find_operating_length,
     operating_point,
 )
+from relaygr.bench.protocol import SystemContext
 from relaygr.bench.suite import BenchSuite
 from relaygr.errors import ConfigError
+from tests.bench.fakes import SimulatedServer
 from tests.bench.simulated_plan import CONFIG, SERVICE, CurveProbe, factory
+from tests.virtual_time import run_virtual
 
 SLO_MS, SHARE = 50.0, 0.5
 SEARCH = LengthSearch(start_tokens=256, min_tokens=32, max_tokens=16384)
@@ -141,5 +145,57 @@ def test_json_and_console_state_the_length_and_why(tmp_path: Path) -> None:
     assert point["calibration_ms"] > 0     # the host's noise while the curve was measured
     printed = buffer.getvalue()
     assert "fixed-length operating point: 576 tokens" in printed and "chosen" in printed
+    assert "baseline's batch cap" in printed
     assert report.modes["baseline"].throughput is not None
     assert all(p.prefix_len == 576 for p in report.points if p.phase == "throughput")
+
+
+def gpu_batch(batch: int) -> float:
+    """A call over B users costs 1 + 0.1 (B - 1) passes: batching nearly free."""
+    return 1 + 0.1 * (batch - 1)
+
+
+def test_the_baselines_batch_cap_follows_what_batching_costs_on_the_machine() -> None:
+    """Where a batch of B costs B passes (a CPU) the cap is 1: batching serves no more requests
+    per second and delays the first; where it is nearly free, the largest batch within the
+    SLO; a batch whose call passes the SLO is never chosen, however cheap per request."""
+    cpu = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH)
+    assert cpu.baseline_batch == 1
+    assert [b.batch for b in cpu.batch_curve] == [1, 2, 4]   # 4 users: twice the SLO, stop
+    assert cpu.batch_curve[1].cost_ms == 2 * cpu.cost_ms
+    gpu = operating_point(CurveProbe(slow_ms, batch_cost=gpu_batch), SLO_MS, SHARE, 16, 256,
+                          SEARCH)
+    assert [b.batch for b in gpu.batch_curve] == [1, 2, 4, 8] and gpu.baseline_batch == 8
+    assert gpu.batch_curve[-1].cost_ms == pytest.approx(1.7 * gpu.cost_ms)
+    assert "merges up to 8 requests" in gpu.reason
+    # 8 users would cost 1.7 x 25 x 1.25 > 50 ms at a 25 % wider share: 4 is the cap
+    wider = operating_point(CurveProbe(slow_ms, batch_cost=gpu_batch), SLO_MS, 0.625, 16, 256,
+                            SEARCH)
+    assert wider.baseline_batch == 4 and wider.batch_curve[-1].cost_ms > SLO_MS
+    single = operating_point(CurveProbe(slow_ms, batch_cost=gpu_batch), SLO_MS, SHARE, 16, 256,
+                             replace(SEARCH, max_batch=1))
+    assert single.baseline_batch == 1 and len(single.batch_curve) == 1
+
+
+def test_the_baseline_is_capped_in_the_throughput_search_only() -> None:
+    """The cap reaches the baseline's systems through their context in the fixed-length
+    search; the sweep's baseline and every other mode keep their own batching."""
+    seen: set[tuple[str, int, int | None]] = set()   # (mode, prefix tokens, batch cap)
+
+    def capture(mode: str) -> Callable[[SystemContext], SimulatedServer]:
+        def build(ctx: SystemContext) -> SimulatedServer:
+            lengths = {len(h) for h in ctx.workload.histories.values()}
+            seen.update((mode, n, ctx.batch_max_requests) for n in lengths)
+            return factory(mode)(ctx)
+        return build
+
+    assert CONFIG.sweep is not None
+    config = replace(CONFIG, sweep=SweepConfig(lengths=(128,), qps=CONFIG.sweep.qps),
+                     mixed=None, limit=None, exactness=None)
+    suite = BenchSuite({m: capture(m) for m in ("baseline", "relay")}, config,
+                       cost_probe=CurveProbe(lambda t: SERVICE["baseline"](t) * 1e3,
+                                             batch_cost=gpu_batch))
+    report = run_virtual(suite.run())
+    assert report.operating_point is not None and report.operating_point.baseline_batch == 8
+    assert seen == {("baseline", 128, None), ("relay", 128, None),      # the sweep
+                    ("baseline", 576, 8), ("relay", 576, None)}         # the throughput search

@@ -136,7 +136,9 @@ class ThroughputConfig:
     (``relaygr.bench.operating``), the length at which the baseline's full ranking pass alone
     takes ``slo_share`` of the SLO, measured through the run's cost probe over ``lengths``;
     without a probe (or with ``slo_share`` None), the longest sweep length at which
-    ``baseline`` met the SLO, else the first grid length.
+    ``baseline`` met the SLO, else the first grid length. At the operating point the
+    baseline's systems run with the batch cap the probe found best there
+    (``OperatingPoint.baseline_batch``).
     """
 
     prefix_len: int | None = None

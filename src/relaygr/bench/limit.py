@@ -17,6 +17,7 @@ from relaygr.bench.report import LimitReport, ratio
 from relaygr.bench.stats import PointStats
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
+from relaygr.model.inputs import RankRequest
 from relaygr.timing import time_call
 
 
@@ -35,7 +36,7 @@ class ModelLimitProbe:
     ``cached_rank_ms``: the prefix K/V is computed once per call, outside the timed region; the
     timed call computes the suffix and the candidates against it, exactly the relay's ranking
     leg. ``full_rank_ms`` (a ``relaygr.bench.operating.CostProbe``): the timed call computes
-    prefix, suffix and candidates, the baseline's ranking pass.
+    prefix, suffix and candidates of ``batch`` users in one model call, the baseline's pass.
     """
 
     # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
@@ -63,12 +64,15 @@ class ModelLimitProbe:
                        suffix_timestamps=suffix_ts)
         return time_call(call, device, repeats=self.repeats).median_ms
 
-    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        prefix = self._items(prefix_tokens)
-        suffix = self._items(suffix_tokens) if suffix_tokens else None
-        call = partial(self.model.rank, self._items(candidates), prefix_items=prefix,
-                       prefix_timestamps=self._times(prefix_tokens, 10**9), suffix_items=suffix,
-                       suffix_timestamps=self._times(suffix_tokens, 10**9 + 60 * prefix_tokens))
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        requests = [RankRequest(
+            self._items(candidates), prefix_items=self._items(prefix_tokens),
+            prefix_timestamps=self._times(prefix_tokens, 10**9),
+            suffix_items=self._items(suffix_tokens) if suffix_tokens else None,
+            suffix_timestamps=self._times(suffix_tokens, 10**9 + 60 * prefix_tokens))
+            for _ in range(batch)]
+        call = partial(self.model.rank_batch, requests)
         # two warm-up calls: the first of a new length allocates its buffers
         return time_call(call, self.model.device, repeats=self.full_repeats, warmup=2).median_ms
 

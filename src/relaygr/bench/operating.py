@@ -16,6 +16,15 @@ measured length whose cost is nearest the target; every measured (length, cost) 
 measuring order. A machine so fast that the pass stays under the target up to ``max_tokens`` (the
 longest the model reads) gets ``max_tokens``; one so slow that ``min_tokens`` already exceeds it
 gets ``min_tokens``; ``bound`` says which case held. Lengths are multiples of ``quantum_tokens``.
+
+The baseline at its best: at that length, the same probe times one model call over 2, 4, ...
+users (up to ``max_batch``, until a call takes longer than the SLO), and the baseline's batch
+cap for the throughput search is the batch that serves the most requests per second of compute
+(B / its call's time) among the calls that fit within the SLO (a batch past it misses for every
+request in it), a batch within ``tolerance`` of a smaller one's rate going to the smaller one
+(it delays its first request less). Where a batch of B costs about B passes (a CPU at long
+histories) that is 1; where batching is cheap (a GPU), more. The thread count is not searched:
+every instance computes on its own share of the cores, the relay's too.
 """
 
 from __future__ import annotations
@@ -32,8 +41,10 @@ from relaygr.errors import ConfigError
 class CostProbe(Protocol):
     """Times the baseline's ranking pass alone."""
 
-    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """Median ms of one full ranking pass: prefix, suffix and candidates all computed."""
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        """Median ms of one model call of full ranking passes (prefix, suffix and candidates
+        all computed) for ``batch`` users at once."""
         ...
 
 
@@ -46,14 +57,24 @@ class CostSample:
 
 
 @dataclass(frozen=True)
+class BatchSample:
+    """One model call over ``batch`` users' full passes at the operating length."""
+
+    batch: int
+    cost_ms: float
+
+
+@dataclass(frozen=True)
 class OperatingPoint:
     """Where the fixed-length throughput comparison runs, and why (module docstring).
 
     ``cost_ms`` is the baseline's full pass measured at ``prefix_len`` (``suffix_tokens`` and
     ``candidates`` as in the workload) and ``share`` = ``cost_ms`` / ``slo_ms``, the share of
     the SLO it actually takes; ``bound`` is ``bracketed``, ``longest`` or ``shortest``.
-    ``serving`` describes how the baseline serves (instances, threads per instance, batch size):
-    the probe times one request on one instance's threads.
+    ``serving`` describes how the systems serve (instances, threads per instance, their batch
+    cap): the probe times on one instance's threads. ``batch_curve`` holds the batched calls
+    timed at ``prefix_len`` (batch 1 is ``cost_ms``) and ``baseline_batch`` the batch cap the
+    baseline's throughput search runs with (module docstring).
     """
 
     prefix_len: int
@@ -71,6 +92,8 @@ class OperatingPoint:
     # makes every pass slower and so the length shorter.
     steal_fraction: float | None = None
     calibration_ms: float | None = None
+    batch_curve: tuple[BatchSample, ...] = ()
+    baseline_batch: int = 1
 
     @property
     def reason(self) -> str:
@@ -80,10 +103,10 @@ class OperatingPoint:
                 f"{self.prefix_len} prefix tokens, {self.share:.0%} of the {self.slo_ms:g} ms "
                 f"SLO (target {self.slo_share:.0%})")
         if self.bound == "longest":
-            return head + ": under the target up to the longest length measured"
-        if self.bound == "shortest":
-            return head + ": over the target already at the shortest length measured"
-        return head
+            head += ": under the target up to the longest length measured"
+        elif self.bound == "shortest":
+            head += ": over the target already at the shortest length measured"
+        return head + f"; the baseline merges up to {self.baseline_batch} requests a call there"
 
 
 @dataclass(frozen=True)
@@ -97,15 +120,18 @@ class LengthSearch:
     tolerance: float = 0.05
     max_refinements: int = 4
     quantum_tokens: int = 16
+    # Batches timed for the baseline's batch cap: 2, 4, ... up to this (1: not searched).
+    max_batch: int = 8
 
     def __post_init__(self) -> None:
         if not (0 < self.quantum_tokens <= self.min_tokens <= self.start_tokens
                 <= self.max_tokens):
             raise ConfigError("LengthSearch needs 0 < quantum_tokens <= min_tokens <= "
                               "start_tokens <= max_tokens")
-        if not (self.growth > 1 and 0 < self.tolerance < 1 and self.max_refinements >= 0):
-            raise ConfigError("LengthSearch needs growth > 1, tolerance in (0, 1) and "
-                              "max_refinements >= 0")
+        if not (self.growth > 1 and 0 < self.tolerance < 1 and self.max_refinements >= 0
+                and self.max_batch >= 1):
+            raise ConfigError("LengthSearch needs growth > 1, tolerance in (0, 1), "
+                              "max_refinements >= 0 and max_batch >= 1")
 
     def quantize(self, tokens: float) -> int:
         whole = round(tokens / self.quantum_tokens) * self.quantum_tokens
@@ -167,9 +193,20 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
     target = slo_share * slo_ms
     chosen, bound, curve = find_operating_length(
         lambda tokens: probe.full_rank_ms(tokens, suffix_tokens, candidates), target, search)
+    batches = [BatchSample(1, chosen.cost_ms)]
+    while (size := 2 * batches[-1].batch) <= search.max_batch \
+            and batches[-1].cost_ms <= slo_ms:
+        batches.append(BatchSample(size, probe.full_rank_ms(chosen.prefix_tokens, suffix_tokens,
+                                                            candidates, batch=size)))
+    best = batches[0]
+    for b in batches[1:]:
+        if b.cost_ms <= slo_ms and \
+                b.batch / b.cost_ms > (1 + search.tolerance) * best.batch / best.cost_ms:
+            best = b
     return OperatingPoint(chosen.prefix_tokens, slo_ms, slo_share, target, chosen.cost_ms,
                           chosen.cost_ms / slo_ms, suffix_tokens, candidates, bound, curve,
-                          dict(serving or {}))
+                          dict(serving or {}), batch_curve=tuple(batches),
+                          baseline_batch=best.batch)
 
 
 def operating_table(point: OperatingPoint) -> Table:
@@ -188,4 +225,11 @@ def operating_table(point: OperatingPoint) -> Table:
         chosen = "chosen" if sample.prefix_tokens == point.prefix_len else ""
         table.add_row(str(sample.prefix_tokens), f"{sample.cost_ms:.1f}",
                       f"{sample.cost_ms / point.slo_ms:.0%}", chosen)
+    for b in point.batch_curve[1:]:
+        chosen = "baseline's batch cap" if b.batch == point.baseline_batch else ""
+        table.add_row(f"{point.prefix_len} x {b.batch} users", f"{b.cost_ms:.1f}",
+                      f"{b.cost_ms / point.slo_ms:.0%}", chosen)
+    if point.baseline_batch == 1:
+        table.add_row(f"{point.prefix_len} x 1 user", f"{point.cost_ms:.1f}",
+                      f"{point.share:.0%}", "baseline's batch cap")
     return table

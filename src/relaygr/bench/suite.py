@@ -59,6 +59,8 @@ class BenchSuite:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
         self.cost_probe = cost_probe
+        # (mode, phase) -> the batch cap its systems are built with (the operating point's)
+        self.batch_caps: dict[tuple[str, str], int] = {}
         self.extra_systems = dict(extra_systems or {})
         for phase in config.workloads:
             unknown = set(phase.modes) - set(self.systems) - set(self.extra_systems)
@@ -124,6 +126,9 @@ class BenchSuite:
                 return self._record(prior_stats, label, rounds=2)
             options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
         factory = self.systems.get(mode) or self.extra_systems[mode]
+        cap = self.batch_caps.get((mode, phase))
+        if cap is not None:
+            factory = _batch_capped(factory, cap)
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
             before = self.noise.begin()
@@ -260,6 +265,8 @@ class BenchSuite:
         sweep = await self.sweep() if cfg.sweep else None
         throughput = None
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
+        if point is not None and point.prefix_len == prefix_len:
+            self.batch_caps[("baseline", "throughput")] = point.baseline_batch
         if cfg.throughput:
             throughput = await self.qps_search("throughput", self._fixed(prefix_len),
                                                cfg.throughput.search, prefix_len)
@@ -280,6 +287,10 @@ class BenchSuite:
                         exactness, mixed_builder.describe() if cfg.mixed else None)
         return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,
                         started, time.perf_counter() - t0)
+
+
+def _batch_capped(factory: SystemFactory, cap: int) -> SystemFactory:
+    return lambda ctx: factory(replace(ctx, batch_max_requests=cap))
 
 
 def _noise(stats: PointStats) -> str:
