@@ -167,7 +167,8 @@ def test_the_baselines_batch_cap_follows_what_batching_costs_on_the_machine() ->
                           SEARCH)
     assert [b.batch for b in gpu.batch_curve] == [1, 2, 4, 8] and gpu.baseline_batch == 8
     assert gpu.batch_curve[-1].cost_ms == pytest.approx(1.7 * gpu.cost_ms)
-    assert "merges up to 8 requests" in gpu.reason
+    assert "batch cap there: up to 8 requests a call" in gpu.reason
+    assert "batch cap there: one request a call" in cpu.reason
     # 8 users would cost 1.7 x 25 x 1.25 > 50 ms at a 25 % wider share: 4 is the cap
     wider = operating_point(CurveProbe(slow_ms, batch_cost=gpu_batch), SLO_MS, 0.625, 16, 256,
                             SEARCH)

@@ -106,7 +106,9 @@ class OperatingPoint:
             head += ": under the target up to the longest length measured"
         elif self.bound == "shortest":
             head += ": over the target already at the shortest length measured"
-        return head + f"; the baseline merges up to {self.baseline_batch} requests a call there"
+        merged = ("one request a call" if self.baseline_batch == 1
+                  else f"up to {self.baseline_batch} requests a call")
+        return head + f"; the baseline's batch cap there: {merged}"
 
 
 @dataclass(frozen=True)
