@@ -216,7 +216,8 @@ def operating_table(point: OperatingPoint) -> Table:
     serving = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in point.serving.items())
     table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
                         f"baseline's full pass alone takes {point.slo_share:.0%} of the SLO"
-                        + (f" (baseline serving: {serving})" if serving else ""))
+                        + (f" (every mode serves on {serving}; the baseline's batch cap "
+                           "in its throughput search is marked below)" if serving else ""))
     if point.calibration_ms is not None:
         steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
         table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
