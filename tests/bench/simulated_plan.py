@@ -47,12 +47,41 @@ CONFIG = BenchConfig(
                        stop_when_decided=False, confidence=0.9,
                        remeasure_slowdown=math.inf),
     sweep=SweepConfig(lengths=(128, 256, 512, 1024, 2048), qps=2000.0),
-    throughput=ThroughputConfig(search=SEARCH),
+    # the operating point (with a cost probe): the simulated baseline's 0.02 + 0.0004 x tokens
+    # ms takes a quarter of the 1 ms SLO at 575 tokens (576, a multiple of 16); a half, at
+    # 1,200, would leave it a few hundred QPS and the real-time points would take seconds each
+    throughput=ThroughputConfig(search=SEARCH, slo_share=0.25),
     mixed=MixedConfig(source="synthetic", params=MIXED, search=SEARCH),
     limit=LimitConfig(mode="relay", qps=200.0, requests=30, warmup_requests=3),
     exactness=ExactnessConfig(requests=12, qps=500.0),
     model=HSTUConfig(num_items=500, dim=32, num_layers=2, num_heads=2),
     measure_matmul_peak=False)
+
+
+class CurveProbe:
+    """A machine's cost curves, simulated: the full pass costs ``full_ms(prefix tokens)`` (no
+    clock involved), a call over B users ``batch_cost(B)`` times that (B: no gain from
+    batching); the cached pass costs ``cached_ms``. Records every call."""
+
+    def __init__(self, full_ms: Callable[[int], float], cached_ms: float = 0.05,
+                 batch_cost: Callable[[int], float] = float) -> None:
+        self.full_ms, self.cached_ms, self.batch_cost = full_ms, cached_ms, batch_cost
+        self.calls: list[tuple[int, int, int]] = []
+        self.full_calls: list[tuple[int, int, int]] = []
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        self.calls.append((prefix_tokens, suffix_tokens, candidates))
+        return self.cached_ms
+
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        self.full_calls.append((prefix_tokens, suffix_tokens, candidates))
+        return self.full_ms(prefix_tokens) * self.batch_cost(batch)
+
+
+def simulated_baseline_ms(prefix_tokens: int) -> float:
+    """The simulated baseline's service time in ms: the curve its machine's probe measures."""
+    return SERVICE["baseline"](prefix_tokens) * 1e3
 
 
 def factory(mode: str) -> Callable[[SystemContext], SimulatedServer]:

@@ -11,11 +11,11 @@ import torch
 from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
-from relaygr.bench.limit import ModelLimitProbe, limit_report
-from relaygr.bench.protocol import RequestRecord, SystemSnapshot
+from relaygr.bench.limit import ModelLimitProbe, describe_overhead, limit_report
+from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
 from relaygr.bench.runner import RunResult
-from relaygr.bench.stats import point_stats
+from relaygr.bench.stats import latency_parts, point_stats
 from relaygr.bench.systems import SharedParts
 from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
 from relaygr.cascade.config import SystemConfig
@@ -44,12 +44,14 @@ def test_compare_records() -> None:
         compare_records((rec(0, (1.0,)),), (rec(0, (1.0, 2.0)),), "baseline", "relay")
 
 
-def test_model_probe_times_cached_ranking() -> None:
+def test_model_probe_times_cached_and_full_ranking() -> None:
     cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
     torch.manual_seed(0)
-    probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2)
-    ms = probe.cached_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8)
-    assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
+    probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2, full_repeats=2)
+    for ms in (probe.cached_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
+               probe.full_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
+               probe.full_rank_ms(prefix_tokens=64, suffix_tokens=0, candidates=8)):
+        assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
 
 
 def _low_load_point() -> RunResult:
@@ -77,6 +79,31 @@ def test_limit_report_math() -> None:
     assert report.achieved_fraction_of_peak == pytest.approx(report.achieved_gflops / 50.0)
     bare = limit_report(stats, None, None, None, 100, 4, 8)
     assert bare.cached_rank_ms_isolated is None and bare.relay_overhead_ratio is None
+    assert describe_overhead(report) is None          # the system reported no parts
+
+
+def test_the_overhead_is_taken_apart_over_the_relayed_requests() -> None:
+    """Each relayed request: lookup 0.5, queue 1, compute 2.5, transport 1 ms, 6 ms in all
+    (1 ms other); the request that took the full pass is not in the account."""
+    parts = LatencyParts(0.5e-3, 1e-3, 2.5e-3, 1e-3)
+    records = tuple(RequestRecord(i, i, 0.0, 0.006, 0.01, "device_hit" if i else "full", 100,
+                                  4, 8, 100, "admitted", parts=parts) for i in range(5))
+    run = RunResult(records, 5, 5, 0, 0, 0, 0, {}, (0.0,),
+                    (SystemSnapshot(counters={"reload_copies": 2.0}),), 1.0, False,
+                    {i: 0.0 for i in range(5)})
+    stats = point_stats(run, "relay", "limit", 1.0, 100)
+    relayed = latency_parts([r for r in records if r.path != "full"])
+    report = limit_report(stats, Probe(), None, None, 100, 4, 8, relayed)
+    assert report.ranking_parts["requests"] == 4
+    assert report.path_counts == {"device_hit": 4, "full": 1} and report.reload_copies == 2.0
+    text = describe_overhead(report)
+    assert text is not None
+    assert text.startswith("overhead taken apart (means over 4 relayed requests, ms): "
+                           "latency 6.00 = compute 2.50 (the pass alone 2.00, +0.50) + hop to "
+                           "the instance and back 1.00 + lookup (waiting for a pre-infer or "
+                           "reload still running) 0.50 + queueing 1.00 + routing and hand-offs "
+                           "1.00")
+    assert text.endswith("paths: device_hit 4, full 1; reloads from host 2")
 
 
 def test_bench_config_parsing() -> None:

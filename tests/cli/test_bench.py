@@ -48,10 +48,18 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     # the quick run sweeps and searches at one load, where a pass takes seconds, not minutes
     quick_search = quick.throughput.search
     assert quick_search.start_qps == quick.sweep.qps == QUICK_LOAD_SCALE * profile.sweep_qps
+    assert quick_search.min_qps == quick_search.start_qps / 4
     assert quick.mixed is not None and quick.mixed.search is None
     assert [w.name for w in full.workloads] == ["ml1m", "dlrmv3"]
     assert "relay-closed" in full.workloads[1].modes and quick.workloads == ()
     assert full.limit is not None and full.limit.prefix_len == profile.limit_prefix_len
+    # both plans compare throughput at this machine's operating point, found on a cost curve
+    # up to the grid's longest length; the quick run replays at least 50 requests for exactness
+    for plan in (full, quick):
+        assert plan.throughput is not None and plan.throughput.prefix_len is None
+        assert plan.throughput.slo_share == 0.5
+        assert plan.throughput.lengths.max_tokens == profile.sweep_lengths[-1]
+        assert plan.exactness is not None and plan.exactness.requests >= 50
     assert QUICK_MODES == ("baseline", "reactive", "relay")
     for name in PROFILES:
         assert profile_named(name).name == name

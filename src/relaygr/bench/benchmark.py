@@ -17,23 +17,29 @@ from pathlib import Path
 from rich.console import Console
 
 from relaygr.bench.config import BenchConfig
+from relaygr.bench.console import print_report
 from relaygr.bench.hardware import matmul_peak_gflops
 from relaygr.bench.limit import LimitProbe
+from relaygr.bench.operating import CostProbe
 from relaygr.bench.plots import write_plots
 from relaygr.bench.progress import NullProgress, Progress, RichProgress
 from relaygr.bench.protocol import SystemFactory
-from relaygr.bench.report import BenchReport, print_report, write_json
+from relaygr.bench.report import BenchReport, write_json
 from relaygr.bench.suite import BenchSuite
 
 
 def run_benchmark(systems: Mapping[str, SystemFactory], config: BenchConfig, out_dir: Path,
                   probe: LimitProbe | None = None, *, json_path: Path | None = None,
                   show_progress: bool = True, console: Console | None = None,
-                  extra_systems: Mapping[str, SystemFactory] | None = None) -> BenchReport:
+                  extra_systems: Mapping[str, SystemFactory] | None = None,
+                  cost_probe: CostProbe | None = None) -> BenchReport:
     """Measure every mode in ``systems`` under ``config``; write and print the results.
 
     ``probe`` times the isolated cached ranking pass (the physical limit); without it the
-    limit's isolated latency and overhead ratio are null. ``extra_systems`` are measured only
+    limit's isolated latency and overhead ratio are null. ``cost_probe`` times the baseline's
+    full pass for the fixed-length throughput search's operating point
+    (``relaygr.bench.operating``); without it that length is the baseline's sweep answer.
+    ``extra_systems`` are measured only
     in the extra workload phases that name them (``config.workloads``). Raises
     ``ConfigError`` for a bad config and ``BenchProtocolError`` when a system returns
     inconsistent records.
@@ -45,7 +51,7 @@ def run_benchmark(systems: Mapping[str, SystemFactory], config: BenchConfig, out
         if show_progress:
             progress = stack.enter_context(RichProgress(console=console))
         suite = BenchSuite(systems, config, probe, progress, peak_gflops=peak,
-                           extra_systems=extra_systems)
+                           extra_systems=extra_systems, cost_probe=cost_probe)
         report = asyncio.run(suite.run())
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(report, json_path or out_dir / "bench.json")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from relaygr.bench.operating import LengthSearch
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
@@ -131,12 +132,25 @@ class SweepConfig:
 class ThroughputConfig:
     """SLO-compliant throughput at a fixed prefix length.
 
-    ``prefix_len`` None means: the longest sweep length at which ``baseline`` met the SLO (the
-    longest length the baseline still serves at the sweep's load), else the first grid length.
+    ``prefix_len`` None means: the operating point of this machine
+    (``relaygr.bench.operating``), the length at which the baseline's full ranking pass alone
+    takes ``slo_share`` of the SLO, measured through the run's cost probe over ``lengths``;
+    without a probe (or with ``slo_share`` None), the longest sweep length at which
+    ``baseline`` met the SLO, else the first grid length. At the operating point the
+    baseline's systems run with the batch cap the probe found best there
+    (``OperatingPoint.baseline_batch``).
     """
 
     prefix_len: int | None = None
     search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
+    # Half the SLO for the pass, half for the wait behind other work at the P99: a stage near
+    # its length cap (a longer history would not leave room for the queueing any load brings).
+    slo_share: float | None = 0.5
+    lengths: LengthSearch = field(default_factory=LengthSearch)
+
+    def __post_init__(self) -> None:
+        if self.slo_share is not None and not 0 < self.slo_share < 1:
+            raise ConfigError(f"slo_share must be in (0, 1), got {self.slo_share}")
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,9 @@ class BenchConfig:
     model: HSTUConfig | None = None
     measure_matmul_peak: bool = True
     workloads: tuple[WorkloadPhaseConfig, ...] = ()
+    # How the modes' systems serve (instances, threads per instance, batch size): reported with
+    # the operating point, not used to build anything.
+    serving: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.slo_ms > 0:
@@ -268,7 +285,9 @@ def _nested(kind: type, data: Mapping[str, Any]) -> Any:
     params = dict(data)
     if isinstance(params.get("search"), Mapping):
         params["search"] = _nested(QpsSearchConfig, params["search"])
+    if kind is ThroughputConfig and isinstance(params.get("lengths"), Mapping):
+        params["lengths"] = _nested(LengthSearch, params["lengths"])
     for name in ("lengths", "coarse_modes"):
-        if name in params:
+        if name in params and not isinstance(params[name], LengthSearch):
             params[name] = tuple(params[name])
     return kind(**params)

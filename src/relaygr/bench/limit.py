@@ -17,6 +17,7 @@ from relaygr.bench.report import LimitReport, ratio
 from relaygr.bench.stats import PointStats
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
+from relaygr.model.inputs import RankRequest
 from relaygr.timing import time_call
 
 
@@ -29,17 +30,22 @@ class LimitProbe(Protocol):
 
 
 class ModelLimitProbe:
-    """Times ``model.rank`` from a cached prefix of random items (timed histories unless
-    ``timed=False``, like the workloads).
+    """Times ``model.rank`` on random items (timed histories unless ``timed=False``, like the
+    workloads), on the calling thread's torch threads.
 
-    The prefix K/V is computed once per call, outside the timed region; the timed call computes
-    the suffix and the candidates against it, exactly the relay's ranking leg.
+    ``cached_rank_ms``: the prefix K/V is computed once per call, outside the timed region; the
+    timed call computes the suffix and the candidates against it, exactly the relay's ranking
+    leg. ``full_rank_ms`` (a ``relaygr.bench.operating.CostProbe``): the timed call computes
+    prefix, suffix and candidates of ``batch`` users in one model call, the baseline's pass.
     """
 
     # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
     # the shared 2-core box; the ratio it divides needs a steadier denominator (25 calls: 0.4 s).
-    def __init__(self, model: HSTU, repeats: int = 25, seed: int = 0, timed: bool = True) -> None:
+    def __init__(self, model: HSTU, repeats: int = 25, seed: int = 0, timed: bool = True,
+                 full_repeats: int = 9) -> None:
         self.model, self.repeats, self.timed = model, repeats, timed
+        # the cost curve's points: a few calls each (tens of ms each near the operating point)
+        self.full_repeats = full_repeats
         self._gen = torch.Generator().manual_seed(seed)
 
     def _times(self, count: int, start: int) -> torch.Tensor | None:
@@ -58,15 +64,29 @@ class ModelLimitProbe:
                        suffix_timestamps=suffix_ts)
         return time_call(call, device, repeats=self.repeats).median_ms
 
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        requests = [RankRequest(
+            self._items(candidates), prefix_items=self._items(prefix_tokens),
+            prefix_timestamps=self._times(prefix_tokens, 10**9),
+            suffix_items=self._items(suffix_tokens) if suffix_tokens else None,
+            suffix_timestamps=self._times(suffix_tokens, 10**9 + 60 * prefix_tokens))
+            for _ in range(batch)]
+        call = partial(self.model.rank_batch, requests)
+        # two warm-up calls: the first of a new length allocates its buffers
+        return time_call(call, self.model.device, repeats=self.full_repeats, warmup=2).median_ms
+
 
 def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,
                  peak_gflops: float | None, prefix_len: int, suffix_tokens: int,
-                 candidates: int) -> LimitReport:
+                 candidates: int, relayed_parts: dict[str, object] | None = None
+                 ) -> LimitReport:
     """Combine the low-load point, the isolated timing and the FLOP count.
 
     The low-load latency is over the requests that took the relay path (ranked from a cached
     prefix), the path the isolated pass measures; the point's other requests (a prefix the
-    trigger left to the full pass) are in ``low_load_p99_ms``, which covers the whole point."""
+    trigger left to the full pass) are in ``low_load_p99_ms``, which covers the whole point.
+    ``relayed_parts`` is ``stats.latency_parts`` over those same relayed requests."""
     isolated_ms = (None if probe is None
                    else probe.cached_rank_ms(prefix_len, suffix_tokens, candidates))
     relayed = low_load.ranking_relayed
@@ -83,4 +103,31 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
         low_load_relayed_share=relayed.count / max(low_load.completed, 1),
         relay_overhead_ratio=ratio(p50_ms, isolated_ms),
         matmul_peak_gflops=peak_gflops, achieved_gflops=achieved,
-        achieved_fraction_of_peak=ratio(achieved, peak_gflops))
+        achieved_fraction_of_peak=ratio(achieved, peak_gflops),
+        ranking_parts=dict(relayed_parts or {}), path_counts=dict(low_load.path_counts),
+        reload_copies=low_load.counters_end.get("reload_copies", 0.0))
+
+
+# How each part of the relay's ranking latency reads in the overhead's account.
+_OVERHEAD_PARTS = (("transport", "hop to the instance and back"),
+                   ("lookup", "lookup (waiting for a pre-infer or reload still running)"),
+                   ("queue", "queueing"), ("other", "routing and hand-offs"))
+
+
+def describe_overhead(limit: LimitReport) -> str | None:
+    """The low-load overhead over the isolated cached pass, part by part, in means (they add
+    up to the mean latency, ``other`` being the rest); None when no part was reported."""
+    parts = limit.ranking_parts.get("parts")
+    if not isinstance(parts, dict):
+        return None
+    mean = {name: float(v["mean_ms"]) for name, v in parts.items()}
+    total = sum(mean.values())
+    isolated = limit.cached_rank_ms_isolated
+    compute = f"compute {mean['compute']:.2f}" + (
+        "" if isolated is None else f" (the pass alone {isolated:.2f}, "
+                                    f"{mean['compute'] - isolated:+.2f})")
+    rest = " + ".join(f"{label} {mean[name]:.2f}" for name, label in _OVERHEAD_PARTS)
+    paths = ", ".join(f"{path} {n}" for path, n in sorted(limit.path_counts.items()))
+    return (f"overhead taken apart (means over {limit.ranking_parts.get('requests')} relayed "
+            f"requests, ms): latency {total:.2f} = {compute} + {rest}; paths: {paths}; "
+            f"reloads from host {limit.reload_copies:g}")

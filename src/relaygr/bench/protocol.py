@@ -191,12 +191,15 @@ class SystemContext:
     ``workload.histories`` is the initial history store content; ``workload.stage_delays`` are the
     retrieval and pre-processing delays the cascade should apply. ``keep_scores`` asks the system
     to fill ``RequestRecord.scores`` (exactness replay only: it costs memory).
+    ``batch_max_requests``, when set, caps how many queued requests one model call may merge
+    (the benchmark's choice for this mode at this point; None: the system's own setting).
     """
 
     workload: Workload
     clock: RunClock
     keep_scores: bool = False
     seed: int = 0
+    batch_max_requests: int | None = None
 
 
 SystemFactory = Callable[[SystemContext], RankingSystem]

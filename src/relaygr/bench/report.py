@@ -1,4 +1,4 @@
-"""The benchmark's results: typed report, JSON file, rich console table.
+"""The benchmark's results: the typed report and its JSON file (``console`` prints it).
 
 JSON layout (every key always present; a figure that was not measured or is undefined, such as a
 ratio over a zero baseline or an infinite P99, is ``null``)::
@@ -35,16 +35,11 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from relaygr.bench.exactness import ExactnessReport
+from relaygr.bench.operating import OperatingPoint
 from relaygr.bench.qps_search import QpsSearchResult
 from relaygr.bench.search import LengthSweepResult
-from relaygr.bench.stats import LATENCY_PARTS, PointStats
-
-# A point whose dispatch lag P99 exceeds this share of the SLO is flagged on the console.
-LATE_DISPATCH_SHARE = 0.1
+from relaygr.bench.stats import PointStats
 
 
 @dataclass(frozen=True)
@@ -64,6 +59,11 @@ class LimitReport:
     matmul_peak_gflops: float | None
     achieved_gflops: float | None         # cached-ranking FLOPs / isolated latency
     achieved_fraction_of_peak: float | None
+    # The low-load latency taken apart over the same relayed requests (``stats.latency_parts``:
+    # lookup, queue, compute, transport, other) and the point's paths: what the overhead is.
+    ranking_parts: dict[str, object] = field(default_factory=dict)
+    path_counts: dict[str, int] = field(default_factory=dict)
+    reload_copies: float = 0.0            # host -> device reloads during the point
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ class BenchReport:
     # "searches": {system: QpsSearchResult}}.
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: tuple[TargetVerdict, ...] = ()
+    # Where the fixed-length throughput search ran and why (in ``workload.throughput`` too).
+    operating_point: OperatingPoint | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         out = {"slo_ms": self.slo_ms, "device": self.device, "model": self.model,
@@ -199,91 +201,3 @@ def write_json(report: BenchReport, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.to_json_dict(), indent=2, allow_nan=False) + "\n")
     return path
-
-
-def _fmt(value: float | int | None, spec: str = ".1f") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, spec)
-
-
-def _print_parts(report: BenchReport, console: Console) -> None:
-    """Where each mode's ranking time went at its reference point: median, and the slowest 1%."""
-    rows = [(mode, r.reference.ranking_parts) for mode, r in report.modes.items()
-            if r.reference is not None and r.reference.ranking_parts]
-    if not rows:
-        return
-    table = Table(title="ranking latency taken apart at each mode's reference point: "
-                        "P50 / mean of the slowest 1% (ms)")
-    table.add_column("mode", no_wrap=True)
-    for part in LATENCY_PARTS:
-        table.add_column(part, justify="right")
-    for mode, parts in rows:
-        by_part = parts["parts"]
-        assert isinstance(by_part, dict)
-        table.add_row(mode, *(f"{by_part[p]['p50_ms']:.1f} / {by_part[p]['tail_mean_ms']:.1f}"
-                              for p in LATENCY_PARTS))
-    console.print(table)
-
-
-def print_report(report: BenchReport, console: Console | None = None) -> None:
-    """The headline table per mode, then ratios, the physical limit and exactness."""
-    console = console or Console()
-    table = Table(title=f"ranking P99 SLO {report.slo_ms:g} ms on {report.device}")
-    table.add_column("mode", no_wrap=True)
-    for column in ("max len", "QPS@len", "QPS mix", "P50 ms", "P99 ms", "e2e P99", "dev hit",
-                   "host hit"):
-        table.add_column(column, justify="right")
-    for mode, r in report.modes.items():
-        ref = r.reference
-        table.add_row(
-            mode, _fmt(r.max_seq_len_under_slo, "d"), _fmt(r.slo_throughput_qps),
-            _fmt(r.slo_throughput_qps_mixed),
-            _fmt(None if ref is None else ref.ranking.p50_ms),
-            _fmt(None if ref is None else ref.ranking.p99_ms),
-            _fmt(None if ref is None else ref.e2e.p99_ms),
-            _fmt(None if ref is None else ref.hit_rate_device, ".0%"),
-            _fmt(None if ref is None else ref.hit_rate_host, ".0%"))
-    console.print(table)
-    _print_parts(report, console)
-    console.print("ratios: " + ", ".join(f"{k} {_fmt(v, '.2f')}x"
-                                         for k, v in report.ratios.items()))
-    for name, phase in report.workloads.items():
-        qps = phase["slo_throughput_qps"]
-        console.print(f"workload {name} ({phase['source']}): SLO throughput " + ", ".join(
-            f"{system} {_fmt(value)} QPS" for system, value in qps.items()))
-    if report.limit is not None:
-        lim = report.limit
-        console.print(f"limit: isolated cached ranking {_fmt(lim.cached_rank_ms_isolated, '.2f')}"
-                      f" ms, {lim.mode} at {lim.qps:g} QPS P50 {lim.low_load_p50_ms:.2f} ms "
-                      f"(overhead {_fmt(lim.relay_overhead_ratio, '.2f')}x), matmul peak "
-                      f"{_fmt(lim.matmul_peak_gflops)} GFLOP/s, achieved "
-                      f"{_fmt(lim.achieved_gflops)} GFLOP/s")
-    if report.exactness is not None:
-        ex = report.exactness
-        console.print(f"exactness: {ex.requests_compared} requests, max |score diff| "
-                      f"{ex.max_abs_score_diff:.2e} ({ex.candidate_mode} vs {ex.reference_mode})")
-    late = [p for p in report.points
-            if p.dispatch_lag_p99_ms > LATE_DISPATCH_SHARE * report.slo_ms]
-    if late:
-        worst = max(p.dispatch_lag_max_ms for p in late)
-        console.print(f"[yellow]warning: the dispatcher sent late in {len(late)} points (worst "
-                      f"{worst:.1f} ms): something blocked the event loop; those requests were "
-                      f"charged from their scheduled time[/yellow]")
-    _print_verdicts(report, console)
-
-
-def _print_verdicts(report: BenchReport, console: Console) -> None:
-    """The bar, target by target: the figure, the interval it is known within, the status."""
-    table = Table(title="verdict: each target met only when its whole interval meets it")
-    for column in ("target", "figure", "known within", "status"):
-        table.add_column(column, justify="left" if column == "target" else "right")
-    colour = {"met": "green", "missed": "red", "undecided": "yellow"}
-    for v in report.verdicts:
-        spec = ".2e" if v.target < 1e-2 else ".2f"
-        within = "-" if v.low is None else f"[{_fmt(v.low, spec)}, " + (
-            "inf" if v.high is None or not math.isfinite(v.high) else _fmt(v.high, spec)) + "]"
-        style = colour.get(v.status, "dim")
-        table.add_row(f"{v.name} ({_fmt(v.target, spec)})", _fmt(v.value, spec), within,
-                      f"[{style}]{v.status}[/{style}]")
-    console.print(table)

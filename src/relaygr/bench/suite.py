@@ -1,8 +1,10 @@
 """``run_benchmark``: every phase of the benchmark over every mode, alternating point by point.
 
 Phases, in order (each skipped when its config is None):
+0. the operating point: the baseline's full-pass cost curve on this machine, through the cost
+   probe, and the length where it takes the configured share of the SLO (``operating``);
 1. length sweep at fixed QPS -> ``max_seq_len_under_slo`` per mode;
-2. QPS search at a fixed prefix length -> ``slo_throughput_qps``;
+2. QPS search at a fixed prefix length (the operating point's) -> ``slo_throughput_qps``;
 3. QPS search on the mixed workload -> ``slo_throughput_qps_mixed``;
 4. QPS searches on each extra workload (``config.workloads``: ML-1M replay, DLRMv3 with and
    without cross-request reuse, ...) for the systems it names;
@@ -15,34 +17,26 @@ the identical workload (same seed, QPS and size).
 from __future__ import annotations
 
 import datetime as dt
-import os
-import platform
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from relaygr.bench.alternate import run_lockstep
+from relaygr.bench.assemble import Phases, assemble
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
-from relaygr.bench.hardware import describe_device
 from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
+from relaygr.bench.operating import CostProbe, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
-from relaygr.bench.protocol import SystemFactory
+from relaygr.bench.protocol import RankingPath, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
-from relaygr.bench.report import BenchReport, LimitReport, ModeReport
+from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.runner import RunOptions, RunResult, pooled, run_point
 from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
-from relaygr.bench.stats import PointStats, point_stats
-from relaygr.bench.verdict import (
-    compute_checks,
-    compute_ratios,
-    compute_verdicts,
-    reference_point,
-)
+from relaygr.bench.stats import PointStats, latency_parts, point_stats
 from relaygr.bench.workload import (
     SyntheticWorkload,
     Workload,
@@ -59,10 +53,14 @@ class BenchSuite:
     def __init__(self, systems: Mapping[str, SystemFactory], config: BenchConfig,
                  probe: LimitProbe | None = None, progress: Progress | None = None,
                  peak_gflops: float | None = None,
-                 extra_systems: Mapping[str, SystemFactory] | None = None) -> None:
+                 extra_systems: Mapping[str, SystemFactory] | None = None,
+                 cost_probe: CostProbe | None = None) -> None:
         if not systems:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
+        self.cost_probe = cost_probe
+        # (mode, phase) -> the batch cap its systems are built with (the operating point's)
+        self.batch_caps: dict[tuple[str, str], int] = {}
         self.extra_systems = dict(extra_systems or {})
         for phase in config.workloads:
             unknown = set(phase.modes) - set(self.systems) - set(self.extra_systems)
@@ -128,6 +126,9 @@ class BenchSuite:
                 return self._record(prior_stats, label, rounds=2)
             options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
         factory = self.systems.get(mode) or self.extra_systems[mode]
+        cap = self.batch_caps.get((mode, phase))
+        if cap is not None:
+            factory = _batch_capped(factory, cap)
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
             before = self.noise.begin()
@@ -199,11 +200,33 @@ class BenchSuite:
         return Outcome(stats.ranking.p99_ms, stats.verdict,
                        sum(p.duration_s for p in self.points[first:]))
 
-    def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None) -> tuple[int, str]:
+    def operating_point(self) -> OperatingPoint | None:
+        """This machine's operating point, when the plan asks for one and a probe can time it."""
+        cfg = self.config.throughput
+        if cfg is None or cfg.prefix_len is not None or cfg.slo_share is None \
+                or self.cost_probe is None:
+            return None
+        population = self.config.population
+        before = self.noise.begin()
+        point = operating_point(self.cost_probe, self.config.slo_ms, cfg.slo_share,
+                                round(population.recent_events_mean), population.num_candidates,
+                                cfg.lengths, self.config.serving)
+        noise = self.noise.end(before)
+        point = replace(point, steal_fraction=noise.steal_fraction,
+                        calibration_ms=noise.calibration_ms)
+        curve = ", ".join(f"{s.prefix_tokens}: {s.cost_ms:.1f}" for s in point.curve)
+        self.progress.note(f"operating point: {point.prefix_len} tokens ({point.reason}); "
+                           f"full pass ms by length: {curve}; {noise.describe()}")
+        return point
+
+    def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None,
+                              point: OperatingPoint | None = None) -> tuple[int, str]:
         """The fixed length of phase 2 and why it was chosen."""
         cfg = self.config.throughput
         if cfg is not None and cfg.prefix_len is not None:
             return cfg.prefix_len, "configured"
+        if point is not None:
+            return point.prefix_len, f"operating point: {point.reason}"
         if sweep and "baseline" in sweep and sweep["baseline"].max_seq_len:
             return sweep["baseline"].max_seq_len, "longest sweep length baseline serves in SLO"
         grid = self.config.sweep.lengths if self.config.sweep else (1024,)
@@ -222,9 +245,10 @@ class BenchSuite:
         self.progress.end_point()
         stats = point_stats(result, cfg.mode, "limit", cfg.qps, prefix_len)
         self.points.append(stats)
+        relayed = [r for r in result.records if r.path in RankingPath.RELAYED]
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
-                            round(stats.candidates_mean))
+                            round(stats.candidates_mean), latency_parts(relayed))
 
     async def exactness(self, builder: WorkloadBuilder) -> ExactnessReport | None:
         cfg = self.config.exactness
@@ -237,9 +261,12 @@ class BenchSuite:
     async def run(self) -> BenchReport:
         started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         cfg = self.config
+        point = self.operating_point()
         sweep = await self.sweep() if cfg.sweep else None
         throughput = None
-        prefix_len, chosen_by = self.throughput_prefix_len(sweep)
+        prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
+        if point is not None and point.prefix_len == prefix_len:
+            self.batch_caps[("baseline", "throughput")] = point.baseline_batch
         if cfg.throughput:
             throughput = await self.qps_search("throughput", self._fixed(prefix_len),
                                                cfg.throughput.search, prefix_len)
@@ -256,40 +283,14 @@ class BenchSuite:
                               "searches": found}
         limit = await self.limit(cfg.limit.prefix_len or prefix_len if cfg.limit else prefix_len)
         exactness = await self.exactness(mixed_builder)
-        modes = {m: self._mode_report(m, sweep, throughput, mixed) for m in self.systems}
-        ratios = compute_ratios(modes)
-        verdicts = compute_verdicts(modes, ratios, limit, exactness)
-        workload: dict[str, Any] = {
-            "population": cfg.population.describe(),
-            "sweep": None if cfg.sweep is None else {"qps": cfg.sweep.qps,
-                                                     "lengths": cfg.sweep.lengths},
-            "throughput": {"prefix_len": prefix_len, "chosen_by": chosen_by},
-            "mixed": mixed_builder.describe() if cfg.mixed else None,
-            "summaries": self.summaries}
-        return BenchReport(
-            slo_ms=cfg.slo_ms, device=describe_device(cfg.device),
-            model={} if cfg.model is None else cfg.model.to_dict(), workload=workload,
-            modes=modes, ratios=ratios, limit=limit, exactness=exactness,
-            checks=compute_checks(verdicts), verdicts=verdicts, points=tuple(self.points),
-            workloads=extra,
-            meta={"seed": cfg.seed, "started_at": started.isoformat(),
-                  "duration_s": time.perf_counter() - t0, "modes": list(self.systems),
-                  "budget": cfg.budget, "cpu_count": os.cpu_count(),
-                  "instance_placement": cfg.instance_placement,
-                  "platform": platform.platform(), "python": platform.python_version()})
+        phases = Phases(point, prefix_len, chosen_by, sweep, throughput, mixed, extra, limit,
+                        exactness, mixed_builder.describe() if cfg.mixed else None)
+        return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,
+                        started, time.perf_counter() - t0)
 
-    def _mode_report(self, mode: str, sweep: dict[str, LengthSweepResult] | None,
-                     throughput: dict[str, QpsSearchResult] | None,
-                     mixed: dict[str, QpsSearchResult] | None) -> ModeReport:
-        s = sweep[mode] if sweep else None
-        t = throughput[mode] if throughput else None
-        x = mixed[mode] if mixed else None
-        return ModeReport(
-            mode=mode, max_seq_len_under_slo=None if s is None else s.max_seq_len,
-            slo_throughput_qps=None if t is None else t.best_qps,
-            slo_throughput_qps_mixed=None if x is None else x.best_qps,
-            reference=reference_point(mode, self.points, self.config.slo_ms),
-            sweep=s, throughput=t, mixed=x)
+
+def _batch_capped(factory: SystemFactory, cap: int) -> SystemFactory:
+    return lambda ctx: factory(replace(ctx, batch_max_requests=cap))
 
 
 def _noise(stats: PointStats) -> str:

@@ -191,6 +191,8 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
                 book = parts.book_for(ctx.workload, config)
             else:
                 config, retrieval = base.with_(mode=mode, **MEASURED_STAGE_DELAYS), trained
+            if ctx.batch_max_requests is not None:   # the benchmark's batch cap for this point
+                config = config.with_(batch_max_requests=ctx.batch_max_requests)
             store = InMemoryHistoryStore.from_sequences(
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)

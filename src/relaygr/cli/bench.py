@@ -28,6 +28,7 @@ from relaygr.bench.config import (
     WorkloadPhaseConfig,
 )
 from relaygr.bench.limit import ModelLimitProbe
+from relaygr.bench.operating import LengthSearch
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
@@ -68,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "ML-1M replay phase (added to --quick): live and measured on each "
                         "request's path, simulated stage delays 0. The synthetic workloads keep "
                         "the model's item embeddings (their items name no dataset)")
+    p.add_argument("--slo-share", type=float, default=ThroughputConfig.slo_share,
+                   help="the fixed-length throughput search runs at the prefix length where "
+                        "the baseline's full ranking pass alone takes this share of the SLO, "
+                        "measured on this machine (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
@@ -120,8 +125,12 @@ def run(args: argparse.Namespace) -> int:
                           host_budget_bytes=profile.host_budget_bytes)
     parts = SharedParts(model, cost_model,
                         EmbeddingRetrieval.of(model, system.retrieval_history), processes)
-    config = replace(run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg),
-                     instance_placement="threads" if processes is None else "processes")
+    placement = "threads" if processes is None else "processes"
+    config = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg,
+                      args.slo_share)
+    config = replace(config, instance_placement=placement, serving={
+        "instances": num_instances, "threads_per_instance": torch.get_num_threads(),
+        "batch_max_requests": system.batch_max_requests, "placement": placement})
     if args.retrieval_run is not None:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
         if not any(phase.source == "ml1m" for phase in config.workloads):
@@ -130,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
             config = replace(config, workloads=(*config.workloads, ml1m_phase(profile, search)))
     factories = mode_factories(modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
+    probe = ModelLimitProbe(model)   # on one instance's threads: this process's
     try:
-        run_benchmark(factories, config, args.out, ModelLimitProbe(model), json_path=args.json,
-                      console=console, extra_systems={"relay-closed": closed["relay"]})
+        run_benchmark(factories, config, args.out, probe, json_path=args.json,
+                      console=console, extra_systems={"relay-closed": closed["relay"]},
+                      cost_probe=probe)
     finally:
         if processes is not None:
             processes.close()
@@ -144,10 +155,16 @@ QUICK_MODES = ("baseline", "reactive", "relay")
 # The quick run's sweep and searches run at this multiple of the profile's sweep load: a P99
 # pass needs a few hundred requests, which take minutes at the full run's sweep load.
 QUICK_LOAD_SCALE = 4.0
+# The quick run's exactness replay: 60 requests at 8 QPS, 8 s a mode (scores do not depend on
+# load; the relay's paths are reported with the comparison). Its low-load point stays at 1 QPS:
+# at the limit's 2,048 tokens each request's pre-inference is ~100 ms of one core, and at 4 QPS
+# that contention alone put the relay's compute 4.4 ms over the pass timed alone.
+QUICK_REPLAY_QPS = 8.0
 
 
 def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, device: str,
-             model: HSTUConfig) -> BenchConfig:
+             model: HSTUConfig, slo_share: float | None = ThroughputConfig.slo_share
+             ) -> BenchConfig:
     """How much is measured: the full run or the quick one (< 5 min on a 2-core CPU).
 
     Every point stops once its P99 verdict is decided (``relaygr.bench.decision``) and may take
@@ -163,9 +180,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
     modes, every other length from the second, sweep and searches at 4x the profile's sweep
     load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s
-    of measuring per mode and none on the mixed workload (it serves the exactness replay), one
-    re-measure of a point under noise, a 20-request limit point, no extra workloads: a smoke
-    figure of the same shape.
+    of measuring per mode down to a quarter of that load and none on the mixed workload (it
+    serves the exactness replay, 60 requests at 8 QPS), one re-measure of a point under noise, a
+    20-request limit point, no extra workloads: a smoke figure of the same shape. Both compare
+    throughput at this machine's operating point (``relaygr.bench.operating``, ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -177,7 +195,9 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                              warmup_requests=8, warmup_s=2.0, max_point_s=16.0,
                              confidence=0.9, max_remeasures=1)
         load = QUICK_LOAD_SCALE * profile.sweep_qps
-        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 2)
+        # down to a quarter of the load: at the operating point the baseline's pass alone takes
+        # half the SLO, and a search that stops above its answer bounds no ratio over it
+        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 4)
         lengths = profile.sweep_lengths[1::2]
         sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)])
         mixed_search = None
@@ -195,14 +215,21 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                             confirm_knee=True)
         mixed_search = search
         extra = extra_workloads(profile, replace(search, budget_s=300.0))
+    # the operating point's cost curve: from the grid's first length up to its last
+    curve = LengthSearch(start_tokens=profile.sweep_lengths[0],
+                         min_tokens=min(32, profile.sweep_lengths[0]),
+                         max_tokens=profile.sweep_lengths[-1])
     return BenchConfig(
         slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
-        budget=budget, sweep=sweep, throughput=ThroughputConfig(search=search),
+        budget=budget, sweep=sweep,
+        throughput=ThroughputConfig(search=search, slo_share=slo_share, lengths=curve),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
                           search=mixed_search),
         limit=LimitConfig(requests=20 if quick else 100, warmup_requests=3 if quick else 10,
                           prefix_len=profile.limit_prefix_len),
-        exactness=ExactnessConfig(requests=12 if quick else 32), workloads=extra)
+        exactness=ExactnessConfig(requests=60 if quick else 64,
+                                  qps=QUICK_REPLAY_QPS if quick else 1.0),
+        workloads=extra)
 
 
 ABLATIONS = tuple(m.value for m in (Mode.RELAY_NO_TRIGGER, Mode.RELAY_NO_AFFINITY,
