@@ -155,9 +155,9 @@ def requests_at(send_s: list[float], num_candidates: int = 4) -> tuple[BenchRequ
 
 def tiny_workload(send_s: list[float], prefix_tokens: int = 10) -> Workload:
     """A hand-made workload: request i is user i + 1 with a ``prefix_tokens`` history."""
-    from relaygr.bench.workload import StageDelays, UserHistory
+    from relaygr.bench.workload import StageDelays, WorkloadHistory
 
     requests = requests_at(send_s)
-    histories = {r.user_id: UserHistory(np.ones(prefix_tokens, dtype=np.int64), None)
+    histories = {r.user_id: WorkloadHistory(np.ones(prefix_tokens, dtype=np.int64), None)
                  for r in requests}
     return Workload("tiny", 10, histories, requests, StageDelays(0.0, 0.0), qps=0.0, seed=0)

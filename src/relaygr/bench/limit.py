@@ -17,7 +17,7 @@ from relaygr.bench.report import LimitReport, ratio
 from relaygr.bench.stats import PointStats
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
-from relaygr.model.inputs import RankRequest
+from relaygr.model.inputs import RankInput
 from relaygr.timing import time_call
 
 
@@ -66,7 +66,7 @@ class ModelLimitProbe:
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:
-        requests = [RankRequest(
+        requests = [RankInput(
             self._items(candidates), prefix_items=self._items(prefix_tokens),
             prefix_timestamps=self._times(prefix_tokens, 10**9),
             suffix_items=self._items(suffix_tokens) if suffix_tokens else None,

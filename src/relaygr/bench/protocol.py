@@ -25,25 +25,14 @@ from typing import Protocol, runtime_checkable
 
 # A workload is what makes requests; this module says what a system does with them.
 from relaygr.bench.workload.base import BenchRequest, Workload
+from relaygr.engine.types import RankPath
 
-
-class RankingPath:
-    """Names of the paths a ranking request can take (``RequestRecord.path``).
-
-    Systems may report other names; these are the ones statistics single out.
-    """
-
-    DEVICE_HIT = "device_hit"      # prefix K/V found READY on the ranking device
-    HOST_HIT = "host_hit"          # prefix K/V reloaded from the host tier (expander)
-    PENDING_WAIT = "pending_wait"  # ranking waited for a pre-infer still running
-    FULL = "full"                  # full recompute at ranking (the baseline path)
-    TRUNCATED = "truncated"        # prefix truncated to fit the budget
-    FAILED = "failed"              # the system answered without scores
-
-    # Served from device K/V computed ahead of ranking (ready, or awaited while running).
-    DEVICE_SERVED = (DEVICE_HIT, PENDING_WAIT)
-    # Ranked from a cached prefix, wherever it came from: the relay path.
-    RELAYED = (DEVICE_HIT, PENDING_WAIT, HOST_HIT)
+# The paths a record names (``RequestRecord.path``) are the engine's ``RankPath`` values, which
+# the systems report; these groupings of them are the ones statistics single out.
+# Served from device K/V computed ahead of ranking (ready, or awaited while running).
+DEVICE_SERVED_PATHS = (RankPath.DEVICE_HIT.value, RankPath.PENDING_WAIT.value)
+# Ranked from a cached prefix, wherever it came from: the relay path.
+RELAYED_PATHS = (*DEVICE_SERVED_PATHS, RankPath.HOST_HIT.value)
 
 
 @dataclass(frozen=True)

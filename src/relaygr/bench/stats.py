@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from relaygr.bench.decision import P99Decision, Verdict
-from relaygr.bench.protocol import RankingPath, RequestRecord
+from relaygr.bench.protocol import DEVICE_SERVED_PATHS, RELAYED_PATHS, RequestRecord
 from relaygr.bench.runner import RunResult
+from relaygr.engine.types import RankPath
 
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
 
@@ -192,7 +193,7 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
     paths = Counter(r.path for r in records)
     reasons = Counter(r.trigger_reason or "none" for r in records)
     done = max(len(records), 1)
-    device_served = sum(paths[p] for p in RankingPath.DEVICE_SERVED)
+    device_served = sum(paths[p] for p in DEVICE_SERVED_PATHS)
     lags_ms = np.array(result.dispatch_lag_s) * 1e3
     snaps = result.snapshots
     return PointStats(
@@ -202,11 +203,11 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
         stopped_early=result.stopped_early, decision=result.decision,
         ranking=LatencySummary.of(ranking_s, unserved), e2e=LatencySummary.of(e2e_s, unserved),
         ranking_relayed=LatencySummary.of(
-            np.array([r.ranking_latency_s for r in records if r.path in RankingPath.RELAYED]),
+            np.array([r.ranking_latency_s for r in records if r.path in RELAYED_PATHS]),
             0),
         path_counts=dict(sorted(paths.items())), trigger_reasons=dict(sorted(reasons.items())),
         errors=dict(result.errors),
-        hit_rate_device=device_served / done, hit_rate_host=paths[RankingPath.HOST_HIT] / done,
+        hit_rate_device=device_served / done, hit_rate_host=paths[RankPath.HOST_HIT.value] / done,
         preinfer_tokens_per_request=sum(r.preinfer_tokens for r in records) / done,
         prefix_tokens_mean=sum(r.prefix_tokens for r in records) / done,
         suffix_tokens_mean=sum(r.suffix_tokens for r in records) / done,

@@ -31,7 +31,7 @@ from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
 from relaygr.bench.operating import CostProbe, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
-from relaygr.bench.protocol import RankingPath, SystemFactory
+from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
 from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.runner import RunOptions, RunResult, pooled, run_point
@@ -245,7 +245,7 @@ class BenchSuite:
         self.progress.end_point()
         stats = point_stats(result, cfg.mode, "limit", cfg.qps, prefix_len)
         self.points.append(stats)
-        relayed = [r for r in result.records if r.path in RankingPath.RELAYED]
+        relayed = [r for r in result.records if r.path in RELAYED_PATHS]
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
                             round(stats.candidates_mean), latency_parts(relayed))

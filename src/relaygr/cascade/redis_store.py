@@ -51,7 +51,7 @@ from relaygr.cascade.history_checks import (
     check_user,
 )
 from relaygr.cascade.redis_scripts import APPEND, READ, SUMS
-from relaygr.cascade.store import HistoryStore, UserHistory, event_hash_sums, version_of
+from relaygr.cascade.store import HistorySnapshot, HistoryStore, event_hash_sums, version_of
 from relaygr.errors import ConfigError, HistoryStoreUnavailableError, UnknownUserError
 
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -150,7 +150,7 @@ class RedisHistoryStore(HistoryStore):
         return _Sums(length, timed, tuple(_word(raw) for raw in out[2:2 + len(counts)]),
                      None if last_ts is None else int(last_ts))
 
-    def _read(self, user_id: int, num_events: int | None) -> UserHistory:
+    def _read(self, user_id: int, num_events: int | None) -> HistorySnapshot:
         check_user(user_id)
         with self._reaching():
             out = self._read_script(keys=self._keys(user_id)[:3],
@@ -165,17 +165,17 @@ class RedisHistoryStore(HistoryStore):
 
     @staticmethod
     def _history(user_id: int, items: np.ndarray, ts: np.ndarray | None, hash_sum: int,
-                 n: int) -> UserHistory:
+                 n: int) -> HistorySnapshot:
         assert items.shape[0] == n and (ts is None or ts.shape[0] == n), "a torn read"
         items.flags.writeable = False
         if ts is not None:
             ts.flags.writeable = False
-        return UserHistory(user_id, items, ts, version_of(hash_sum, n, ts is not None))
+        return HistorySnapshot(user_id, items, ts, version_of(hash_sum, n, ts is not None))
 
-    def get(self, user_id: int) -> UserHistory:
+    def get(self, user_id: int) -> HistorySnapshot:
         return self._read(user_id, None)
 
-    def prefix(self, user_id: int, num_events: int) -> UserHistory:
+    def prefix(self, user_id: int, num_events: int) -> HistorySnapshot:
         if not isinstance(num_events, (int, np.integer)) or isinstance(num_events, bool) \
                 or num_events < 0:
             check_count(self.num_events(user_id), num_events)   # raises for this user
@@ -214,7 +214,7 @@ class RedisHistoryStore(HistoryStore):
                           state.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> UserHistory:
+               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
         check_user(user_id)
         ids = check_items(items, self.num_items)
         for _ in range(_MAX_TRIES):

@@ -12,7 +12,7 @@ It hashes the start too, so the same events read from another start (at other po
 another version, and ``start == 0`` gives the plain prefix version. Also O(1): the difference of
 two running sums.
 
-Snapshots (``UserHistory``) are read-only numpy views that later appends never touch (appends
+Snapshots (``HistorySnapshot``) are read-only numpy views that later appends never touch (appends
 write past the snapshot's end or into a fresh buffer). Thread-safety: not thread-safe for
 writers; the engine runs on one asyncio thread. Snapshots may be read from any thread.
 """
@@ -47,7 +47,7 @@ _MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
-class UserHistory:
+class HistorySnapshot:
     """A user's first ``num_events`` events: ``items`` ``[n]`` int64 (ids >= 1), ``timestamps``
     ``[n]`` int64 seconds, non-decreasing, or None for an untimed user; ``version`` is
     ``version_at(user_id, n)``. The arrays are read-only and never change."""
@@ -68,16 +68,16 @@ class HistoryStore(ABC):
     ids or events, changing nothing."""
 
     @abstractmethod
-    def get(self, user_id: int) -> UserHistory:
+    def get(self, user_id: int) -> HistorySnapshot:
         """The user's whole history now."""
 
     @abstractmethod
-    def prefix(self, user_id: int, num_events: int) -> UserHistory:
+    def prefix(self, user_id: int, num_events: int) -> HistorySnapshot:
         """The user's first ``num_events`` events (0 <= num_events <= length)."""
 
     @abstractmethod
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> UserHistory:
+               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
         """Add events after the user's last one (creating the user); returns the new history."""
 
     @abstractmethod
@@ -162,14 +162,14 @@ class _UserLog:
         hash_sum = (int(self.sums[stop]) - int(self.sums[start])) & _MASK64
         return version_of(hash_sum, stop - start, self.timed, start)
 
-    def snapshot(self, user_id: int, n: int) -> UserHistory:
+    def snapshot(self, user_id: int, n: int) -> HistorySnapshot:
         items = self.items[:n].view()
         items.flags.writeable = False
         ts = None
         if self.timestamps is not None:
             ts = self.timestamps[:n].view()
             ts.flags.writeable = False
-        return UserHistory(user_id, items, ts, self.version(0, n))
+        return HistorySnapshot(user_id, items, ts, self.version(0, n))
 
 
 class InMemoryHistoryStore(HistoryStore):
@@ -200,11 +200,11 @@ class InMemoryHistoryStore(HistoryStore):
             store.append(user_id, items, timestamps)
         return store
 
-    def get(self, user_id: int) -> UserHistory:
+    def get(self, user_id: int) -> HistorySnapshot:
         log = self._log(user_id)
         return log.snapshot(user_id, log.length)
 
-    def prefix(self, user_id: int, num_events: int) -> UserHistory:
+    def prefix(self, user_id: int, num_events: int) -> HistorySnapshot:
         log = self._log(user_id)
         return log.snapshot(user_id, check_count(log.length, num_events))
 
@@ -230,7 +230,7 @@ class InMemoryHistoryStore(HistoryStore):
         return version_of(hash_sum, n + ids.size - first, log.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> UserHistory:
+               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
         check_user(user_id)
         ids = check_items(items, self.num_items)
         log = self._logs.get(user_id)

@@ -4,7 +4,7 @@ Layers (lower never import upper): ``table`` (raw columns) <- ``readers`` (one p
 <- ``sequences`` (ordering, ``IdMap``) <- ``split`` <- ``sources`` (dataset names -> files).
 
 Public names: ``iter_histories`` and ``load_sequences`` (a dataset directory -> per-user
-histories), ``IdMap``, ``UserHistory``, ``UserSequences``, ``leave_one_out``,
+histories), ``IdMap``, ``UserEvents``, ``UserSequences``, ``leave_one_out``,
 ``LeaveOneOutSplit``, ``EvalCases``, ``TableSpec``, the readers ``read_ratings_dat``,
 ``read_ml100k``, ``read_table``, and ``resolve`` / ``DATASET_FILES``.
 """
@@ -16,7 +16,7 @@ from relaygr.data.readers import (
     read_ratings_dat,
     read_table,
 )
-from relaygr.data.sequences import IdMap, UserHistory, UserSequences, build_sequences
+from relaygr.data.sequences import IdMap, UserEvents, UserSequences, build_sequences
 from relaygr.data.sources import (
     DATASET_FILES,
     DatasetSource,
@@ -28,6 +28,6 @@ from relaygr.data.split import EvalCases, LeaveOneOutSplit, hold_out_validation_
 from relaygr.data.table import InteractionTable
 
 __all__ = ["DATASET_FILES", "ORDERED_ML1M_SPEC", "DatasetSource", "EvalCases", "IdMap",
-           "InteractionTable", "LeaveOneOutSplit", "TableSpec", "UserHistory", "UserSequences",
+           "InteractionTable", "LeaveOneOutSplit", "TableSpec", "UserEvents", "UserSequences",
            "build_sequences", "hold_out_validation_of", "iter_histories", "leave_one_out",
            "load_sequences", "read_ml100k", "read_ratings_dat", "read_table", "resolve"]

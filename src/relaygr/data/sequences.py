@@ -104,7 +104,7 @@ def _plain(value: Any) -> OriginalId:
 
 
 @dataclass(frozen=True)
-class UserHistory:
+class UserEvents:
     """One user's whole history in time order: dense ids (model input) and original ids."""
 
     user_id: OriginalId
@@ -158,12 +158,12 @@ class UserSequences:
             return None
         return self.timestamps[self.offsets[user]:self.offsets[user + 1]]
 
-    def history(self, user: int) -> UserHistory:
+    def history(self, user: int) -> UserEvents:
         items = self.sequence(user)
-        return UserHistory(_plain(self.user_ids[user]), items, self.id_map.original_ids(items),
-                           self.times(user))
+        return UserEvents(_plain(self.user_ids[user]), items, self.id_map.original_ids(items),
+                          self.times(user))
 
-    def histories(self) -> Iterator[UserHistory]:
+    def histories(self) -> Iterator[UserEvents]:
         for user in range(self.num_users):
             yield self.history(user)
 

@@ -24,7 +24,7 @@ from relaygr.data.readers import (
     read_ratings_dat,
     read_table,
 )
-from relaygr.data.sequences import IdMap, UserHistory, UserSequences, build_sequences
+from relaygr.data.sequences import IdMap, UserEvents, UserSequences, build_sequences
 from relaygr.data.table import InteractionTable
 from relaygr.errors import DatasetNotFoundError, UnknownFormatError
 
@@ -97,7 +97,7 @@ def load_sequences(dataset: str, data_dir: Path, spec: TableSpec | None = None,
 
 def iter_histories(dataset: str, data_dir: Path, id_map: IdMap | None = None,
                    spec: TableSpec | None = None, drop_unknown_items: bool = False
-                   ) -> Iterator[UserHistory]:
+                   ) -> Iterator[UserEvents]:
     """Each user's time-ordered history (dense and original item ids, timestamps when known),
     users in sorted order of their original id. See ``load_sequences`` for the arguments."""
     yield from load_sequences(dataset, data_dir, spec, id_map, drop_unknown_items).histories()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.store import HistoryStore, UserHistory
+from relaygr.cascade.store import HistorySnapshot, HistoryStore
 from relaygr.cascade.window import HistoryWindow
 from relaygr.errors import (
     EmptyInputError,
@@ -42,7 +42,7 @@ class RequestValidator:
         self.window = HistoryWindow.for_model(model, system)
 
     # ---- per endpoint ------------------------------------------------------------------------
-    def visit(self, request: VisitFields) -> UserHistory:
+    def visit(self, request: VisitFields) -> HistorySnapshot:
         """A visit's user, recent events and request time; returns the user's history."""
         history = self.history(request.user_id)
         self._count("recent_items", request.recent_items, self.server.max_events_per_request)
@@ -85,7 +85,7 @@ class RequestValidator:
         self._timestamps(history, "items", request.items, "timestamps", request.timestamps)
 
     # ---- shared checks -----------------------------------------------------------------------
-    def history(self, user_id: int) -> UserHistory:
+    def history(self, user_id: int) -> HistorySnapshot:
         if user_id not in self.store:
             raise UnknownUserError(f"user {user_id} has no history on this server")
         history = self.store.get(user_id)
@@ -107,7 +107,7 @@ class RequestValidator:
             raise ItemOutOfRangeError(f"{name} holds item id {bad}; this model's item ids are "
                                       f"1..{self.model.num_items}")
 
-    def _timestamps(self, history: UserHistory, items_name: str, items: Sequence[int],
+    def _timestamps(self, history: HistorySnapshot, items_name: str, items: Sequence[int],
                     ts_name: str, timestamps: Sequence[int] | None) -> None:
         user = history.user_id
         if history.timestamps is None:

@@ -46,7 +46,7 @@ def readonly(array: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class UserHistory:
+class WorkloadHistory:
     """A user's behaviour history at the start of the run, oldest first.
 
     ``items`` are ids in 1..num_items; ``timestamps`` (unix s, non-decreasing) are present iff the
@@ -101,7 +101,7 @@ class Workload:
 
     name: str
     num_items: int
-    histories: Mapping[int, UserHistory]
+    histories: Mapping[int, WorkloadHistory]
     requests: tuple[BenchRequest, ...]
     stage_delays: StageDelays
     qps: float

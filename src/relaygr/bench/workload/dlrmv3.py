@@ -34,8 +34,8 @@ from relaygr.bench.workload.base import (
     RUN_START_UNIX_S,
     StageDelays,
     TruncatedNormalLength,
-    UserHistory,
     Workload,
+    WorkloadHistory,
     ZipfSampler,
     history_timestamps,
     poisson_send_times,
@@ -136,14 +136,14 @@ class DLRMv3Population:
         self.items = ZipfSampler(config.num_items, config.item_zipf_s, seed=[seed, _ITEMS])
         self.prefix_len = config.initial_prefix()
 
-    def history(self, user_id: int) -> UserHistory:
+    def history(self, user_id: int) -> WorkloadHistory:
         rng = np.random.default_rng([self.seed, _HISTORY, user_id])
         length = int(self.prefix_len.sample(rng, 1)[0])
         items = readonly(self.items.sample(rng, length))
         if not self.config.timed:
-            return UserHistory(items, None)
+            return WorkloadHistory(items, None)
         end = RUN_START_UNIX_S - int(rng.exponential(self.config.history_gap_mean_s))
-        return UserHistory(items, readonly(
+        return WorkloadHistory(items, readonly(
             history_timestamps(rng, length, self.config.history_gap_mean_s, end)))
 
     def visit_events(self, user_id: int, visit_index: int, send_s: float,

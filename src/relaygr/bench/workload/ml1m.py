@@ -25,8 +25,8 @@ import pandas as pd
 
 from relaygr.bench.workload.base import (
     StageDelays,
-    UserHistory,
     Workload,
+    WorkloadHistory,
     poisson_send_times,
     readonly,
 )
@@ -53,7 +53,7 @@ def read_movie_ids(path: Path) -> np.ndarray:
 
 
 @lru_cache(maxsize=2)
-def read_ml1m(path: Path) -> tuple[dict[int, UserHistory], int]:
+def read_ml1m(path: Path) -> tuple[dict[int, WorkloadHistory], int]:
     """Every user's full sequence (dense item ids, timestamps or None) and the catalogue size."""
     if not path.is_file():
         raise ConfigError(f"MovieLens-1M ratings not found at {path}")
@@ -71,7 +71,7 @@ def read_ml1m(path: Path) -> tuple[dict[int, UserHistory], int]:
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
         part = stamps[start:end]
         timed = not np.isnan(part).any()
-        histories[int(users[start])] = UserHistory(
+        histories[int(users[start])] = WorkloadHistory(
             readonly(items[start:end].copy()),
             readonly(part.astype(np.int64)) if timed else None)
     return histories, len(movies)
@@ -130,11 +130,11 @@ class ML1MPopulation:
             if len(h) >= need and (h.timestamps is not None or not config.timed_only)),
             dtype=np.int64)
 
-    def history(self, user_id: int) -> UserHistory:
+    def history(self, user_id: int) -> WorkloadHistory:
         full = self.sequences[user_id]
         cut = len(full) - self.config.held_out
         stamps = None if full.timestamps is None else full.timestamps[:cut]
-        return UserHistory(full.items[:cut], stamps)
+        return WorkloadHistory(full.items[:cut], stamps)
 
     def visit_events(self, user_id: int, visit_index: int, send_s: float,
                      prev_ts: int | None) -> VisitEvents:

@@ -17,8 +17,8 @@ import numpy as np
 from relaygr.bench.workload.base import (
     BenchRequest,
     StageDelays,
-    UserHistory,
     Workload,
+    WorkloadHistory,
     ZipfSampler,
 )
 from relaygr.errors import ConfigError
@@ -36,7 +36,7 @@ class VisitEvents:
 class Population(Protocol):
     """Users' initial histories and per-visit events, each a pure function of its arguments."""
 
-    def history(self, user_id: int) -> UserHistory: ...
+    def history(self, user_id: int) -> WorkloadHistory: ...
 
     def visit_events(self, user_id: int, visit_index: int, send_s: float,
                      prev_ts: int | None) -> VisitEvents: ...

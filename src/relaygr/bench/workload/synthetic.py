@@ -25,8 +25,8 @@ from relaygr.bench.workload.base import (
     LengthDistribution,
     LogNormalLength,
     StageDelays,
-    UserHistory,
     Workload,
+    WorkloadHistory,
     ZipfSampler,
     history_timestamps,
     length_distribution,
@@ -97,7 +97,7 @@ class SyntheticPopulation:
         self.config, self.seed = config, seed
         self.items = ZipfSampler(config.num_items, config.item_zipf_s, seed=[seed, _ITEMS])
 
-    def history(self, user_id: int) -> UserHistory:
+    def history(self, user_id: int) -> WorkloadHistory:
         rng = np.random.default_rng([self.seed, _HISTORY, user_id])
         length = int(self.config.prefix_len.sample(rng, 1)[0])
         items = self.items.sample(rng, length)
@@ -106,7 +106,7 @@ class SyntheticPopulation:
             end = RUN_START_UNIX_S - int(rng.exponential(self.config.history_gap_mean_s))
             timestamps = readonly(history_timestamps(rng, length,
                                                      self.config.history_gap_mean_s, end))
-        return UserHistory(readonly(items), timestamps)
+        return WorkloadHistory(readonly(items), timestamps)
 
     def visit_events(self, user_id: int, visit_index: int, send_s: float,
                      prev_ts: int | None) -> VisitEvents:
