@@ -9,8 +9,9 @@ Writes bench.json and PNG plots into --out and prints the table (see docs/benchm
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -43,6 +44,7 @@ from relaygr.cascade.processes import (
 )
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cli.config import as_plain
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
@@ -76,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, effective_config=effective_config)
 
 
 def _instances(args: argparse.Namespace, device: torch.device) -> tuple[int, tuple[str, ...]]:
@@ -86,58 +88,88 @@ def _instances(args: argparse.Namespace, device: torch.device) -> tuple[int, tup
     return args.instances or 2, ("cpu",)
 
 
-def run(args: argparse.Namespace) -> int:
-    console = Console(width=max(Console().width, 120))
+@dataclass(frozen=True)
+class BenchSetup:
+    """What ``relaygr bench`` will measure, decided from its flags before any model exists
+    (``relaygr config show bench ...`` prints it)."""
+
+    profile: BenchProfile
+    modes: list[str]
+    device: torch.device
+    threads: int                # torch threads per instance
+    in_processes: bool
+    model: HSTUConfig
+    system: SystemConfig
+    plan: BenchConfig
+
+
+def setup_from_args(args: argparse.Namespace) -> BenchSetup:
     device = torch.device(args.device)
     profile = profile_named(args.profile or ("dlrmv3" if device.type == "cuda" else "cpu"))
     default_modes = QUICK_MODES if args.quick else tuple(m.value for m in Mode)
     names = args.modes.split(",") if args.modes else default_modes
     modes = [Mode.parse(m.strip()).value for m in names if m.strip()]
     num_instances, devices = _instances(args, device)
-    tune_host_allocator()  # before the first model call: see relaygr.engine.hostmem
-    if device.type == "cpu":
-        # One core per instance: instances compute in parallel without oversubscribing.
-        torch.set_num_threads(threads_per_instance(num_instances))
+    # On CPU, one core per instance: instances compute in parallel without oversubscribing.
+    threads = (threads_per_instance(num_instances) if device.type == "cpu"
+               else torch.get_num_threads())
     slo_ms = args.slo_ms or profile.slo_ms
     in_processes = wants_processes(args.instance_processes, str(device))
-    torch.manual_seed(args.seed)
     size = profile.model_size
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
                            dim=size["dim"], num_layers=size["num_layers"],
                            num_heads=size["num_heads"])
-    model = HSTU(model_cfg).to(device=device, dtype=getattr(torch, profile.dtype)).eval()
-    console.print(f"[bold]relaygr bench[/] profile {profile.name}: {model_cfg.num_layers} "
-                  f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, {profile.dtype} "
-                  f"on {device} "
-                  f"({torch.get_num_threads()} threads), {num_instances} instances "
-                  f"({'a process' if in_processes else 'a worker thread'} each), "
-                  f"SLO {slo_ms:g} ms, modes {', '.join(modes)}")
-    console.print("fitting the latency cost model on this machine ...")
-    cost_model = fit_on_model(model, device)
-    processes = None
-    if in_processes:
-        processes = InstanceProcesses.for_model(model, cost_model, num_instances,
-                                                torch_threads=torch.get_num_threads())
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
                           num_candidates=profile.num_candidates,
                           retrieval_k=4 * profile.num_candidates,
                           device_budget_bytes=profile.device_budget_bytes,
                           host_budget_bytes=profile.host_budget_bytes)
+    placement = "processes" if in_processes else "threads"
+    plan = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg,
+                    args.slo_share)
+    plan = replace(plan, instance_placement=placement, serving={
+        "instances": num_instances, "threads_per_instance": threads,
+        "batch_max_requests": system.batch_max_requests, "placement": placement})
+    if args.retrieval_run is not None and not any(p.source == "ml1m" for p in plan.workloads):
+        # the plan's throughput search (the quick plan searches no mixed workload)
+        search = plan.throughput.search if plan.throughput else QpsSearchConfig()
+        plan = replace(plan, workloads=(*plan.workloads, ml1m_phase(profile, search)))
+    return BenchSetup(profile, modes, device, threads, in_processes, model_cfg, system, plan)
+
+
+def effective_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``relaygr config show bench ...``: the profile, modes, system and plan it would run."""
+    setup = setup_from_args(args)
+    return as_plain({"profile": setup.profile, "modes": setup.modes, "device": setup.device,
+                     "model": setup.model, "system": setup.system, "plan": setup.plan})
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(width=max(Console().width, 120))
+    setup = setup_from_args(args)
+    device, model_cfg, system, config = setup.device, setup.model, setup.system, setup.plan
+    tune_host_allocator()  # before the first model call: see relaygr.engine.hostmem
+    if device.type == "cpu":
+        torch.set_num_threads(setup.threads)
+    torch.manual_seed(args.seed)
+    model = HSTU(model_cfg).to(device=device, dtype=getattr(torch, setup.profile.dtype)).eval()
+    console.print(f"[bold]relaygr bench[/] profile {setup.profile.name}: {model_cfg.num_layers} "
+                  f"layers, dim {model_cfg.dim}, {model_cfg.num_heads} heads, "
+                  f"{setup.profile.dtype} on {device} "
+                  f"({torch.get_num_threads()} threads), {system.num_instances} instances "
+                  f"({'a process' if setup.in_processes else 'a worker thread'} each), "
+                  f"SLO {system.slo_ms:g} ms, modes {', '.join(setup.modes)}")
+    console.print("fitting the latency cost model on this machine ...")
+    cost_model = fit_on_model(model, device)
+    processes = None
+    if setup.in_processes:
+        processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
+                                                torch_threads=torch.get_num_threads())
     parts = SharedParts(model, cost_model,
                         EmbeddingRetrieval.of(model, system.retrieval_history), processes)
-    placement = "threads" if processes is None else "processes"
-    config = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg,
-                      args.slo_share)
-    config = replace(config, instance_placement=placement, serving={
-        "instances": num_instances, "threads_per_instance": torch.get_num_threads(),
-        "batch_max_requests": system.batch_max_requests, "placement": placement})
     if args.retrieval_run is not None:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
-        if not any(phase.source == "ml1m" for phase in config.workloads):
-            # the plan's throughput search (the quick plan searches no mixed workload)
-            search = config.throughput.search if config.throughput else QpsSearchConfig()
-            config = replace(config, workloads=(*config.workloads, ml1m_phase(profile, search)))
-    factories = mode_factories(modes, system, parts)
+    factories = mode_factories(setup.modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
     probe = ModelLimitProbe(model)   # on one instance's threads: this process's
     try:
