@@ -7,9 +7,23 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from relaygr.cascade.modes import Mode
+from relaygr.engine.instance import InstanceConfig
+from relaygr.engine.scheduler import BatchPolicy
 from relaygr.errors import ConfigError
+from relaygr.relay.trigger import TriggerConfig
 
 MiB = 1 << 20
+
+# Each default is stated once: an instance's resources and policies in engine.InstanceConfig
+# (and its batching in engine.scheduler.BatchPolicy), the trigger's thresholds in
+# relay.trigger.TriggerConfig, with the reasons for their values. A SystemConfig field that
+# configures one of them takes its default from there.
+
+
+def _default(config: type, name: str) -> Any:
+    """The default ``config`` (a dataclass) states for its field ``name``."""
+    return next(f.default for f in fields(config) if f.name == name)
+
 
 # The stage delays where a trained retrieval stage serves (``relaygr serve --retrieval-run``):
 # its time is measured on the request's path, so nothing simulated is added unless a
@@ -27,17 +41,14 @@ class SystemConfig:
     devices: tuple[str, ...] = ("cpu",)
     # The ranking stage's P99 budget; the trigger's risk test is relative to it.
     slo_ms: float = 100.0
-    # Per instance. Sized for a few hundred long prefixes of the default CPU model.
-    device_budget_bytes: int = 512 * MiB
-    host_budget_bytes: int = 2048 * MiB
-    page_tokens: int = 64
-    # Retrieval + pre-processing take ~tens of ms; a pre-inferred prefix unclaimed after 2 s is
-    # not going to be claimed.
-    lease_s: float = 2.0
-    # Revisits that the expander serves come within minutes.
-    host_ttl_s: float = 600.0
-    # Ranking requests merged per model call when several are queued (never waits for more).
-    batch_max_requests: int = 4
+    # Per instance (engine.InstanceConfig).
+    device_budget_bytes: int = _default(InstanceConfig, "device_budget_bytes")
+    host_budget_bytes: int = _default(InstanceConfig, "host_budget_bytes")
+    page_tokens: int = _default(InstanceConfig, "page_tokens")
+    lease_s: float = _default(InstanceConfig, "lease_s")
+    host_ttl_s: float = _default(InstanceConfig, "host_ttl_s")
+    # Ranking requests merged per model call when several are queued (engine's BatchPolicy).
+    batch_max_requests: int = BatchPolicy.max_requests
     # Items retrieved before pre-processing filters the history out and keeps num_candidates.
     retrieval_k: int = 1024
     num_candidates: int = 256
@@ -54,15 +65,13 @@ class SystemConfig:
     stage_weight: float = 0.0
     # Affinity router: spill to the next choice when the owner's queue is deeper than this.
     spill_queue_depth: int = 8
-    # Trigger: at-risk threshold and bounds (see relaygr.relay.trigger.TriggerConfig). A full
-    # pass that takes a quarter of the budget already costs the requests queued behind it;
-    # pre-inferring it moves that work off the critical path, so it counts as at risk.
-    risk_fraction: float = 0.25
-    max_pool_fraction: float = 0.9
-    max_preinfer_tokens_per_s: float = 200_000.0
-    burst_tokens: float = 32_768.0
+    # Trigger: at-risk threshold and bounds (relay.trigger.TriggerConfig).
+    risk_fraction: float = _default(TriggerConfig, "risk_fraction")
+    max_pool_fraction: float = _default(TriggerConfig, "max_pool_fraction")
+    max_preinfer_tokens_per_s: float = _default(TriggerConfig, "max_preinfer_tokens_per_s")
+    burst_tokens: float = _default(TriggerConfig, "burst_tokens")
     # None: a miss recomputes the whole prefix (exact); N: rank with the last N events only.
-    truncate_to_tokens: int | None = None
+    truncate_to_tokens: int | None = _default(InstanceConfig, "truncate_to_tokens")
     # Overload: past this many queued ranking requests an instance takes no new pre-infer work,
     # and past max_rank_queue_depth it refuses ranking (HTTP 503) instead of queueing without
     # bound. Pre-infer is shed first because ranking still answers without it.
@@ -70,7 +79,7 @@ class SystemConfig:
     max_rank_queue_depth: int = 64
     # False: the relay works only within one request (MLPerf's closed rules): no host tier, no
     # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
-    cross_request_reuse: bool = True
+    cross_request_reuse: bool = _default(InstanceConfig, "cross_request_reuse")
     # The model reads a history's newest max_seq_len events, from a start that moves in blocks
     # of this fraction of max_seq_len (at least 1 event; cascade.window). An eighth: the model
     # reads at least 7/8 of what it could, and a long user's window is computed afresh (one full

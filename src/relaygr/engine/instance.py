@@ -60,11 +60,14 @@ class InstanceConfig:
 
     name: str
     device: str = "cpu"
-    device_budget_bytes: int = 1 << 30
-    host_budget_bytes: int = 4 << 30
+    # Sized for a few hundred long prefixes of the default CPU model (a server sizes its
+    # budgets from its model and users instead: kvcache.sizing).
+    device_budget_bytes: int = 512 << 20
+    host_budget_bytes: int = 2048 << 20
     page_tokens: int = 64
     # A pre-inferred prefix is reserved for its ranking request this long (the cascade's
-    # retrieval + pre-processing time, with margin); then it becomes evictable.
+    # retrieval + pre-processing take ~tens of ms, so one unclaimed after 2 s never will be);
+    # then it becomes evictable.
     lease_s: float = 2.0
     # How long a demoted prefix stays useful on the host (revisits within minutes).
     host_ttl_s: float = 600.0

@@ -39,9 +39,10 @@ class TriggerConfig:
     """Admission settings. ``slo_ms`` is the ranking stage's latency budget."""
 
     slo_ms: float
-    # Half the budget: a request whose full pass alone takes half of it misses the budget once
-    # it queues behind one similar request, so it is at risk.
-    risk_fraction: float = 0.5
+    # A quarter of the budget: a full pass that long already costs the requests queued behind
+    # it (one such pass ahead and half the budget is gone); pre-inferring it moves that work
+    # off the critical path, so it counts as at risk.
+    risk_fraction: float = 0.25
     # Keep a tenth of the pool for ranking-time reloads and extensions.
     max_pool_fraction: float = 0.9
     # Pre-infer compute bound in history tokens per second (set it from the cost model: the
