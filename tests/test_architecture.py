@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # (The root ``relaygr`` package holds only the version.)
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("relaygr", "errors", "timing"),
+    ("settings",),
     ("model", "data", "routing", "retrieval"),
     ("kvcache", "relay", "train"),
     ("engine",),

@@ -11,6 +11,7 @@ from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.scheduler import BatchPolicy
 from relaygr.errors import ConfigError
 from relaygr.relay.trigger import TriggerConfig
+from relaygr.settings import changed, load
 
 MiB = 1 << 20
 
@@ -118,14 +119,7 @@ class SystemConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SystemConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown SystemConfig keys: {unknown}")
-        values = dict(data)
-        if "devices" in values:
-            values["devices"] = tuple(values["devices"])
-        return cls(**values)
+        return load(cls, data)
 
     def with_(self, **changes: Any) -> SystemConfig:
-        return SystemConfig.from_dict({**{f.name: getattr(self, f.name) for f in fields(self)},
-                                       **changes})
+        return changed(self, **changes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from relaygr.cascade.history_checks import (
 )
 from relaygr.errors import ConfigError, InvalidInputError, UnknownUserError
 from relaygr.routing.hashing import GOLDEN_GAMMA, mix64, mix64_array
+from relaygr.settings import load
 
 _TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
 _WINDOW_TAG = 0x57494E444F57                                # a window's start, hashed apart
@@ -313,10 +314,7 @@ class SyntheticHistories:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SyntheticHistories:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown SyntheticHistories keys: {unknown}")
-        return cls(**data)
+        return load(cls, data)
 
 
 def generate_histories(config: SyntheticHistories

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from relaygr.errors import ConfigError
+from relaygr.settings import changed, load
 
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
@@ -107,14 +108,10 @@ class HSTUConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HSTUConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown HSTUConfig keys: {unknown}")
-        return cls(**data)
+        return load(cls, data)
 
     def with_(self, **changes: Any) -> HSTUConfig:
-        return replace(self, **changes)
+        return changed(self, **changes)
 
 
 # Named sizes. "small" is the size of the reference point in the foundation issue (Meta's STU

@@ -26,12 +26,13 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.relay.costmodel import LatencyCostModel
 from relaygr.relay.tokenbucket import Clock, TokenBucket
+from relaygr.settings import load
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,7 @@ class TriggerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TriggerConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown TriggerConfig keys: {unknown}")
-        return cls(**data)
+        return load(cls, data)
 
 
 class TriggerReason(enum.Enum):

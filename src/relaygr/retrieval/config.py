@@ -15,11 +15,12 @@ Presets name the variants compared in the harness:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
 from relaygr.errors import ConfigError
+from relaygr.settings import changed, load
 
 
 class Encoder(str, Enum):
@@ -137,18 +138,14 @@ class SCCDRConfig:
         return self.lambda_intra > 0
 
     def with_(self, **changes: Any) -> SCCDRConfig:
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ConfigError(f"unknown SCCDR config keys: {', '.join(unknown)}")
-        return replace(self, **changes)
+        return changed(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SCCDRConfig:
-        return cls().with_(**data)
+        return load(cls, data)
 
 
 PRESETS: dict[str, SCCDRConfig] = {

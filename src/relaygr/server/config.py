@@ -7,13 +7,14 @@ with seeded random weights and synthetic users now, a trained checkpoint when on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.redis_store import check_store_url
 from relaygr.errors import ConfigError
+from relaygr.settings import load
 
 KiB = 1 << 10
 
@@ -24,13 +25,6 @@ MAX_JSON_INT = (1 << 53) - 1
 MAX_LIST_ITEMS = 1 << 16
 # Unix seconds: far enough in the future for any log, small enough that gaps never overflow.
 MAX_TIMESTAMP_S = 1 << 40
-
-
-def _from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} keys: {unknown}")
-    return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -69,7 +63,7 @@ class ServerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerConfig:
-        return _from_dict(cls, data)
+        return load(cls, data)
 
 
 @dataclass(frozen=True)
@@ -131,11 +125,7 @@ class ModelSource:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSource:
-        values = dict(data)
-        for key in ("checkpoint", "data_dir", "events", "retrieval_run"):
-            if values.get(key) is not None:
-                values[key] = Path(values[key])
-        return _from_dict(cls, values)
+        return load(cls, data)
 
 
 @dataclass(frozen=True)

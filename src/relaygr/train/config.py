@@ -10,12 +10,13 @@ trained for a few epochs, for a run that finishes in minutes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
 from relaygr.model.config import RANK_SCORES
+from relaygr.settings import changed, load
 
 NEGATIVE_SHARING = ("position", "sequence", "catalogue")
 BATCH_ORDERS = ("random", "length_buckets")
@@ -169,16 +170,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig keys: {unknown}")
-        return cls(**data)
+        return load(cls, data)
 
     def with_(self, **changes: Any) -> TrainConfig:
-        unknown = sorted(set(changes) - {f.name for f in fields(self)})
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig keys: {unknown}")
-        return replace(self, **changes)
+        return changed(self, **changes)
 
 
 # The paper's model, data and batch, trained to its optimum sooner (docs/training.md has the

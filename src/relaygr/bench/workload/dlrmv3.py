@@ -43,6 +43,7 @@ from relaygr.bench.workload.base import (
 )
 from relaygr.bench.workload.schedule import FixedVisitsAssigner, VisitEvents, assemble
 from relaygr.errors import ConfigError
+from relaygr.settings import load
 
 # The published profile (MLPerf Inference DLRMv3).
 HISTORY_MEAN, HISTORY_STD, HISTORY_MIN, HISTORY_MAX = 6716, 531, 4450, 9080
@@ -119,13 +120,7 @@ class DLRMv3Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DLRMv3Config:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown DLRMv3Config keys: {unknown}")
-        params = dict(data)
-        if "stage_delays" in params:
-            params["stage_delays"] = StageDelays(**params["stage_delays"])
-        return cls(**params)
+        return load(cls, data)
 
 
 class DLRMv3Population:

@@ -32,6 +32,7 @@ from relaygr.bench.workload.base import (
 )
 from relaygr.bench.workload.schedule import FixedVisitsAssigner, VisitEvents, assemble
 from relaygr.errors import ConfigError
+from relaygr.settings import load
 
 # src/relaygr/bench/workload/ml1m.py -> the checkout's parent holds shared/datasets.
 DEFAULT_PATH = (Path(__file__).resolve().parents[4].parent
@@ -107,15 +108,7 @@ class ML1MConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ML1MConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown ML1MConfig keys: {unknown}")
-        params = dict(data)
-        if "path" in params:
-            params["path"] = Path(params["path"])
-        if "stage_delays" in params:
-            params["stage_delays"] = StageDelays(**params["stage_delays"])
-        return cls(**params)
+        return load(cls, data)
 
 
 class ML1MPopulation:
