@@ -12,7 +12,9 @@ and the whole service restarted (SIGTERM, then started again) at 60 %; events ac
 the restart are checked after it. Printed and written as JSON: requests sent and answered, answers
 by status (connection errors while the service restarts counted apart), P50 / P99 of answered
 requests, the instance deaths, restarts and window slides the service's metrics report, and each
-process's peak RSS.
+process's peak RSS, with the whole service's peak RSS and PSS (sampled once a second). RSS counts
+a page shared by several processes (torch's libraries, mapped by every one) in each of them;
+PSS splits it between them, so the PSS total is what the service takes from the machine.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def pss_mb(pid: int) -> float:
+    """Proportional set size: private pages plus a share of each shared one (Linux >= 4.14)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 class Service:
     """The ``relaygr serve`` process, started and stopped as an operator would."""
 
@@ -96,11 +109,14 @@ class Service:
             return
         self.peak_rss["server"] = max(self.peak_rss["server"], rss_mb(self.proc.pid))
         total = rss_mb(self.proc.pid)
+        total_pss = pss_mb(self.proc.pid)
         for i, pid in enumerate(sorted(children(self.proc.pid))):
             mb = rss_mb(pid)
             total += mb
+            total_pss += pss_mb(pid)
             self.peak_rss[f"child-{i}"] = max(self.peak_rss[f"child-{i}"], mb)
         self.peak_rss["total"] = max(self.peak_rss["total"], total)
+        self.peak_rss["total_pss"] = max(self.peak_rss["total_pss"], total_pss)
 
     def instance_pids(self) -> list[int]:
         """The instance processes: the server's children of more than 100 MB (the others are
