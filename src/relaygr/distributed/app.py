@@ -85,6 +85,7 @@ class RelayIngress:
         if model_digest(model) != spec.model_digest:
             raise ConfigError("the ingress built a different model than the driver")
         store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
+        release_free_memory()   # what reading the dataset freed (see engine.hostmem)
         backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts)
         self.service = RelayService(backend, spec.server, load_catalog(spec.model, model),
                                     model_info(spec.model, model))

@@ -13,6 +13,12 @@ recomputes), up to ``max_attempts`` times. A replica sheds by the cascade's shed
 (``cascade.fleet``) on its own queue: a shed ranking leg answers overloaded, and the request
 gets 503.
 
+The ingress learns the replicas and their snapshots (for /metrics and /readyz) from their
+replies, so a replica that dies with no call on it would stay listed, healthy, forever: the
+backend therefore asks every replica it knows for its state every ``refresh_interval_s``, and
+drops one that is gone (its call fails, or Serve's router, which no longer has it, lets another
+replica answer).
+
 ``RelayIngress`` (``distributed.app``) is the Serve deployment class: it builds the model (and
 checks its digest), the store and a ``RelayService`` over a ``RayBackend``.
 """
@@ -20,6 +26,8 @@ checks its digest), the store and a ``RelayService`` over a ``RayBackend``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +58,8 @@ from relaygr.model import HSTU, HSTUConfig
 from relaygr.routing import RouteDecision, RouteReason
 from relaygr.server.backend import PrefillOutcome
 from relaygr.server.snapshot import InstanceSnapshot, ServingCounters, ServingSnapshot
+
+log = logging.getLogger("relaygr.ingress")
 
 # Errors that mean "the replica this leg went to is gone": answer from the next choice.
 REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
@@ -136,7 +146,11 @@ class RayBackend:
     """``RelayBackend`` over a Ray Serve ranking deployment (see the module docstring)."""
 
     def __init__(self, ranker: Any, model: HSTU, store: HistoryStore, system: SystemConfig,
-                 max_attempts: int = 4) -> None:
+                 max_attempts: int = 4, refresh_interval_s: float = 1.0) -> None:
+        """``refresh_interval_s``: how often every known replica is asked for its state (see
+        the module docstring): a dead replica leaves /metrics and /readyz within it."""
+        self.refresh_interval_s = refresh_interval_s
+        self._refresher: asyncio.Task[None] | None = None
         self.model = model.eval()
         self.system = system
         self.fleet = ReplicaFleet(ranker, max_attempts)
@@ -161,9 +175,23 @@ class RayBackend:
 
     async def start(self) -> None:
         await self.fleet.refresh()
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
 
     async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
         self.stages.shutdown()
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s)
+            try:
+                await self.fleet.refresh()
+            except Exception as exc:  # the last snapshots stay; the next round asks again
+                log.warning("refreshing the replicas' snapshots failed: %r", exc)
 
     async def recommend(self, visit: Visit) -> Recommendation:
         return await self.path.recommend(visit)
