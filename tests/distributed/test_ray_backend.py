@@ -21,17 +21,18 @@ from relaygr.routing import rendezvous_order
 from relaygr.server import RelayService, ServerConfig
 from relaygr.server.build import load_model, load_store
 from tests.distributed.helpers import LocalRanker, full_scores
-from tests.server.helpers import SOURCE, client_for, system_config
+from tests.server.helpers import SOURCE, client_for, system_config, until
 from tests.server.test_window import serve_across_slides, slides_of
 from tests.tolerance import SCORE_TOL
 
 NAMES = ["replica-a", "replica-b"]
 
 
-def service_over(ranker: LocalRanker) -> RelayService:
+def service_over(ranker: LocalRanker, refresh_interval_s: float = 1.0) -> RelayService:
     model = load_model(SOURCE)
     store = load_store(SOURCE, model, HistoryWindow.for_model(model.cfg, ranker.system))
-    backend = RayBackend(ranker, model, store, ranker.system)
+    backend = RayBackend(ranker, model, store, ranker.system,
+                         refresh_interval_s=refresh_interval_s)
     return RelayService(backend, ServerConfig())
 
 
@@ -121,6 +122,28 @@ def test_a_dead_replica_loses_no_request_and_its_users_move(tmp_path: Path) -> N
     served = {row.user_id for row in read_ledger(tmp_path) if row.leg == "rank"}
     assert served == set(users)
     assert all(row.replica == "replica-a" for row in read_ledger(tmp_path))
+
+
+def test_a_replica_gone_with_no_call_on_it_leaves_readyz_and_the_metrics() -> None:
+    ranker = LocalRanker(NAMES)
+    service = service_over(ranker, refresh_interval_s=0.01)
+    owners = {rendezvous_order(u, NAMES)[0]: u for u in range(1, 13)}
+    assert set(owners) == set(NAMES)
+
+    async def body(client: httpx.AsyncClient) -> None:
+        for user in owners.values():          # both replicas answer: both are known
+            assert (await client.post("/v1/recommend", json={"user_id": user})).status_code == 200
+        assert (await client.get("/readyz")).json()["healthy_instances"] == 2
+        ranker.kill("replica-b")
+        ranker.forget("replica-b")            # Serve replaced it: no call will go to it again
+        await until(lambda: len(service.backend.snapshot().instances) == 1)
+        ready = (await client.get("/readyz")).json()
+        assert ready["healthy_instances"] == 1 and ready["instances"] == 1
+        metrics = (await client.get("/metrics")).text
+        assert 'relaygr_instance_healthy{instance="replica-a"} 1.0' in metrics
+        assert "replica-b" not in metrics
+
+    asyncio.run(with_client(service, body))
 
 
 def test_replica_sheds_ranking_as_503(tmp_path: Path) -> None:

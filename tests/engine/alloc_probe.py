@@ -5,6 +5,9 @@ with a fresh ``mmap`` for it (``mallinfo2().hblks`` before and after): 1 under g
 128 KiB mmap threshold, 0 once ``tune_host_allocator`` keeps blocks of that size in the heap.
 That is the mechanism itself, read from glibc's own counters; how much time it saves on a given
 machine is a figure for ``relaygr profile``, not a test. ``python alloc_probe.py tuned|default``.
+
+``python alloc_probe.py release``: tuned, a 16 MiB block written and freed; prints the MiB of
+resident memory the heap kept after the free, then what ``release_free_memory`` handed back.
 """
 
 from __future__ import annotations
@@ -40,5 +43,30 @@ def mapped_blocks_for_one_allocation(tuned: bool) -> int:
     return int(during - before)
 
 
+def resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * ctypes.CDLL(None).getpagesize() / (1 << 20)
+
+
+def kept_and_released_mib() -> tuple[float, float]:
+    from relaygr.engine.hostmem import release_free_memory, tune_host_allocator
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    assert tune_host_allocator()
+    before = resident_mib()
+    block = libc.malloc(BLOCK_BYTES)
+    ctypes.memset(block, 1, BLOCK_BYTES)        # resident now
+    libc.free(block)
+    kept = resident_mib() - before
+    assert release_free_memory()
+    return kept, kept + before - resident_mib()
+
+
 if __name__ == "__main__":
-    print(mapped_blocks_for_one_allocation(sys.argv[1] == "tuned"))
+    if sys.argv[1] == "release":
+        print(*kept_and_released_mib())
+    else:
+        print(mapped_blocks_for_one_allocation(sys.argv[1] == "tuned"))

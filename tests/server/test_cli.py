@@ -67,7 +67,7 @@ def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> 
     # a tiny model (2 layers, dim 32): a few MiB, not the hundreds of MiB of the fixed default
     assert system.device_budget_bytes < options.system.device_budget_bytes // 16
     assert system.host_budget_bytes == HOST_TO_DEVICE * system.device_budget_bytes
-    assert heard and f"{DEVICE_RESIDENT_USERS} prefixes" in heard[0]
+    assert heard and f"{DEVICE_RESIDENT_USERS} prefixes" in heard[0] and "mean" in heard[0]
     path = tmp_path / "system.json"
     path.write_text(json.dumps({"device_budget_bytes": 1 << 26}))
     assert not serve.options_from_args(parse("--system-config", str(path))).size_budgets

@@ -6,6 +6,10 @@ to the handles of the instances it carries (``SnapshotSink``: ``ProcessInstance`
 ``cascade.processes``). When the host exits, every call in flight and every later one fails with
 ``InstanceStoppedError``; ``respawn`` starts a fresh host in its place (once, however many of its
 instances ask), and the handles open their instances there again.
+
+A host that is alive but does not answer (stopped, or stuck) is seen by ``hang`` (the deadlines of
+``cascade.liveness``: every frame read and every ranking call sent and answered is recorded) and
+ended by ``kill``, after which it is down like a host that died.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import socket
 from typing import Protocol
 
 from relaygr.cascade.instance_host import HostSpec, host_main, read_frame, write_frame
-from relaygr.cascade.messages import Push, Reply, RoutedCall
+from relaygr.cascade.liveness import HostLiveness, LivenessPolicy
+from relaygr.cascade.messages import Push, RankCall, Reply, RoutedCall
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.errors import ConfigError
@@ -48,6 +53,7 @@ class HostLink:
         self._reader_task: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
         self._sock: socket.socket | None = None
+        self.liveness = HostLiveness(0.0)       # replaced when the host is ready
 
     async def ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -77,6 +83,7 @@ class HostLink:
 
     async def _start(self) -> None:
         assert self._starting is not None
+        loop = asyncio.get_running_loop()
         parent_end, child_end = socket.socketpair()
         self._sock = parent_end
         ctx = multiprocessing.get_context("spawn")
@@ -94,19 +101,23 @@ class HostLink:
                 f"instance process {self.index} failed to start: {exc!r}"))
             self.terminate()
             return
+        self.liveness = HostLiveness(loop.time())
         self.alive = True
         self._starting.set_result(None)
-        await self._read_replies(reader)
+        await self._read_replies(reader, loop)
 
-    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+    async def _read_replies(self, reader: asyncio.StreamReader,
+                            loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
                 seq, msg = await read_frame(reader)
+                self.liveness.heard(loop.time())
                 if isinstance(msg, Push):
                     handle = self.handles.get(msg.iid)
                     if handle is not None:
                         handle.last = msg.snapshot
                 elif isinstance(msg, Reply):
+                    self.liveness.answered(seq)
                     future = self.calls.pop(seq, None)
                     if future is not None and not future.done():
                         future.set_result(msg)
@@ -129,8 +140,26 @@ class HostLink:
             return future
         seq = next(self._seq)
         self.calls[seq] = future
+        if isinstance(message, RankCall):
+            self.liveness.rank_sent(seq, self.loop.time())
         write_frame(self.writer, seq, message)
         return future
+
+    def hang(self, policy: LivenessPolicy) -> str | None:
+        """Why this live host counts as hung (``HostLiveness.check``), or None."""
+        if not self.alive or self.loop is None:
+            return None
+        return self.liveness.check(self.loop.time(), policy)
+
+    def kill(self) -> None:
+        """End a host that does not answer: SIGKILL (a stopped process ends too), and the
+        socket is shut so every call in flight fails over now (``InstanceStoppedError``)."""
+        self.alive = False
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     def terminate(self) -> None:
         """End the host: its socket is shut now (so its loop sees the end at once), then

@@ -9,7 +9,10 @@ The messages are the cascade's one set (``cascade.messages``: ``Open``, ``Preinf
 Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
 numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
 read in order and a ``PreinferCall`` is decided as it is read, so a ranking request read after its
-pre-infer signal always finds the signal's effect. Each instance answers the legs through its
+pre-infer signal always finds the signal's effect. The loop writes at least one frame every
+``push_interval_s`` (a ``Push`` per instance, or a ``Heartbeat``) and keeps slow work (building
+the model and the arenas) off itself, so a host whose loop runs is never judged silent by the
+parent (``cascade.liveness``). Each instance answers the legs through its
 ``InstanceEnd`` (``cascade.instance_end``, as a Ray replica's does).
 """
 
@@ -33,6 +36,7 @@ from relaygr.cascade.instance_end import InstanceEnd
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.messages import (
     ControlCall,
+    Heartbeat,
     Open,
     PreinferCall,
     PreinferReply,
@@ -113,10 +117,13 @@ class _Host:
         self.instances: dict[int, RankingInstance] = {}
         self.ends: dict[int, InstanceEnd] = {}       # the legs' side of each instance
         self.tasks: set[asyncio.Task[None]] = set()
+        self._building = asyncio.Lock()
 
-    def model(self, device: str) -> HSTU:
-        if device not in self.models:
-            self.models[device] = self.spec.build_model(device)
+    async def model(self, device: str) -> HSTU:
+        """The model on ``device``, built once (off the loop: loading weights takes a while)."""
+        async with self._building:
+            if device not in self.models:
+                self.models[device] = await asyncio.to_thread(self.spec.build_model, device)
         return self.models[device]
 
     def instance(self, iid: int) -> RankingInstance:
@@ -167,7 +174,7 @@ class _Host:
             raise TypeError(f"unexpected message {type(msg).__name__}")
 
     async def open(self, msg: Open) -> None:
-        model = self.model(msg.device)
+        model = await self.model(msg.device)
         # The arenas (hundreds of MB of zeroed memory) are allocated off the loop.
         inst = await asyncio.to_thread(build_instance, msg.config, msg.name, msg.device, model,
                                        self.spec.cost_model)
@@ -207,6 +214,8 @@ class _Host:
             await asyncio.sleep(self.spec.push_interval_s)
             for iid, inst in list(self.instances.items()):
                 write_frame(self.writer, 0, Push(iid, inst.snapshot()))
+            if not self.instances:
+                write_frame(self.writer, 0, Heartbeat())
 
     async def close(self) -> None:
         for task in list(self.tasks):

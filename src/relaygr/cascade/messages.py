@@ -8,7 +8,8 @@ same calls and answer with the same replies (picklable dataclasses):
   lifecycle or state), ``Open`` (a worker process builds an instance);
 * replies: ``PreinferReply``, ``RankReply`` (scores, or the shed rule's refusal),
   ``ReplicaState`` (a replica's answer to a control call); a worker process wraps each answer in
-  a ``Reply`` (value or error, with a snapshot) and pushes snapshots (``Push``).
+  a ``Reply`` (value or error, with a snapshot) and pushes snapshots (``Push``), or a
+  ``Heartbeat`` when it holds no instance (``cascade.liveness``).
 
 Every call carries the fields of ``RoutedCall``: ``iid`` names the instance within a worker
 process; the rest is what Ray Serve's request router (``distributed.router``) reads:
@@ -191,3 +192,9 @@ class Push:
 
     iid: int
     snapshot: InstanceSnapshot
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A worker process's sign of life when it holds no instance whose snapshot it could push
+    (the parent judges a silent process hung: ``cascade.liveness``)."""

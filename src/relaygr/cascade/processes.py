@@ -35,7 +35,9 @@ pair, each side driven by its own event loop:
 Failure model: a host that dies (or is killed) fails every call in flight and every later one
 with ``InstanceStoppedError``, so the cascade fails over to the user's next choice exactly as
 for a failed in-process instance; its handles are then ``down``, and ``revive`` (what
-``cascade.supervisor`` calls) opens them on a fresh host. ``fail``/``restart`` go to the
+``cascade.supervisor`` calls) opens them on a fresh host. A host that is alive but does not
+answer is seen by ``hang`` (``cascade.liveness``) and ended by ``kill``: its calls in flight
+fail over at once and it is then down like one that died. ``fail``/``restart`` go to the
 instance in the host. The parent's end of a host is ``cascade.host_link.HostLink``.
 """
 
@@ -56,6 +58,7 @@ from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.host_link import HostLink
 from relaygr.cascade.instance_host import HostSpec
 from relaygr.cascade.instances import InstanceFactory
+from relaygr.cascade.liveness import LivenessPolicy
 from relaygr.cascade.messages import (
     ControlCall,
     Open,
@@ -136,6 +139,14 @@ class ProcessInstance:
     def down(self) -> bool:
         """Started (and not failed on purpose) but its process is gone: ``revive`` it."""
         return self._up and not self.link.alive
+
+    def hang(self, policy: LivenessPolicy) -> str | None:
+        """Why its host counts as hung (``cascade.liveness``), or None (always, when not up)."""
+        return self.link.hang(policy) if self._up else None
+
+    def kill(self) -> None:
+        """End its host (and every instance it carries): the instance is then ``down``."""
+        self.link.kill()
 
     async def revive(self) -> None:
         """Open this instance again on a fresh host process (its caches start empty)."""

@@ -1,12 +1,18 @@
-"""Keeps a system's instance processes alive: a dead one is seen, routed around and restarted.
+"""Keeps a system's instance processes alive: a dead or hung one is seen, routed around and
+restarted.
 
 An instance whose process exits (killed, crashed, out of memory) stops being healthy at once
 (the parent sees its socket close), so the router sends its users to the next instance and the
-requests it held fail over (``RelaySystem``). The supervisor then restarts it on a fresh process,
-after a back-off that doubles on each failed try, and gives up loudly after ``max_restarts``
-tries in a row: an instance that keeps dying is a fault to look at, not to hide. Every death,
-restart and give-up is logged and counted (``SupervisorCounts``, exported as metrics). An
-instance failed on purpose (``fail_instance``) is not "down" and is left alone.
+requests it held fail over (``RelaySystem``). An instance whose process is alive but does not
+answer (stopped, or stuck in a call) is judged hung at a check (every ``interval_s``, by the
+deadlines of ``cascade.liveness``: within about a second of its last frame) and killed, which
+makes it down the same way: unhealthy at once, its requests in flight failed over. The
+supervisor then restarts it on a fresh process, after a back-off that doubles on each failed
+try, and gives up loudly after ``max_restarts`` tries in a row: an instance that keeps dying is a
+fault to look at, not to hide. Every death (a process that exited by itself), hang (a process
+killed for not answering; not counted again as a death), restart and give-up is logged and
+counted (``SupervisorCounts``, exported as metrics). An instance failed on purpose
+(``fail_instance``) is neither down nor checked, and is left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from relaygr.cascade.liveness import LivenessPolicy
 from relaygr.engine.scheduler import InstanceStoppedError
 
 log = logging.getLogger("relaygr.supervisor")
@@ -35,6 +42,12 @@ class Revivable(Protocol):
 
     async def revive(self) -> None: ...
 
+    def hang(self, policy: LivenessPolicy) -> str | None:
+        """Why it counts as hung now (its process alive but not answering), or None."""
+
+    def kill(self) -> None:
+        """End its process (it is then ``down``)."""
+
 
 @dataclass(frozen=True)
 class SupervisorPolicy:
@@ -46,11 +59,14 @@ class SupervisorPolicy:
     max_backoff_s: float = 30.0
     # Failed restarts in a row after which the instance is given up (left down, logged).
     max_restarts: int = 5
+    # When a live instance counts as hung (checked every interval_s).
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
 
 
 @dataclass
 class SupervisorCounts:
     deaths: int = 0
+    hangs: int = 0
     restarts: int = 0
     failed_restarts: int = 0
     given_up: list[str] = field(default_factory=list)
@@ -68,24 +84,52 @@ class InstanceSupervisor:
         self._task: asyncio.Task[None] | None = None
         self._tries: dict[str, int] = {}
         self._seen_down: set[str] = set()
+        # One restart at a time per instance, each a task of its own, so the checks go on
+        # every interval_s while a restart waits out its back-off or a process start.
+        self._restarting: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         if self.watched and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._restarting.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
+        self._restarting.clear()
 
     async def _watch(self) -> None:
         while True:
             for inst in self.watched:
-                if inst.down and inst.name not in self.counts.given_up:
-                    await self._restart(inst)
+                if inst.name in self.counts.given_up:
+                    continue
+                why = inst.hang(self.policy.liveness)
+                if why is not None:
+                    self._kill(inst, why)
+                if inst.down and inst.name not in self._restarting:
+                    self._restarting[inst.name] = task = asyncio.create_task(
+                        self._restart(inst))
+                    task.add_done_callback(self._restart_ended)
             await asyncio.sleep(self.policy.interval_s)
+
+    def _restart_ended(self, task: asyncio.Task[None]) -> None:
+        name = next((n for n, t in self._restarting.items() if t is task), None)
+        if name is not None:
+            del self._restarting[name]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("instance %s: restart failed unexpectedly", name,
+                      exc_info=task.exception())
+
+    def _kill(self, inst: Revivable, why: str) -> None:
+        self._seen_down.add(inst.name)      # a hang, not a death
+        self.counts.hangs += 1
+        log.warning("instance %s is hung (%s): killing its process; its users go to the next "
+                    "instance; restarting it", inst.name, why)
+        inst.kill()
 
     async def _restart(self, inst: Revivable) -> None:
         if inst.name not in self._seen_down:

@@ -13,7 +13,10 @@
 ``relaygr serve --ray``: start or join a cluster, run the app behind Serve's HTTP proxy, and on
 SIGINT/SIGTERM shut Serve down (replicas drain their requests first). A trained retrieval stage
 (``ModelSource.retrieval_run``) is checked by the driver and loaded by each ingress replica from
-its run directory (``ingress_service``); it runs there, on the ingress's CPU.
+its run directory (``ingress_service``); it runs there, on the ingress's CPU. Unless the system
+config gives them, the replicas' cache budgets are sized as the embedded server sizes its
+instances' (``ray_budgets``: from the model, the users and the memory of the machine that runs
+it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
-from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.hostmem import release_free_memory, tune_host_allocator
 from relaygr.errors import ConfigError
 from relaygr.model.digest import model_digest
 from relaygr.server.app import create_app
@@ -50,6 +53,7 @@ from relaygr.server.build import (
     load_retrieval,
     load_store,
     model_info,
+    sized_budgets,
 )
 from relaygr.server.config import (
     ModelSource,
@@ -100,6 +104,7 @@ def ingress_service(ranker: Any, spec: IngressSpec) -> RelayService:
     if model_digest(model) != spec.model_digest:
         raise ConfigError("the ingress built a different model than the driver")
     store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
+    release_free_memory()   # what reading the dataset freed (see engine.hostmem)
     retrieval = load_retrieval(spec.model, spec.system, device=INGRESS_DEVICE)
     backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
     return RelayService(backend, spec.server, load_catalog(spec.model, model),
@@ -217,6 +222,25 @@ def _warn_while_pending(done: threading.Event, after_s: float, shares: CpuShares
               f"{cpus:g}): see `ray status` for pending actors", flush=True)
 
 
+def ray_budgets(options: ServeOptions, log: Callable[[str], None]) -> SystemConfig:
+    """``options.system`` with each ranking replica's cache budgets sized from the model and
+    the users for ``options.replicas`` replicas (``server.build.sized_budgets``; ``log`` hears
+    how), or as given when the system config gave them. The users are read here once for it,
+    from the dataset or synthetic (not the shared store nor the event log: the ingress owns
+    those), then dropped and their memory handed back."""
+    if not options.size_budgets:
+        return options.system
+    model = load_model(options.model)
+    users = load_store(replace(options.model, events=None, history_store=None), model,
+                       HistoryWindow.for_model(model.cfg, options.system))
+    sized = sized_budgets(options.system.with_(num_instances=options.replicas), model, users,
+                          log)
+    del model, users
+    release_free_memory()
+    return options.system.with_(device_budget_bytes=sized.device_budget_bytes,
+                                host_budget_bytes=sized.host_budget_bytes)
+
+
 def serve_forever(options: ServeOptions) -> int:
     """``relaygr serve --ray`` (see the module docstring)."""
     gpus = torch.cuda.device_count()
@@ -228,7 +252,8 @@ def serve_forever(options: ServeOptions) -> int:
     init_ray(options.ray_address)
     shares = plan_cpu_shares(ray.cluster_resources().get("CPU", 0.0), options.replicas,
                              options.replica_cpus, ingresses=options.ingress_replicas)
-    spec = RayAppSpec(options.model, options.system, options.server, options.replicas,
+    system = ray_budgets(options, lambda line: print(f"relaygr: {line}", flush=True))
+    spec = RayAppSpec(options.model, system, options.server, options.replicas,
                       shares.replica, 1.0 if gpus and device.startswith("cuda") else 0.0,
                       ingress_cpus=shares.ingress, ingress_replicas=options.ingress_replicas,
                       device=device, cost_model=cost_model)

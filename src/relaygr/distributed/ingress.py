@@ -18,6 +18,12 @@ The earlier stages run here, in the ingress, as in the embedded system: the retr
 item embeddings), its measured time in the answer's ``timings``, its scores fused after ranking
 (``SystemConfig.stage_weight``) by the same ``RequestPath``.
 
+The ingress learns the replicas and their snapshots (for /metrics and /readyz) from their
+replies, so a replica that dies with no call on it would stay listed, healthy, forever: the
+backend therefore asks every replica it knows for its state every ``refresh_interval_s``, and
+drops one that is gone (its call fails, or Serve's router, which no longer has it, lets another
+replica answer).
+
 ``RelayIngress`` (``distributed.app``) is the Serve deployment class: it builds the model (and
 checks its digest), the store, the retrieval stage and a ``RelayService`` over a ``RayBackend``.
 """
@@ -25,6 +31,8 @@ checks its digest), the store, the retrieval stage and a ``RelayService`` over a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +63,8 @@ from relaygr.model import HSTU, HSTUConfig
 from relaygr.routing import RouteDecision, RouteReason
 from relaygr.server.backend import PrefillOutcome
 from relaygr.server.snapshot import InstanceSnapshot, ServingCounters, ServingSnapshot
+
+log = logging.getLogger("relaygr.ingress")
 
 # Errors that mean "the replica this leg went to is gone": answer from the next choice.
 REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
@@ -141,9 +151,14 @@ class RayBackend:
     """``RelayBackend`` over a Ray Serve ranking deployment (see the module docstring)."""
 
     def __init__(self, ranker: Any, model: HSTU, store: HistoryStore, system: SystemConfig,
-                 max_attempts: int = 4, retrieval: RetrievalStage | None = None) -> None:
+                 max_attempts: int = 4, retrieval: RetrievalStage | None = None,
+                 refresh_interval_s: float = 1.0) -> None:
         """``retrieval``: the retrieval stage, run here in the ingress (default: the model's
-        item embeddings; ``EarlierStages.of``)."""
+        item embeddings; ``EarlierStages.of``). ``refresh_interval_s``: how often every known
+        replica is asked for its state (see the module docstring): a dead replica leaves
+        /metrics and /readyz within it."""
+        self.refresh_interval_s = refresh_interval_s
+        self._refresher: asyncio.Task[None] | None = None
         self.model = model.eval()
         self.system = system
         self.fleet = ReplicaFleet(ranker, max_attempts)
@@ -166,9 +181,23 @@ class RayBackend:
 
     async def start(self) -> None:
         await self.fleet.refresh()
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
 
     async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
         self.stages.shutdown()
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s)
+            try:
+                await self.fleet.refresh()
+            except Exception as exc:  # the last snapshots stay; the next round asks again
+                log.warning("refreshing the replicas' snapshots failed: %r", exc)
 
     async def recommend(self, visit: Visit) -> Recommendation:
         return await self.path.recommend(visit)

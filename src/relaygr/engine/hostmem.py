@@ -17,6 +17,11 @@ PyTorch's performance tuning guide recommends; this does it without a preload, a
 that preloads one of those is unaffected (``mallopt`` then belongs to glibc, which no longer
 serves the tensors).
 
+The same settings keep what start-up freed (a server reads a whole dataset to build its users'
+histories, then drops the rows): ``release_free_memory`` hands the heap's free pages back to the
+kernel once, when start-up is done; the serving passes then fault their working set in once and
+keep it.
+
 Invariant: the settings are process-wide and only ever raised; calling twice is harmless.
 """
 
@@ -44,6 +49,13 @@ def tune_host_allocator(mmap_threshold_bytes: int = MAX_MMAP_THRESHOLD_BYTES,
     libc = _glibc()
     return libc is not None and (libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1
                                  and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
+
+
+def release_free_memory() -> bool:
+    """Return the heap's free pages to the kernel (glibc ``malloc_trim(0)``); False when not
+    glibc or nothing was returned. Call it once start-up is done, not per request."""
+    libc = _glibc()
+    return libc is not None and hasattr(libc, "malloc_trim") and libc.malloc_trim(0) == 1
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -116,7 +116,8 @@ class EmbeddedBackend:
         sup = self.system.supervisor.counts
         counters = ServingCounters(c.requests, c.failovers, c.shed_preinfer, c.shed_rank,
                                    self.system.remembered_prefills, sup.deaths, sup.restarts,
-                                   len(sup.given_up), c.window_slides, c.windowed_requests)
+                                   len(sup.given_up), c.window_slides, c.windowed_requests,
+                                   sup.hangs)
         return ServingSnapshot(tuple(i.snapshot() for i in self.system.instances),
                                counters)
 

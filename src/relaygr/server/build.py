@@ -32,6 +32,7 @@ from relaygr.cascade.redis_store import RedisHistoryStore
 from relaygr.cascade.store import HistoryStore, InMemoryHistoryStore, SyntheticHistories
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.hostmem import release_free_memory
 from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.model import HSTU, config_for_size
 from relaygr.relay.costmodel import LatencyCostModel
@@ -248,7 +249,9 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     threads of this process, or with ``instance_processes`` a process each (each instance then
     computes under its own interpreter lock; ``cascade.processes``). The processes start with
     the service and end when it stops. ``size_budgets`` replaces the system's cache budgets
-    with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how."""
+    with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how. Once
+    the users are loaded, the memory that freed is handed back to the kernel
+    (``engine.hostmem.release_free_memory``)."""
     device = system.devices[0]
     log(f"loading the model ({source.checkpoint or source.size}) on {device}")
     model = load_model(source, device)
@@ -263,6 +266,7 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
     retrieval = load_retrieval(source, system, log)
+    release_free_memory()   # what reading the dataset freed (see engine.hostmem)
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
                                                         retrieval)),

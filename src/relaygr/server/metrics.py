@@ -85,9 +85,10 @@ class SnapshotCollector(Collector):
         failovers.add_metric([], snap.counters.failovers)
         yield failovers
         lifecycle = CounterMetricFamily(
-            "relaygr_instance_events", "Instance processes seen dead, restarted, given up",
-            labels=["event"])
+            "relaygr_instance_events", "Instance processes seen dead (exited by themselves), "
+            "hung (alive but not answering: killed), restarted, given up", labels=["event"])
         lifecycle.add_metric(["death"], snap.counters.instance_deaths)
+        lifecycle.add_metric(["hang"], snap.counters.instance_hangs)
         lifecycle.add_metric(["restart"], snap.counters.instance_restarts)
         lifecycle.add_metric(["given_up"], snap.counters.instances_given_up)
         yield lifecycle

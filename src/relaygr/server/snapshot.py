@@ -32,6 +32,7 @@ class ServingCounters:
     instances_given_up: int = 0     # ... and left down after repeated failed restarts
     window_slides: int = 0          # appends that moved a user's history window (cascade.window)
     windowed_requests: int = 0      # ranked from a window that starts after the first event
+    instance_hangs: int = 0         # instance processes killed by the supervisor for not answering
 
 
 @dataclass(frozen=True)

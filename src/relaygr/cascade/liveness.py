@@ -1,0 +1,105 @@
+"""Whether an instance host process still answers: the deadlines behind hang detection.
+
+A host (``cascade.instance_host``) writes at least one frame every ``push_interval_s`` while its
+event loop runs (a snapshot push per instance it holds, or a ``Heartbeat`` when it holds none),
+and answers every ranking call it is sent. ``HostLiveness`` (one per ``HostLink``, fed by it)
+records when the parent last heard from the host and which ranking calls are unanswered since
+when; ``check`` judges the host hung when, at a check,
+
+* nothing came from it for ``silent_s`` (its process is stopped, e.g. by SIGSTOP, or its loop
+  is blocked), or
+* one ranking call has been unanswered for ``rank_deadline_s`` (stuck in a call while the loop
+  still beats),
+
+and the same suspicion (the same silence, or the same call) held at an earlier check at least
+``confirm_s`` before. The second look keeps a parent whose own loop stalled from judging a
+healthy host: the host's frames then wait unread in the socket, the parent's reader runs
+between the two checks, and what it reads ends the silence (or answers the call).
+
+Time is the caller's clock (the event loop's ``loop.time()``), passed in, so the rules are
+tested on virtual time. Checked every ``interval_s`` (``SupervisorPolicy``), a host that stops
+writing is judged within ``silent_s + interval_s + max(interval_s, confirm_s)`` of its last
+frame: 0.6 + 0.2 + 0.2 = 1.0 s with the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relaygr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LivenessPolicy:
+    # A host writes every 0.25 s (``HostSpec.push_interval_s``): 0.6 s is two frames missed and
+    # most of a third, short enough to judge a stopped host within a second.
+    silent_s: float = 0.6
+    # A ranking call waits at most ``max_rank_queue_depth`` batches (then it is shed), tens of
+    # ms each: five seconds is a stuck call, not a slow one, on any machine we run.
+    rank_deadline_s: float = 5.0
+    # The second look (see the module docstring): at least one turn of the parent's loop.
+    confirm_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("silent_s", "rank_deadline_s", "confirm_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"LivenessPolicy.{name} must be > 0")
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """What a check found wrong: ``kind`` "silent" (``since``: the last frame heard) or
+    "rank call" (``since``: when call ``seq`` was sent). Equal suspicions are the same fault."""
+
+    kind: str
+    since: float
+    seq: int = 0
+
+
+class HostLiveness:
+    """See the module docstring. Fed by one ``HostLink``; checked by the supervisor."""
+
+    def __init__(self, now: float) -> None:
+        self.last_heard = now
+        self._rank_sent: dict[int, float] = {}          # seq -> sent at, oldest first
+        self._suspect: tuple[Suspicion, float] | None = None   # and when first seen
+
+    def heard(self, now: float) -> None:
+        """A frame (any frame) came from the host."""
+        self.last_heard = now
+
+    def rank_sent(self, seq: int, now: float) -> None:
+        self._rank_sent[seq] = now
+
+    def answered(self, seq: int) -> None:
+        self._rank_sent.pop(seq, None)
+
+    @property
+    def unanswered_ranks(self) -> int:
+        return len(self._rank_sent)
+
+    def suspicion(self, now: float, policy: LivenessPolicy) -> Suspicion | None:
+        """What is wrong now at first sight (not yet a verdict: see ``check``)."""
+        if now - self.last_heard >= policy.silent_s:
+            return Suspicion("silent", self.last_heard)
+        for seq, sent in self._rank_sent.items():    # the oldest call is the first
+            if now - sent >= policy.rank_deadline_s:
+                return Suspicion("rank call", sent, seq)
+            break
+        return None
+
+    def check(self, now: float, policy: LivenessPolicy) -> str | None:
+        """Why the host is hung (a sentence for the log), or None: the suspicion seen now, if
+        it was seen at an earlier check at least ``confirm_s`` ago."""
+        seen = self.suspicion(now, policy)
+        if seen is None:
+            self._suspect = None
+            return None
+        if self._suspect is None or self._suspect[0] != seen:
+            self._suspect = (seen, now)
+            return None
+        if now - self._suspect[1] < policy.confirm_s:
+            return None
+        if seen.kind == "silent":
+            return f"nothing heard from it for {now - seen.since:.2f} s"
+        return f"ranking call {seen.seq} unanswered for {now - seen.since:.2f} s"

@@ -1,0 +1,88 @@
+"""The hang deadlines of ``cascade.liveness``, on a clock the test moves (exact times)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaygr.cascade.liveness import HostLiveness, LivenessPolicy, Suspicion
+from relaygr.errors import ConfigError
+
+POLICY = LivenessPolicy(silent_s=0.5, rank_deadline_s=2.0, confirm_s=0.125)
+TICK = 0.25         # the checks' interval (exact in binary, so every time below is exact)
+
+
+def _first_verdict(liveness: HostLiveness, start: float, end: float,
+                   beats_until: float | None = None) -> tuple[float, str] | None:
+    """Check every TICK from ``start`` to ``end``; the host writes a frame at each tick up to
+    ``beats_until``. The first verdict and its time, or None."""
+    now = start
+    while now <= end:
+        if beats_until is not None and now <= beats_until:
+            liveness.heard(now)
+        why = liveness.check(now, POLICY)
+        if why is not None:
+            return now, why
+        now += TICK
+    return None
+
+
+def test_a_silent_host_is_judged_at_the_second_check_past_the_deadline() -> None:
+    liveness = HostLiveness(0.0)
+    assert _first_verdict(liveness, 0.0, 10.0, beats_until=3.0) == (
+        3.75, "nothing heard from it for 0.75 s")
+    # 3.5: silent 0.5 s, suspected; 3.75: the same silence again, 0.25 s later: hung
+
+
+def test_a_frame_between_the_two_checks_clears_the_suspicion() -> None:
+    liveness = HostLiveness(0.0)
+    assert liveness.check(2.0, POLICY) is None       # silent 2 s: a parent that stalled
+    assert liveness.suspicion(2.0, POLICY) == Suspicion("silent", 0.0)
+    liveness.heard(2.0)                              # its reader runs: the frames were there
+    assert liveness.check(2.25, POLICY) is None
+    assert liveness.check(2.5, POLICY) is None       # silent 0.5 s again: a new suspicion
+    assert liveness.check(2.75, POLICY) == "nothing heard from it for 0.75 s"
+
+
+def test_the_second_look_must_come_confirm_s_later() -> None:
+    liveness = HostLiveness(0.0)
+    assert liveness.check(1.0, POLICY) is None
+    assert liveness.check(1.0, POLICY) is None       # a second supervisor, the same turn
+    assert liveness.check(1.0625, POLICY) is None    # too soon
+    assert liveness.check(1.125, POLICY) == "nothing heard from it for 1.12 s"
+
+
+def test_a_stuck_ranking_call_is_judged_while_the_host_still_beats() -> None:
+    liveness = HostLiveness(0.0)
+    liveness.rank_sent(7, 1.0)                       # never answered
+    liveness.rank_sent(8, 1.25)
+    liveness.answered(8)                             # answered: never judged
+    assert _first_verdict(liveness, 0.0, 10.0, beats_until=10.0) == (
+        3.25, "ranking call 7 unanswered for 2.25 s")
+
+
+def test_calls_answered_in_time_are_not_judged() -> None:
+    liveness = HostLiveness(0.0)
+    for seq in range(1, 40):     # each answered 1.75 s after it was sent (under the deadline)
+        sent = seq * TICK
+        liveness.rank_sent(seq, sent)
+        if seq > 7:
+            liveness.answered(seq - 7)
+    assert liveness.unanswered_ranks == 7
+    assert _first_verdict(liveness, 0.0, 9.75, beats_until=9.75) is None
+
+
+def test_a_call_answered_after_a_stall_clears_its_suspicion() -> None:
+    liveness = HostLiveness(0.0)
+    liveness.rank_sent(1, 0.0)
+    liveness.heard(2.5)
+    assert liveness.check(2.5, POLICY) is None       # overdue at first sight
+    liveness.answered(1)                             # the reply was waiting unread
+    liveness.heard(2.75)
+    assert liveness.check(2.75, POLICY) is None
+    assert liveness.unanswered_ranks == 0
+
+
+@pytest.mark.parametrize("field", ["silent_s", "rank_deadline_s", "confirm_s"])
+def test_a_deadline_must_be_positive(field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        LivenessPolicy(**{field: 0.0})
