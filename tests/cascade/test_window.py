@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.payload import PrefixPayload
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError, SequenceTooLongError
 from relaygr.model import HSTU

@@ -21,9 +21,9 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.request_router import PendingRequest
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.messages import RoutedCall
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
+from relaygr.engine.transport.messages import RoutedCall
 from relaygr.model.digest import model_digest
 from relaygr.server.build import load_model
 from relaygr.server.config import ModelSource

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.cascade.messages import RankCall, RouteNote
-from relaygr.cascade.payload import UNKNOWN_VERSION, PrefixPayload
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.distributed.replica import RankingReplica
+from relaygr.engine.transport.messages import RankCall, RouteNote
+from relaygr.engine.transport.payload import UNKNOWN_VERSION, PrefixPayload
 from relaygr.errors import ConfigError
 from relaygr.kvcache import PrefixId
 from tests.distributed.helpers import replica_spec

@@ -7,7 +7,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.cascade.messages import ControlCall, RoutedCall, RouteNote
+from relaygr.engine.transport.messages import ControlCall, RoutedCall, RouteNote
 from relaygr.routing import rendezvous_order
 from tests.distributed.helpers import choose, make_router
 

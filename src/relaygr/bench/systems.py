@@ -45,12 +45,12 @@ from relaygr.bench.protocol import (
 )
 from relaygr.bench.workload import Workload
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
-from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
 from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 
@@ -135,7 +135,7 @@ class SharedParts:
     cost_model: LatencyCostModel
     retrieval: RetrievalStage
     # Where the ranking instances run: None, in the benchmark's own process (worker threads
-    # sharing one GIL); else one process each (``relaygr.cascade.processes``).
+    # sharing one GIL); else one process each (``relaygr.engine.transport.processes``).
     processes: InstanceProcesses | None = None
     # Trained retrieval stages by workload name (workloads whose item ids are a dataset's):
     # their visits retrieve live, on the request's path and measured, with no simulated delays.

@@ -5,7 +5,7 @@ from its instances, wherever they run:
 
 * ``InstanceFleet`` (here): K ``InstanceHandle``s behind the mode's router; a handle is a
   ``RankingInstance`` in this process or a ``ProcessInstance`` in a worker process of its own
-  (``cascade.processes``). The router runs here, over the handles' health and queue depths,
+  (``engine.transport.processes``). The router runs here, over the handles' health and queue depths,
   and the shed rules are checked here, on the queue depths this process sees.
 * ``ReplicaFleet`` (``distributed.ingress``): Ray Serve replicas; Serve's request router routes
   each leg with the same ``Router`` (``distributed.router``), and each replica checks the same
@@ -32,12 +32,9 @@ from typing import Protocol
 from relaygr.cascade.config import SystemConfig
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.scheduler import InstanceStoppedError
-from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
+from relaygr.engine.types import SKIPPED, PrefixSpec, PreinferResult, RankJob, RankResult
 from relaygr.errors import OverloadedError
 from relaygr.routing import InstanceView, RouteDecision, Router
-
-# What a shed or lost pre-infer signal did: nothing (the ranking leg recomputes).
-SKIPPED = PreinferResult(PreinferAction.SKIPPED, None, 0)
 
 
 class InstanceLost(Exception):

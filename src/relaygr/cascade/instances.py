@@ -2,7 +2,7 @@
 
 ``build_instance`` makes the ``RankingInstance`` a mode wants (trigger, tiers, budgets,
 batching). The embedded system builds its K instances with it in this process, a worker
-process builds each of its instances with it (``cascade.instance_host``), and a Ray Serve
+process builds each of its instances with it (``engine.transport.host``), and a Ray Serve
 replica builds its one instance with it, so every transport runs the same instance logic.
 ``InstanceFactory`` is what ``RelaySystem`` takes to place its instances elsewhere
 (``InstanceProcesses.factory``).

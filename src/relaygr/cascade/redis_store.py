@@ -7,10 +7,10 @@ Keys (``NS`` is the namespace, ``relaygr`` by default; one namespace serves one 
     NS:user:ID:items       the user's item ids, packed little-endian int64, oldest first
     NS:user:ID:ts          their timestamps, the same way (only for a timed user)
     NS:user:ID:sums        the running hash sums: entry i-1 (uint64) is the sum over the first
-                           i events (``store.event_hash_sums``)
+                           i events (``engine.versions.event_hash_sums``)
 
-Versions are derived from what the store holds: ``version_at(user, n, start)`` reads the two
-sums at ``n`` and ``start`` and applies ``store.version_of``, so it is O(1) and equal, for the
+Versions are derived from what the store holds: ``version_at(user, n, start)`` reads the two sums at
+``n`` and ``start`` and applies ``engine.versions.version_of``, so it is O(1) and equal, for the
 same events, to ``InMemoryHistoryStore``'s in every process.
 
 Appends are atomic per user: the client reads the user's tail (length, newest sum and
@@ -51,7 +51,8 @@ from relaygr.cascade.history_checks import (
     check_user,
 )
 from relaygr.cascade.redis_scripts import APPEND, READ, SUMS
-from relaygr.cascade.store import HistorySnapshot, HistoryStore, event_hash_sums, version_of
+from relaygr.cascade.store import HistorySnapshot, HistoryStore
+from relaygr.engine.versions import event_hash_sums, version_of
 from relaygr.errors import ConfigError, HistoryStoreUnavailableError, UnknownUserError
 
 URL_SCHEMES = ("redis://", "rediss://", "unix://")

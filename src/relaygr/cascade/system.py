@@ -2,7 +2,7 @@
 
 ``RelaySystem`` owns the parts: the store and its history window, the earlier stages, the K
 instances (``build_instance`` in this process, or an ``InstanceFactory`` that places them
-elsewhere, e.g. worker processes: ``cascade.processes``), their supervisor, and the mode's
+elsewhere, e.g. worker processes: ``engine.transport.processes``), their supervisor, and the mode's
 router. A request's path through them (window prefix, the two legs, shedding, failover,
 appending the visit) is ``cascade.request_path.RequestPath``, the one the Ray ingress drives too;
 here it reaches the instances through ``cascade.fleet.InstanceFleet``.
@@ -23,9 +23,9 @@ from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, SystemCounters, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
-from relaygr.cascade.supervisor import InstanceSupervisor
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.handle import InstanceHandle
+from relaygr.engine.transport.supervisor import InstanceSupervisor
 from relaygr.engine.types import PreinferResult
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.payload import PrefixPayload
 from relaygr.cascade.store import HistoryStore
+from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.errors import ConfigError, InvalidInputError, SequenceTooLongError
 from relaygr.kvcache import PrefixId
 from relaygr.model import HSTUConfig

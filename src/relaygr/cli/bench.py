@@ -35,17 +35,18 @@ from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.bench.workload.ml1m import ML1MConfig, read_movie_ids
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.instances import build_instance
 from relaygr.cascade.modes import Mode
-from relaygr.cascade.processes import (
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cli.config import as_plain
+from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.transport.processes import (
     PLACEMENTS,
     InstanceProcesses,
     threads_per_instance,
     wants_processes,
 )
-from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
-from relaygr.cli.config import as_plain
-from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
 
@@ -164,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     processes = None
     if setup.in_processes:
         processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
-                                                torch_threads=torch.get_num_threads())
+                                                torch_threads=torch.get_num_threads(),
+                                                build=build_instance)
     parts = SharedParts(model, cost_model,
                         EmbeddingRetrieval.of(model, system.retrieval_history), processes)
     if args.retrieval_run is not None:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
-from relaygr.cascade.processes import PLACEMENTS, wants_processes
 from relaygr.cli.config import as_plain
 from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.transport.processes import PLACEMENTS, wants_processes
 from relaygr.errors import ConfigError
 from relaygr.model import MODEL_SIZES
 from relaygr.server.config import ModelSource, ServeOptions, ServerConfig

@@ -42,7 +42,12 @@ from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import FirstLeg, InstanceLost
-from relaygr.cascade.messages import (
+from relaygr.cascade.proposals import RetrievalStage
+from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
+from relaygr.cascade.stages import EarlierStages
+from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.transport.messages import (
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -51,12 +56,7 @@ from relaygr.cascade.messages import (
     ReplicaState,
     RouteNote,
 )
-from relaygr.cascade.payload import PrefixPayload
-from relaygr.cascade.proposals import RetrievalStage
-from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
-from relaygr.cascade.stages import EarlierStages
-from relaygr.cascade.store import HistoryStore
-from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import PrefixSpec, RankJob, RankResult
 from relaygr.errors import OverloadedError
 from relaygr.model import HSTU, HSTUConfig

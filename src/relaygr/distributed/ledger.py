@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relaygr.cascade.messages import RoutedCall
+from relaygr.engine.transport.messages import RoutedCall
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ instance) and answers the two legs of the relay:
   ``cascade.fleet.rank_shed`` refuses it (then the reply says overloaded and the ingress
   answers 503).
 
-Both are answered by ``cascade.instance_end.InstanceEnd``, as in a worker process, with the
-shed rules applied here.
+Both are answered by ``cascade.instance_end.SheddingEnd``: the worker process's
+``InstanceEnd`` with the shed rules applied here.
 
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
@@ -28,9 +28,11 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.instance_end import InstanceEnd
+from relaygr.cascade.instance_end import SheddingEnd
 from relaygr.cascade.instances import build_instance
-from relaygr.cascade.messages import (
+from relaygr.distributed.ledger import LegLedger
+from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.transport.messages import (
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -38,8 +40,6 @@ from relaygr.cascade.messages import (
     RankReply,
     ReplicaState,
 )
-from relaygr.distributed.ledger import LegLedger
-from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
@@ -86,7 +86,7 @@ class RankingReplica:
         self.system = spec.system
         self.instance = build_instance(spec.system, self.name, spec.device, model, cost_model)
         # the legs' side of the instance; it sheds here (the ingress cannot see this queue)
-        self.end = InstanceEnd(self.instance, shed_by=spec.system)
+        self.end = SheddingEnd(self.instance, spec.system)
         self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
         self.legs: Counter[str] = Counter()
         self._started = False

@@ -22,7 +22,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from relaygr.cascade.messages import RoutedCall, RouteNote
+from relaygr.engine.transport.messages import RoutedCall, RouteNote
 from relaygr.routing import (
     AffinityRouter,
     InstanceView,

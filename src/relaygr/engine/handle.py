@@ -1,7 +1,7 @@
 """What the cascade needs from a ranking instance, wherever the instance runs.
 
 ``RankingInstance`` (in this process, driven by this event loop) and ``ProcessInstance`` (the
-same instance in a process of its own, ``relaygr.cascade.processes``) both satisfy it, so
+same instance in a process of its own, ``relaygr.engine.transport.processes``) both satisfy it, so
 the cascade's ``InstanceFleet`` routes, sheds and fails over the same way over either.
 
 ``preinfer`` is the one leg that differs in shape: in-process it decides at once and returns

@@ -108,3 +108,7 @@ class PreinferResult:
     action: PreinferAction
     reason: TriggerReason | None
     tokens: int                    # prefix tokens this signal will compute (0 for a reload copy)
+
+
+# What a shed or lost pre-infer signal did: nothing (the ranking leg recomputes).
+SKIPPED = PreinferResult(PreinferAction.SKIPPED, None, 0)

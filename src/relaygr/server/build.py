@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.instances import build_instance
 from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.redis_store import RedisHistoryStore
 from relaygr.cascade.store import HistoryStore, InMemoryHistoryStore, SyntheticHistories
@@ -247,10 +248,10 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
                    log: Callable[[str], None] = lambda _: None) -> RelayService:
     """A service over K instances (``system.num_instances``) on ``system.devices``: worker
     threads of this process, or with ``instance_processes`` a process each (each instance then
-    computes under its own interpreter lock; ``cascade.processes``). The processes start with
-    the service and end when it stops. ``size_budgets`` replaces the system's cache budgets
-    with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how. Once
-    the users are loaded, the memory that freed is handed back to the kernel
+    computes under its own interpreter lock; ``engine.transport.processes``). The processes start
+    with the service and end when it stops. ``size_budgets`` replaces the system's cache budgets
+    with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how. Once the
+    users are loaded, the memory that freed is handed back to the kernel
     (``engine.hostmem.release_free_memory``)."""
     device = system.devices[0]
     log(f"loading the model ({source.checkpoint or source.size}) on {device}")
@@ -271,9 +272,10 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
                                                         retrieval)),
                             server, load_catalog(source, model), model_info(source, model))
-    from relaygr.cascade.processes import InstanceProcesses, threads_per_instance
+    from relaygr.engine.transport.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
-                                            threads_per_instance(system.num_instances))
+                                            threads_per_instance(system.num_instances),
+                                            build=build_instance)
     relay = RelaySystem(system, model, store, cost_model, retrieval,
                         instance_factory=processes.factory)
     return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,

@@ -1,10 +1,10 @@
-"""The hang deadlines of ``cascade.liveness``, on a clock the test moves (exact times)."""
+"""The hang deadlines of ``engine.transport.liveness``, on a clock the test moves (exact times)."""
 
 from __future__ import annotations
 
 import pytest
 
-from relaygr.cascade.liveness import HostLiveness, LivenessPolicy, Suspicion
+from relaygr.engine.transport.liveness import HostLiveness, LivenessPolicy, Suspicion
 from relaygr.errors import ConfigError
 
 POLICY = LivenessPolicy(silent_s=0.5, rank_deadline_s=2.0, confirm_s=0.125)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from relaygr.cascade.liveness import HostLiveness, LivenessPolicy
-from relaygr.cascade.supervisor import InstanceSupervisor, SupervisorPolicy
 from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.transport.liveness import HostLiveness, LivenessPolicy
+from relaygr.engine.transport.supervisor import InstanceSupervisor, SupervisorPolicy
 from tests.virtual_time import run_virtual
 
 

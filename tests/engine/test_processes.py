@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from relaygr.cascade.processes import InstanceProcesses, ProcessInstance
+from relaygr.cascade.instances import build_instance
 from relaygr.cascade.request_path import Recommendation
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
@@ -39,7 +40,8 @@ def _system(mode: str, processes: InstanceProcesses, **changes: object) -> Relay
 
 def _processes() -> InstanceProcesses:
     model = make_model(0, num_items=NUM_ITEMS)
-    return InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2)
+    return InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2,
+                                       build=build_instance)
 
 
 def _run(processes: InstanceProcesses, main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -1,19 +1,20 @@
-"""The host process of ``relaygr.cascade.processes``: framing and the serving loop.
+"""The host process of ``relaygr.engine.transport.processes``: framing and the serving loop.
 
 A host process holds one copy of the model and serves any number of ``RankingInstance``s by id,
-each built by ``build_instance`` from a system's config, all driven by the process's own event
-loop (each instance computes on its own worker thread, as in-process).
+each built from a system's config by the builder its ``HostSpec`` carries (the cascade's
+``build_instance``, passed in: this layer does not know the modes), all driven by the process's
+own event loop (each instance computes on its own worker thread, as in-process).
 
-The messages are the cascade's one set (``cascade.messages``: ``Open``, ``PreinferCall``,
-``RankCall``, ``ControlCall``; ``Reply`` wrapping ``PreinferReply`` or ``RankReply``; ``Push``).
-Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a socket pair. The parent
-numbers its calls; a reply carries its call's number; a snapshot push carries 0. Messages are
-read in order and a ``PreinferCall`` is decided as it is read, so a ranking request read after its
-pre-infer signal always finds the signal's effect. The loop writes at least one frame every
-``push_interval_s`` (a ``Push`` per instance, or a ``Heartbeat``) and keeps slow work (building
-the model and the arenas) off itself, so a host whose loop runs is never judged silent by the
-parent (``cascade.liveness``). Each instance answers the legs through its
-``InstanceEnd`` (``cascade.instance_end``, as a Ray replica's does).
+The messages are the one set of every transport (``engine.transport.messages``: ``Open``,
+``PreinferCall``, ``RankCall``, ``ControlCall``; ``Reply`` wrapping ``PreinferReply`` or
+``RankReply``; ``Push``). Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a
+socket pair. The parent numbers its calls; a reply carries its call's number; a snapshot push
+carries 0. Messages are read in order and a ``PreinferCall`` is decided as it is read, so a ranking
+request read after its pre-infer signal always finds the signal's effect. The loop writes at least
+one frame every ``push_interval_s`` (a ``Push`` per instance, or a ``Heartbeat``) and keeps slow
+work (building the model and the arenas) off itself, so a host whose loop runs is never judged
+silent by the parent (``engine.transport.liveness``). Each instance answers the legs through its
+``InstanceEnd`` (``engine.transport.instance_end``, as a Ray replica's does).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import torch
 from safetensors.torch import load as load_weights
 from safetensors.torch import save as save_weights
 
-from relaygr.cascade.fleet import SKIPPED
-from relaygr.cascade.instance_end import InstanceEnd
-from relaygr.cascade.instances import build_instance
-from relaygr.cascade.messages import (
+from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.instance import RankingInstance
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.transport.instance_end import InstanceEnd
+from relaygr.engine.transport.messages import (
     ControlCall,
     Heartbeat,
     Open,
@@ -45,16 +48,17 @@ from relaygr.cascade.messages import (
     RankReply,
     Reply,
 )
-from relaygr.engine.hostmem import tune_host_allocator
-from relaygr.engine.instance import RankingInstance
-from relaygr.engine.scheduler import InstanceStoppedError
-from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.types import SKIPPED
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.digest import model_digest
 from relaygr.relay.costmodel import LatencyCostModel
 
 _HEADER_BYTES = 8
+
+# Builds instance ``name`` on ``device`` for a system's config (the cascade's ``build_instance``:
+# a module-level function, so it pickles by name and the host imports it).
+InstanceBuilder = Callable[[Any, str, str, HSTU, LatencyCostModel], RankingInstance]
 
 
 def write_frame(writer: asyncio.StreamWriter, seq: int, message: object) -> None:
@@ -87,16 +91,17 @@ class HostSpec:
     weights: bytes                  # safetensors
     digest: str
     cost_model: LatencyCostModel
+    build: InstanceBuilder
     torch_threads: int | None = 1
     # As often as the benchmark samples snapshots (``RunOptions.snapshot_interval_s``).
     push_interval_s: float = 0.25
 
     @classmethod
-    def of(cls, model: HSTU, cost_model: LatencyCostModel, torch_threads: int | None = 1
-           ) -> HostSpec:
+    def of(cls, model: HSTU, cost_model: LatencyCostModel, build: InstanceBuilder,
+           torch_threads: int | None = 1) -> HostSpec:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         return cls(model.cfg, str(model.dtype).removeprefix("torch."), save_weights(state),
-                   model_digest(model), cost_model, torch_threads)
+                   model_digest(model), cost_model, build, torch_threads)
 
     def build_model(self, device: str) -> HSTU:
         model = HSTU(self.model_config).to(dtype=getattr(torch, self.dtype))
@@ -176,7 +181,7 @@ class _Host:
     async def open(self, msg: Open) -> None:
         model = await self.model(msg.device)
         # The arenas (hundreds of MB of zeroed memory) are allocated off the loop.
-        inst = await asyncio.to_thread(build_instance, msg.config, msg.name, msg.device, model,
+        inst = await asyncio.to_thread(self.spec.build, msg.config, msg.name, msg.device, model,
                                        self.spec.cost_model)
         await inst.start()
         self.instances[msg.iid] = inst

@@ -1,15 +1,15 @@
 """The parent's end of one instance host process: spawn, framed calls, pushed snapshots.
 
-``HostLink`` starts its host process (``instance_host.host_main``) on first use, numbers every
-call and resolves its future with the host's ``Reply``, and hands the snapshots the host pushes
-to the handles of the instances it carries (``SnapshotSink``: ``ProcessInstance`` in
-``cascade.processes``). When the host exits, every call in flight and every later one fails with
-``InstanceStoppedError``; ``respawn`` starts a fresh host in its place (once, however many of its
-instances ask), and the handles open their instances there again.
+``HostLink`` starts its host process (``engine.transport.host.host_main``) on first use, numbers
+every call and resolves its future with the host's ``Reply``, and hands the snapshots the host
+pushes to the handles of the instances it carries (``SnapshotSink``: ``ProcessInstance``,
+``engine.transport.process_instance``). When the host exits, every call in flight and every later
+one fails with ``InstanceStoppedError``; ``respawn`` starts a fresh host in its place (once, however
+many of its instances ask), and the handles open their instances there again.
 
 A host that is alive but does not answer (stopped, or stuck) is seen by ``hang`` (the deadlines of
-``cascade.liveness``: every frame read and every ranking call sent and answered is recorded) and
-ended by ``kill``, after which it is down like a host that died.
+``engine.transport.liveness``: every frame read and every ranking call sent and answered is
+recorded) and ended by ``kill``, after which it is down like a host that died.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import multiprocessing
 import socket
 from typing import Protocol
 
-from relaygr.cascade.instance_host import HostSpec, host_main, read_frame, write_frame
-from relaygr.cascade.liveness import HostLiveness, LivenessPolicy
-from relaygr.cascade.messages import Push, RankCall, Reply, RoutedCall
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.transport.host import HostSpec, host_main, read_frame, write_frame
+from relaygr.engine.transport.liveness import HostLiveness, LivenessPolicy
+from relaygr.engine.transport.messages import Push, RankCall, Reply, RoutedCall
 from relaygr.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """Whether an instance host process still answers: the deadlines behind hang detection.
 
-A host (``cascade.instance_host``) writes at least one frame every ``push_interval_s`` while its
+A host (``engine.transport.host``) writes at least one frame every ``push_interval_s`` while its
 event loop runs (a snapshot push per instance it holds, or a ``Heartbeat`` when it holds none),
 and answers every ranking call it is sent. ``HostLiveness`` (one per ``HostLink``, fed by it)
 records when the parent last heard from the host and which ranking calls are unanswered since

@@ -1,7 +1,7 @@
 """The messages of a request's two legs across a boundary: one set for every transport.
 
-A ranking instance in a worker process (``cascade.processes``, framed by
-``cascade.instance_host``) and one in a Ray Serve replica (``distributed.replica``) are sent the
+A ranking instance in a worker process (``engine.transport.processes``, framed by
+``engine.transport.host``) and one in a Ray Serve replica (``distributed.replica``) are sent the
 same calls and answer with the same replies (picklable dataclasses):
 
 * calls: ``PreinferCall`` (first leg), ``RankCall`` (second leg), ``ControlCall`` (one instance's
@@ -9,7 +9,7 @@ same calls and answer with the same replies (picklable dataclasses):
 * replies: ``PreinferReply``, ``RankReply`` (scores, or the shed rule's refusal),
   ``ReplicaState`` (a replica's answer to a control call); a worker process wraps each answer in
   a ``Reply`` (value or error, with a snapshot) and pushes snapshots (``Push``), or a
-  ``Heartbeat`` when it holds no instance (``cascade.liveness``).
+  ``Heartbeat`` when it holds no instance (``engine.transport.liveness``).
 
 Every call carries the fields of ``RoutedCall``: ``iid`` names the instance within a worker
 process; the rest is what Ray Serve's request router (``distributed.router``) reads:
@@ -24,9 +24,14 @@ process; the rest is what Ray Serve's request router (``distributed.router``) re
 identity, which is how tests compare the router's belief with where a leg really ran.
 
 A prefix travels as its events (``PrefixPayload``): the receiver rebuilds the ``PrefixSpec``
-the instance wants, deriving ``version_at`` from the events with the history store's hash, and
-checks it against the version sent. Tensors travel as numpy arrays (they pickle cheaply); scores
-come back bit-exact (the model's dtype travels with them).
+the instance wants, deriving ``version_at`` from the events with the history store's hash
+(``engine.versions``), and checks it against the version sent. Tensors travel as numpy arrays
+(they pickle cheaply); scores come back bit-exact (the model's dtype travels with them).
+
+The messages sit in the engine's transport layer, below the cascade, so that every transport and
+the request path above them speak one set. Their routing and shed fields are plain data: the
+rules that fill them are the router's (``routing``, ``distributed.router``) and the cascade's
+(``cascade.fleet``).
 """
 
 from __future__ import annotations
@@ -37,9 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.payload import PrefixPayload
 from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import (
     PrefixSpec,
     PreinferResult,
@@ -75,9 +79,10 @@ class RoutedCall:
 
 @dataclass(kw_only=True)
 class Open(RoutedCall):
-    """Build instance ``iid`` (``name`` on ``device``) in a worker process for ``config``."""
+    """Build instance ``iid`` (``name`` on ``device``) in a worker process for ``config`` (the
+    system's config, opaque to the transport: the host hands it to its builder)."""
 
-    config: SystemConfig
+    config: Any
     name: str
     device: str
 
@@ -197,4 +202,4 @@ class Push:
 @dataclass(frozen=True)
 class Heartbeat:
     """A worker process's sign of life when it holds no instance whose snapshot it could push
-    (the parent judges a silent process hung: ``cascade.liveness``)."""
+    (the parent judges a silent process hung: ``engine.transport.liveness``)."""

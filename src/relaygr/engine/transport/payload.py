@@ -1,9 +1,9 @@
 """A prefix as it crosses a process boundary: its events, rebuilt into a ``PrefixSpec`` there.
 
 A ``PrefixSpec`` carries ``version_at`` (the history store's versions of the user's shorter
-prefixes), which is a call into the sender's store. The receiver derives it from the events
-with the store's own hash instead, and checks it against the version the sender sent. A windowed
-prefix (``cascade.window``) carries its window's start, which its versions hash too.
+prefixes), which is a call into the sender's store. The receiver derives it from the events with the
+store's own hash (``engine.versions``) instead, and checks it against the version the sender sent. A
+windowed prefix (``cascade.window``) carries its window's start, which its versions hash too.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from relaygr.cascade.store import event_hash_sums, version_of
 from relaygr.engine.types import PrefixSpec
+from relaygr.engine.versions import event_hash_sums, version_of
 from relaygr.kvcache import PrefixId
 
 # Versions are uint64 hashes; this matches none of them.

@@ -1,18 +1,18 @@
 """Keeps a system's instance processes alive: a dead or hung one is seen, routed around and
 restarted.
 
-An instance whose process exits (killed, crashed, out of memory) stops being healthy at once
-(the parent sees its socket close), so the router sends its users to the next instance and the
-requests it held fail over (``RelaySystem``). An instance whose process is alive but does not
-answer (stopped, or stuck in a call) is judged hung at a check (every ``interval_s``, by the
-deadlines of ``cascade.liveness``: within about a second of its last frame) and killed, which
-makes it down the same way: unhealthy at once, its requests in flight failed over. The
-supervisor then restarts it on a fresh process, after a back-off that doubles on each failed
-try, and gives up loudly after ``max_restarts`` tries in a row: an instance that keeps dying is a
-fault to look at, not to hide. Every death (a process that exited by itself), hang (a process
-killed for not answering; not counted again as a death), restart and give-up is logged and
-counted (``SupervisorCounts``, exported as metrics). An instance failed on purpose
-(``fail_instance``) is neither down nor checked, and is left alone.
+An instance whose process exits (killed, crashed, out of memory) stops being healthy at once (the
+parent sees its socket close), so the router sends its users to the next instance and the requests
+it held fail over (``RelaySystem``). An instance whose process is alive but does not answer
+(stopped, or stuck in a call) is judged hung at a check (every ``interval_s``, by the deadlines of
+``engine.transport.liveness``: within about a second of its last frame) and killed, which makes it
+down the same way: unhealthy at once, its requests in flight failed over. The supervisor then
+restarts it on a fresh process, after a back-off that doubles on each failed try, and gives up
+loudly after ``max_restarts`` tries in a row: an instance that keeps dying is a fault to look at,
+not to hide. Every death (a process that exited by itself), hang (a process killed for not
+answering; not counted again as a death), restart and give-up is logged and counted
+(``SupervisorCounts``, exported as metrics). An instance failed on purpose (``fail_instance``) is
+neither down nor checked, and is left alone.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from relaygr.cascade.liveness import LivenessPolicy
 from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.transport.liveness import LivenessPolicy
 
 log = logging.getLogger("relaygr.supervisor")
 

@@ -1,0 +1,185 @@
+"""The parent's handle for one ranking instance in a host process (``engine.transport.processes``).
+
+``ProcessInstance`` is an ``InstanceHandle``: it sends the two legs and the lifecycle calls as
+the transport's messages (``engine.transport.messages``) over its host's ``HostLink`` and turns
+the replies back into results, so the cascade drives it exactly as an in-process
+``RankingInstance``. ``config`` is the system's config, opaque here: the host hands it to its
+builder. Health is what the parent sees (a host that died cannot report its own death), and a
+host that is down is ``revive``d by ``engine.transport.supervisor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any
+
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
+from relaygr.engine.transport.host_link import HostLink
+from relaygr.engine.transport.liveness import LivenessPolicy
+from relaygr.engine.transport.messages import (
+    ControlCall,
+    Open,
+    PreinferCall,
+    PreinferReply,
+    RankCall,
+    RankReply,
+    Reply,
+)
+from relaygr.engine.transport.payload import PrefixPayload
+from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
+
+
+class ProcessInstance:
+    """The parent's handle for one instance in a host process (``InstanceHandle``).
+
+    ``rank_queue_depth`` counts the ranking requests sent and not yet answered (the one being
+    computed included), which is what the parent can know without asking; ``queue_depth`` adds
+    the host's last reported pre-infer queue.
+    """
+
+    def __init__(self, link: HostLink, iid: int, config: Any, name: str,
+                 device: str) -> None:
+        self.link = link
+        self.iid = iid
+        self.config = config
+        self._name = name
+        self.device = device
+        self._up = False
+        self._ranks = 0
+        self.last = InstanceSnapshot(name, False, 0, 0, None, None)   # pushed or replied
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def healthy(self) -> bool:
+        return self._up and self.link.alive
+
+    @property
+    def rank_queue_depth(self) -> int:
+        return self._ranks
+
+    @property
+    def queue_depth(self) -> int:
+        return self._ranks + self.last.prefill_queue_depth   # read per request: no copy
+
+    def snapshot(self) -> InstanceSnapshot:
+        """The host's last report, with health as the parent sees it now (a host that died
+        cannot report its own death)."""
+        return replace(self.last, healthy=self.healthy)
+
+    @property
+    def down(self) -> bool:
+        """Started (and not failed on purpose) but its process is gone: ``revive`` it."""
+        return self._up and not self.link.alive
+
+    def hang(self, policy: LivenessPolicy) -> str | None:
+        """Why its host counts as hung (``engine.transport.liveness``), or None (always, when
+        not up)."""
+        return self.link.hang(policy) if self._up else None
+
+    def kill(self) -> None:
+        """End its host (and every instance it carries): the instance is then ``down``."""
+        self.link.kill()
+
+    async def revive(self) -> None:
+        """Open this instance again on a fresh host process (its caches start empty)."""
+        await self.link.respawn()
+        await self._open()
+
+    async def _open(self) -> None:
+        self._value(await self.link.call(Open(iid=self.iid, config=self.config,
+                                              name=self._name, device=self.device)))
+        self.link.handles[self.iid] = self
+
+    def _value(self, reply: Reply) -> Any:
+        if reply.snapshot is not None:
+            self.last = reply.snapshot
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    async def _control(self, op: str) -> Any:
+        return self._value(await self.link.call(ControlCall(iid=self.iid, op=op)))
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.link.ensure_started()
+        await self._open()
+        self._up = True
+
+    async def stop(self) -> None:
+        was_up, self._up = self._up, False
+        if was_up and self.link.alive:
+            try:
+                final = await self._control("stop")
+            except InstanceStoppedError:
+                final = None            # the process ended first: the instance is gone with it
+            if isinstance(final, InstanceSnapshot):
+                self.last = final
+        self.link.handles.pop(self.iid, None)
+
+    async def fail(self) -> None:
+        self._up = False
+        await self._control("fail")
+
+    async def restart(self) -> None:
+        await self._control("restart")
+        self._up = True
+
+    async def idle(self) -> None:
+        if self.link.alive and self._up:
+            await self._control("idle")
+
+    async def check_integrity(self) -> None:
+        if self.link.alive and self._up:
+            await self._control("integrity")
+
+    async def refresh(self) -> InstanceSnapshot:
+        """Ask the host for this instance's snapshot now (``snapshot()`` is the last received)."""
+        if self.link.alive and self._up:
+            await self._control("snapshot")
+        return self.snapshot()
+
+    # ---- the two legs ------------------------------------------------------------------------
+    def preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int
+                 ) -> Awaitable[PreinferResult]:
+        """Sends the signal now; the task resolves with the host's decision (a host that went
+        down meanwhile counts as skipped: the ranking leg then fails over and recomputes)."""
+        loop = asyncio.get_running_loop()
+        if not self.healthy:
+            done: asyncio.Future[PreinferResult] = loop.create_future()
+            done.set_result(PreinferResult(PreinferAction.SKIPPED, None, 0))
+            return done
+        sent = self.link.call(PreinferCall(iid=self.iid, prefix=PrefixPayload.of(spec),
+                                           suffix_tokens=suffix_tokens, candidates=candidates))
+        return loop.create_task(self._preinfer_result(sent))
+
+    async def _preinfer_result(self, sent: asyncio.Future[Reply]) -> PreinferResult:
+        try:
+            reply = self._value(await sent)
+        except InstanceStoppedError:
+            return PreinferResult(PreinferAction.SKIPPED, None, 0)
+        assert isinstance(reply, PreinferReply)
+        return reply.result
+
+    async def rank(self, job: RankJob) -> RankResult:
+        if not self.healthy:
+            raise InstanceStoppedError(f"{self._name} is down")
+        self._ranks += 1
+        sent = time.perf_counter()
+        try:
+            ranked = self._value(await self.link.call(RankCall.of(job, iid=self.iid)))
+        finally:
+            self._ranks -= 1
+        assert isinstance(ranked, RankReply) and ranked.path is not None
+        timing = ranked.timing
+        if timing is not None:   # the hop both ways, pickling included
+            timing = replace(timing, transport_s=max(
+                0.0, time.perf_counter() - sent - timing.total_s))
+        return RankResult(ranked.tensor(), ranked.path, self._name, timing)
