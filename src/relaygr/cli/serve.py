@@ -37,10 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--dataset", default=None,
                    help="serve this dataset's users (with --checkpoint and --data-dir), e.g. ml-1m")
     m.add_argument("--data-dir", type=Path, default=None, help="where --dataset's files are")
-    m.add_argument("--size", choices=sorted(MODEL_SIZES), default="small")
-    m.add_argument("--num-items", type=int, default=10_000)
-    m.add_argument("--max-seq-len", type=int, default=4096)
-    m.add_argument("--num-users", type=int, default=1000, help="synthetic users")
+    m.add_argument("--size", choices=sorted(MODEL_SIZES), default=ModelSource.size)
+    m.add_argument("--num-items", type=int, default=ModelSource.num_items)
+    m.add_argument("--max-seq-len", type=int, default=ModelSource.max_seq_len)
+    m.add_argument("--num-users", type=int, default=ModelSource.num_users, help="synthetic users")
     m.add_argument("--events", default="auto",
                    help="SQLite file keeping appended events across restarts (default with "
                         "--checkpoint: RUN/events.sqlite; 'none': memory only)")
@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--synthetic-users", action="store_true",
                    help="serve --checkpoint with synthetic users instead of the users of the "
                         "data its run directory records")
-    m.add_argument("--max-events", type=int, default=2048, help="longest synthetic history")
+    m.add_argument("--max-events", type=int, default=ModelSource.max_events,
+                   help="longest synthetic history")
     m.add_argument("--retrieval-run", type=Path, default=None, metavar="RUN",
                    help="a trained run serving the retrieval stage instead of the "
                         "checkpoint's item embeddings, told apart by its files: a `relaygr "
@@ -67,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="/v1/recommend orders by ranker score + W x the retrieval stage's "
                         "score, as `relaygr eval --stage-weight W` (default 0: the ranker "
                         "alone; SystemConfig.stage_weight)")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=int, default=ModelSource.seed)
     s = p.add_argument_group("relay system")
     s.add_argument("--system-config", type=Path, default=None,
                    help="JSON file of SystemConfig fields (flags below override it)")
@@ -83,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--cost-model", type=Path, default=None,
                    help="saved cost model or `relaygr profile` JSON (default: fit at start)")
     h = p.add_argument_group("http")
-    h.add_argument("--host", default="127.0.0.1")
-    h.add_argument("--port", type=int, default=8000)
+    h.add_argument("--host", default=ServerConfig.host)
+    h.add_argument("--port", type=int, default=ServerConfig.port)
     h.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes)
     h.add_argument("--max-in-flight", type=int, default=ServerConfig.max_in_flight)
     h.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s)
