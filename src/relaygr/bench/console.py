@@ -114,10 +114,13 @@ def _print_verdicts(report: BenchReport, console: Console) -> None:
 def operating_table(point: OperatingPoint) -> Table:
     """The console's account of the operating point: the measured curve and the choice."""
     serving = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in point.serving.items())
+    where = ("in its instances, all computing at once" if point.layout_curve
+             else "as the probe timed it")
     table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
-                        f"baseline's full pass alone takes {point.slo_share:.0%} of the SLO"
+                        f"baseline's full pass takes {point.slo_share:.0%} of the SLO {where}"
                         + (f" (every mode serves on {serving}; the baseline's batch cap "
-                           "in its throughput search is marked below)" if serving else ""))
+                           "and layout in its throughput search are marked below)"
+                           if serving else ""))
     if point.calibration_ms is not None:
         steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
         table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
