@@ -21,6 +21,7 @@ from relaygr.bench.config import (
     ThroughputConfig,
 )
 from relaygr.bench.hardware import CpuTimes
+from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.workload import StageDelays, SyntheticConfig
 from relaygr.model import HSTUConfig
@@ -77,6 +78,31 @@ class CurveProbe:
                      batch: int = 1) -> float:
         self.full_calls.append((prefix_tokens, suffix_tokens, candidates))
         return self.full_ms(prefix_tokens) * self.batch_cost(batch)
+
+
+class LayoutCurveProbe(CurveProbe):
+    """``CurveProbe`` on ``layout`` (a ``LayoutProbe``): on K instances of T threads the pass
+    costs ``full_ms`` x ``contention(K)`` / ``speedup(T)`` (``contention(1)`` and
+    ``speedup(1)`` are 1). Records every layout timed."""
+
+    def __init__(self, full_ms: Callable[[int], float], layout: Layout,
+                 contention: Callable[[int], float], speedup: Callable[[int], float],
+                 batch_cost: Callable[[int], float] = float) -> None:
+        super().__init__(full_ms, batch_cost=batch_cost)
+        self.layout, self.contention, self.speedup = layout, contention, speedup
+        self.layout_calls: list[tuple[Layout, int, int]] = []
+
+    def layout_rank_ms(self, layout: Layout, prefix_tokens: int, suffix_tokens: int,
+                       candidates: int, batch: int = 1) -> float:
+        self.layout_calls.append((layout, prefix_tokens, batch))
+        return (self.full_ms(prefix_tokens) * self.batch_cost(batch)
+                * self.contention(layout.instances) / self.speedup(layout.threads))
+
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        self.full_calls.append((prefix_tokens, suffix_tokens, candidates))
+        return self.layout_rank_ms(self.layout, prefix_tokens, suffix_tokens, candidates,
+                                   batch)
 
 
 def simulated_baseline_ms(prefix_tokens: int) -> float:

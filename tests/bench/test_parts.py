@@ -12,6 +12,7 @@ from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.limit import ModelLimitProbe, describe_overhead, limit_report
+from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
 from relaygr.bench.runner import RunResult
@@ -19,8 +20,10 @@ from relaygr.bench.stats import latency_parts, point_stats
 from relaygr.bench.systems import SharedParts
 from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.instances import build_instance
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import EarlierStages
+from relaygr.engine.transport.processes import InstanceProcesses
 from relaygr.errors import BenchProtocolError, ConfigError
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
@@ -181,3 +184,24 @@ def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
         grown[r.user_id] = seen
     stages.shutdown()
     assert races > 0
+
+
+def test_the_parts_place_instances_on_a_layout() -> None:
+    """The serving layout is the parts' own processes; another gets processes of its own (not
+    started until an instance opens on them), kept for the run and ended by ``close``;
+    instances on threads of this process have no layout to choose."""
+    model = make_model(0, num_items=50)
+    cost_model = flops_cost_model(model.cfg)
+    retrieval = EmbeddingRetrieval.of(model, 8)
+    with pytest.raises(ConfigError):
+        SharedParts(model, cost_model, retrieval).processes_on(Layout(1, 2))
+    own = InstanceProcesses.for_model(model, cost_model, 2, torch_threads=1,
+                                      build=build_instance)
+    parts = SharedParts(model, cost_model, retrieval, own)
+    assert parts.processes_on(Layout(2, 1)) is own
+    other = parts.processes_on(Layout(1, 2))
+    assert (other.num_processes, other.spec.torch_threads) == (1, 2)
+    assert parts.processes_on(Layout(1, 2)) is other and other.pids() == [None]
+    parts.close()
+    assert parts.processes_on(Layout(1, 2)) is not other    # ended: a new one on next use
+    parts.close()

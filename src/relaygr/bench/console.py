@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.bench.limit import describe_overhead
-from relaygr.bench.operating import operating_table
+from relaygr.bench.operating import OperatingPoint
 from relaygr.bench.report import BenchReport
 from relaygr.bench.stats import LATENCY_PARTS
 
@@ -109,3 +109,38 @@ def _print_verdicts(report: BenchReport, console: Console) -> None:
         table.add_row(f"{v.name} ({_fmt(v.target, spec)})", _fmt(v.value, spec), within,
                       f"[{style}]{v.status}[/{style}]")
     console.print(table)
+
+
+def operating_table(point: OperatingPoint) -> Table:
+    """The console's account of the operating point: the measured curve and the choice."""
+    serving = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in point.serving.items())
+    where = ("in its instances, all computing at once" if point.layout_curve
+             else "as the probe timed it")
+    table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
+                        f"baseline's full pass takes {point.slo_share:.0%} of the SLO {where}"
+                        + (f" (every mode serves on {serving}; the baseline's batch cap "
+                           "and layout in its throughput search are marked below)"
+                           if serving else ""))
+    if point.calibration_ms is not None:
+        steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
+        table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
+                         "ms")
+    for column in ("prefix tokens", "full pass ms", "share of SLO", ""):
+        table.add_column(column, justify="right")
+    for sample in sorted(point.curve, key=lambda s: s.prefix_tokens):
+        chosen = "chosen" if sample.prefix_tokens == point.prefix_len else ""
+        table.add_row(str(sample.prefix_tokens), f"{sample.cost_ms:.1f}",
+                      f"{sample.cost_ms / point.slo_ms:.0%}", chosen)
+    for b in point.batch_curve[1:]:
+        chosen = "baseline's batch cap" if b.batch == point.baseline_batch else ""
+        table.add_row(f"{point.prefix_len} x {b.batch} users", f"{b.cost_ms:.1f}",
+                      f"{b.cost_ms / point.slo_ms:.0%}", chosen)
+    if point.baseline_batch == 1:
+        table.add_row(f"{point.prefix_len} x 1 user", f"{point.cost_ms:.1f}",
+                      f"{point.share:.0%}", "baseline's batch cap")
+    for layout in point.layout_curve:
+        chosen = "baseline's layout" if layout.layout == point.baseline_layout else ""
+        table.add_row(f"{point.prefix_len} on {layout.layout}", f"{layout.cost_ms:.1f}",
+                      f"{layout.cost_ms / point.slo_ms:.0%}",
+                      f"{layout.requests_per_s:.0f} req/s {chosen}".strip())
+    return table

@@ -64,14 +64,19 @@ class ModelLimitProbe:
                        suffix_timestamps=suffix_ts)
         return time_call(call, device, repeats=self.repeats).median_ms
 
-    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
-                     batch: int = 1) -> float:
-        requests = [RankInput(
+    def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                         batch: int = 1) -> list[RankInput]:
+        """``batch`` users' full ranking passes on random items (one model call's input)."""
+        return [RankInput(
             self._items(candidates), prefix_items=self._items(prefix_tokens),
             prefix_timestamps=self._times(prefix_tokens, 10**9),
             suffix_items=self._items(suffix_tokens) if suffix_tokens else None,
             suffix_timestamps=self._times(suffix_tokens, 10**9 + 60 * prefix_tokens))
             for _ in range(batch)]
+
+    def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                     batch: int = 1) -> float:
+        requests = self.full_pass_inputs(prefix_tokens, suffix_tokens, candidates, batch)
         call = partial(self.model.rank_batch, requests)
         # two warm-up calls: the first of a new length allocates its buffers
         return time_call(call, self.model.device, repeats=self.full_repeats, warmup=2).median_ms

@@ -4,8 +4,11 @@ A production ranking stage runs near its length cap: the history length at which
 ranking pass takes most of the ranking SLO, leaving the rest to the wait behind other work. The
 benchmark compares throughput at that point, found on the machine it runs on, so that the
 comparison means the same on a slow CPU, a fast one and a GPU: the prefix length at which the
-baseline's full ranking pass (prefix + suffix + candidates recomputed, one request, alone on one
-instance's threads) takes ``slo_share`` of the SLO.
+baseline's full ranking pass (prefix + suffix + candidates recomputed, one request) takes
+``slo_share`` of the SLO where the baseline serves: the probe decides where it times. On CPU
+instances in processes, ``relaygr.bench.instance_probe`` times it in processes set up as the
+instances, all of them computing at once (the cost an instance pays near its throughput); a
+probe of the pass alone in the benchmark's process (``relaygr.bench.limit``) times less.
 
 ``find_operating_length`` measures that cost curve through a ``CostProbe``: from
 ``start_tokens`` it multiplies the length by ``growth`` while the pass costs less than the target
@@ -23,28 +26,65 @@ cap for the throughput search is the batch that serves the most requests per sec
 (B / its call's time) among the calls that fit within the SLO (a batch past it misses for every
 request in it), a batch within ``tolerance`` of a smaller one's rate going to the smaller one
 (it delays its first request less). Where a batch of B costs about B passes (a CPU at long
-histories) that is 1; where batching is cheap (a GPU), more. The thread count is not searched:
-every instance computes on its own share of the cores, the relay's too.
+histories) that is 1; where batching is cheap (a GPU), more.
+
+The baseline's layout: where the probe is a ``LayoutProbe`` (it times a ``Layout``, K instances
+of T threads each, with all K computing at once), the same cores are also split the other ways
+(every K x T with the same product: on 2 cores, 2 x 1 and 1 x 2) and timed at the operating
+length and batch cap; the baseline's layout is the one serving the most requests per second of
+compute (K x B / the call's time) among those whose call fits within the SLO, another layout
+than the serving one only when it is more than ``tolerance`` ahead of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from rich.table import Table
+from typing import Any, Protocol, runtime_checkable
 
 from relaygr.errors import ConfigError
 
 
 class CostProbe(Protocol):
-    """Times the baseline's ranking pass alone."""
+    """Times the baseline's ranking pass."""
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:
         """Median ms of one model call of full ranking passes (prefix, suffix and candidates
         all computed) for ``batch`` users at once."""
+        ...
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """How the ranking instances split the cores: ``instances`` of ``threads`` threads each."""
+
+    instances: int
+    threads: int
+
+    def __post_init__(self) -> None:
+        if self.instances < 1 or self.threads < 1:
+            raise ConfigError(f"a layout needs >= 1 instance and >= 1 thread, got {self}")
+
+    def __str__(self) -> str:
+        return f"{self.instances} x {self.threads} threads"
+
+    def splits(self) -> tuple[Layout, ...]:
+        """Every layout over the same cores (instances x threads constant), most instances
+        first."""
+        cores = self.instances * self.threads
+        return tuple(Layout(cores // t, t) for t in range(1, cores + 1) if cores % t == 0)
+
+
+@runtime_checkable
+class LayoutProbe(CostProbe, Protocol):
+    """A ``CostProbe`` that times on a layout: ``full_rank_ms`` on ``layout`` (the serving one),
+    ``layout_rank_ms`` on any, every instance of it computing at once."""
+
+    layout: Layout
+
+    def layout_rank_ms(self, layout: Layout, prefix_tokens: int, suffix_tokens: int,
+                       candidates: int, batch: int = 1) -> float:
         ...
 
 
@@ -65,6 +105,21 @@ class BatchSample:
 
 
 @dataclass(frozen=True)
+class LayoutSample:
+    """One instance's call of ``batch`` full passes at the operating length, every instance of
+    ``layout`` computing at once."""
+
+    layout: Layout
+    batch: int
+    cost_ms: float
+
+    @property
+    def requests_per_s(self) -> float:
+        """Requests a second of compute over all the layout's instances."""
+        return self.layout.instances * self.batch / self.cost_ms * 1e3
+
+
+@dataclass(frozen=True)
 class OperatingPoint:
     """Where the fixed-length throughput comparison runs, and why (module docstring).
 
@@ -74,7 +129,8 @@ class OperatingPoint:
     ``serving`` describes how the systems serve (instances, threads per instance, their batch
     cap): the probe times on one instance's threads. ``batch_curve`` holds the batched calls
     timed at ``prefix_len`` (batch 1 is ``cost_ms``) and ``baseline_batch`` the batch cap the
-    baseline's throughput search runs with (module docstring).
+    baseline's throughput search runs with (module docstring); ``layout_curve`` the layouts
+    timed there (empty: not searched) and ``baseline_layout`` the one chosen.
     """
 
     prefix_len: int
@@ -94,6 +150,8 @@ class OperatingPoint:
     calibration_ms: float | None = None
     batch_curve: tuple[BatchSample, ...] = ()
     baseline_batch: int = 1
+    layout_curve: tuple[LayoutSample, ...] = ()
+    baseline_layout: Layout | None = None
 
     @property
     def reason(self) -> str:
@@ -108,7 +166,10 @@ class OperatingPoint:
             head += ": over the target already at the shortest length measured"
         merged = ("one request a call" if self.baseline_batch == 1
                   else f"up to {self.baseline_batch} requests a call")
-        return head + f"; the baseline's batch cap there: {merged}"
+        head += f"; the baseline's batch cap there: {merged}"
+        if self.baseline_layout is not None and self.layout_curve:
+            head += f"; its layout: {self.baseline_layout}"
+        return head
 
 
 @dataclass(frozen=True)
@@ -205,34 +266,30 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
         if b.cost_ms <= slo_ms and \
                 b.batch / b.cost_ms > (1 + search.tolerance) * best.batch / best.cost_ms:
             best = b
+    layouts, layout = _layouts(probe, chosen.prefix_tokens, suffix_tokens, candidates,
+                               best, slo_ms, search.tolerance)
     return OperatingPoint(chosen.prefix_tokens, slo_ms, slo_share, target, chosen.cost_ms,
                           chosen.cost_ms / slo_ms, suffix_tokens, candidates, bound, curve,
                           dict(serving or {}), batch_curve=tuple(batches),
-                          baseline_batch=best.batch)
+                          baseline_batch=best.batch, layout_curve=layouts,
+                          baseline_layout=layout)
 
 
-def operating_table(point: OperatingPoint) -> Table:
-    """The console's account of the operating point: the measured curve and the choice."""
-    serving = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in point.serving.items())
-    table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
-                        f"baseline's full pass alone takes {point.slo_share:.0%} of the SLO"
-                        + (f" (every mode serves on {serving}; the baseline's batch cap "
-                           "in its throughput search is marked below)" if serving else ""))
-    if point.calibration_ms is not None:
-        steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
-        table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
-                         "ms")
-    for column in ("prefix tokens", "full pass ms", "share of SLO", ""):
-        table.add_column(column, justify="right")
-    for sample in sorted(point.curve, key=lambda s: s.prefix_tokens):
-        chosen = "chosen" if sample.prefix_tokens == point.prefix_len else ""
-        table.add_row(str(sample.prefix_tokens), f"{sample.cost_ms:.1f}",
-                      f"{sample.cost_ms / point.slo_ms:.0%}", chosen)
-    for b in point.batch_curve[1:]:
-        chosen = "baseline's batch cap" if b.batch == point.baseline_batch else ""
-        table.add_row(f"{point.prefix_len} x {b.batch} users", f"{b.cost_ms:.1f}",
-                      f"{b.cost_ms / point.slo_ms:.0%}", chosen)
-    if point.baseline_batch == 1:
-        table.add_row(f"{point.prefix_len} x 1 user", f"{point.cost_ms:.1f}",
-                      f"{point.share:.0%}", "baseline's batch cap")
-    return table
+def _layouts(probe: CostProbe, prefix_tokens: int, suffix_tokens: int, candidates: int,
+             batch: BatchSample, slo_ms: float, tolerance: float
+             ) -> tuple[tuple[LayoutSample, ...], Layout | None]:
+    """The layouts timed at the operating point and the baseline's (module docstring)."""
+    if not isinstance(probe, LayoutProbe):
+        return (), None
+    serving = probe.layout
+    samples = [LayoutSample(serving, batch.batch, batch.cost_ms)]
+    samples += [LayoutSample(other, batch.batch,
+                             probe.layout_rank_ms(other, prefix_tokens, suffix_tokens,
+                                                  candidates, batch.batch))
+                for other in serving.splits() if other != serving]
+    best = samples[0]
+    for sample in samples[1:]:
+        if sample.cost_ms <= slo_ms and \
+                sample.requests_per_s > (1 + tolerance) * best.requests_per_s:
+            best = sample
+    return tuple(samples), best.layout

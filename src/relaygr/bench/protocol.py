@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 # A workload is what makes requests; this module says what a system does with them.
+from relaygr.bench.operating import Layout
 from relaygr.bench.workload.base import BenchRequest, Workload
 from relaygr.engine.types import RankPath
 
@@ -181,7 +182,9 @@ class SystemContext:
     retrieval and pre-processing delays the cascade should apply. ``keep_scores`` asks the system
     to fill ``RequestRecord.scores`` (exactness replay only: it costs memory).
     ``batch_max_requests``, when set, caps how many queued requests one model call may merge
-    (the benchmark's choice for this mode at this point; None: the system's own setting).
+    (the benchmark's choice for this mode at this point; None: the system's own setting);
+    ``layout``, when set, is how many ranking instances of how many threads each the system
+    serves on (the benchmark's choice likewise; None: the system's own).
     """
 
     workload: Workload
@@ -189,6 +192,7 @@ class SystemContext:
     keep_scores: bool = False
     seed: int = 0
     batch_max_requests: int | None = None
+    layout: Layout | None = None
 
 
 SystemFactory = Callable[[SystemContext], RankingSystem]

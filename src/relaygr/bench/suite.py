@@ -29,7 +29,7 @@ from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
-from relaygr.bench.operating import CostProbe, OperatingPoint, operating_point
+from relaygr.bench.operating import CostProbe, Layout, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
@@ -59,8 +59,10 @@ class BenchSuite:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
         self.cost_probe = cost_probe
-        # (mode, phase) -> the batch cap its systems are built with (the operating point's)
+        # (mode, phase) -> the batch cap and the layout its systems are built with (the
+        # operating point's)
         self.batch_caps: dict[tuple[str, str], int] = {}
+        self.layouts: dict[tuple[str, str], Layout] = {}
         self.extra_systems = dict(extra_systems or {})
         for phase in config.workloads:
             unknown = set(phase.modes) - set(self.systems) - set(self.extra_systems)
@@ -126,9 +128,9 @@ class BenchSuite:
                 return self._record(prior_stats, label, rounds=2)
             options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
         factory = self.systems.get(mode) or self.extra_systems[mode]
-        cap = self.batch_caps.get((mode, phase))
-        if cap is not None:
-            factory = _batch_capped(factory, cap)
+        cap, layout = self.batch_caps.get((mode, phase)), self.layouts.get((mode, phase))
+        if cap is not None or layout is not None:
+            factory = _placed(factory, cap, layout)
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
             before = self.noise.begin()
@@ -267,6 +269,9 @@ class BenchSuite:
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
         if point is not None and point.prefix_len == prefix_len:
             self.batch_caps[("baseline", "throughput")] = point.baseline_batch
+            if point.layout_curve and point.baseline_layout != point.layout_curve[0].layout:
+                assert point.baseline_layout is not None
+                self.layouts[("baseline", "throughput")] = point.baseline_layout
         if cfg.throughput:
             throughput = await self.qps_search("throughput", self._fixed(prefix_len),
                                                cfg.throughput.search, prefix_len)
@@ -289,8 +294,8 @@ class BenchSuite:
                         started, time.perf_counter() - t0)
 
 
-def _batch_capped(factory: SystemFactory, cap: int) -> SystemFactory:
-    return lambda ctx: factory(replace(ctx, batch_max_requests=cap))
+def _placed(factory: SystemFactory, cap: int | None, layout: Layout | None) -> SystemFactory:
+    return lambda ctx: factory(replace(ctx, batch_max_requests=cap, layout=layout))
 
 
 def _noise(stats: PointStats) -> str:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import (
     BenchRequest,
     LatencyParts,
@@ -51,6 +52,7 @@ from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
+from relaygr.errors import ConfigError
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
 
@@ -142,6 +144,30 @@ class SharedParts:
     measured: Mapping[str, RetrievalStage] = field(default_factory=dict)
     _books: OrderedDict[int, tuple[Workload, CandidateBook]] = field(
         default_factory=OrderedDict, repr=False, compare=False)
+    _placed: dict[Layout, InstanceProcesses] = field(default_factory=dict, repr=False,
+                                                      compare=False)
+
+    def processes_on(self, layout: Layout) -> InstanceProcesses:
+        """Instance processes of ``layout`` (``processes`` where it is that layout; else
+        started once on first use, ended by ``close``). Instances on threads of this process
+        have no layout to choose: ``ConfigError``."""
+        if self.processes is None:
+            raise ConfigError("a layout of instances needs instances in processes")
+        spec = self.processes.spec
+        if (self.processes.num_processes, spec.torch_threads) == (layout.instances,
+                                                                  layout.threads):
+            return self.processes
+        if layout not in self._placed:
+            self._placed[layout] = InstanceProcesses.for_model(
+                self.model, self.cost_model, layout.instances, torch_threads=layout.threads,
+                build=spec.build)
+        return self._placed[layout]
+
+    def close(self) -> None:
+        """End the processes ``processes_on`` started (``processes`` is its owner's)."""
+        for processes in self._placed.values():
+            processes.close()
+        self._placed.clear()
 
     def book_for(self, workload: Workload, config: SystemConfig) -> CandidateBook:
         """Every visit's retrieval result, computed as the cascade would at that visit (the
@@ -193,10 +219,14 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
                 config, retrieval = base.with_(mode=mode, **MEASURED_STAGE_DELAYS), trained
             if ctx.batch_max_requests is not None:   # the benchmark's batch cap for this point
                 config = config.with_(batch_max_requests=ctx.batch_max_requests)
+            processes = parts.processes
+            if ctx.layout is not None:                # and its layout
+                config = config.with_(num_instances=ctx.layout.instances)
+                processes = parts.processes_on(ctx.layout)
             store = InMemoryHistoryStore.from_sequences(
                 {user: (h.items, h.timestamps) for user, h in ctx.workload.histories.items()},
                 num_items=ctx.workload.num_items)
-            factory = None if parts.processes is None else parts.processes.factory
+            factory = None if processes is None else processes.factory
             system = RelaySystem(config, parts.model, store, parts.cost_model, retrieval, book,
                                  factory)
             return CascadeUnderTest(system, ctx.clock, ctx.keep_scores)

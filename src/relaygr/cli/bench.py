@@ -28,8 +28,9 @@ from relaygr.bench.config import (
     ThroughputConfig,
     WorkloadPhaseConfig,
 )
+from relaygr.bench.instance_probe import InstanceCostProbe
 from relaygr.bench.limit import ModelLimitProbe
-from relaygr.bench.operating import LengthSearch
+from relaygr.bench.operating import CostProbe, Layout, LengthSearch
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
@@ -174,11 +175,19 @@ def run(args: argparse.Namespace) -> int:
     factories = mode_factories(setup.modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
     probe = ModelLimitProbe(model)   # on one instance's threads: this process's
+    # the baseline's cost curve where it serves: in processes set up as its instances, all
+    # computing at once (relaygr.bench.instance_probe); threads: the probe above
+    cost_probe: CostProbe = probe
+    if setup.in_processes:
+        cost_probe = InstanceCostProbe(model, Layout(system.num_instances, setup.threads))
     try:
         run_benchmark(factories, config, args.out, probe, json_path=args.json,
                       console=console, extra_systems={"relay-closed": closed["relay"]},
-                      cost_probe=probe)
+                      cost_probe=cost_probe)
     finally:
+        if isinstance(cost_probe, InstanceCostProbe):
+            cost_probe.close()
+        parts.close()
         if processes is not None:
             processes.close()
     return 0

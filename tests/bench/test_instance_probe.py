@@ -1,0 +1,44 @@
+"""The instance cost probe on a tiny model, in real processes: each layout's processes are set
+up as instance hosts (their worker computes on the layout's threads), every instance of the
+layout answers each timing call, and ``close`` ends them. Timings are only checked to be
+measured (positive), never against a speed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relaygr.bench.instance_probe import InstanceCostProbe
+from relaygr.bench.operating import Layout, LayoutProbe
+from relaygr.errors import ConfigError
+from relaygr.model import HSTU, HSTUConfig
+
+
+def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
+    torch.manual_seed(0)
+    model = HSTU(HSTUConfig(num_items=50, dim=16, num_layers=1, num_heads=1)).eval()
+    probe = InstanceCostProbe(model, Layout(2, 1), repeats=2, warmup=1)
+    assert isinstance(probe, LayoutProbe)
+    try:
+        ms = probe.full_rank_ms(32, 2, 8)
+        other = probe.layout_rank_ms(Layout(1, 2), 32, 2, 8, batch=2)
+        assert math.isfinite(ms) and ms > 0 and math.isfinite(other) and other > 0
+        groups = probe._groups
+        assert set(groups) == {Layout(2, 1), Layout(1, 2)}
+        # the worker thread of each process computes on its layout's threads
+        assert groups[Layout(2, 1)].worker_threads == [1, 1]
+        assert groups[Layout(1, 2)].worker_threads == [2]
+        # each instance's passes: 2 processes x 2 repeats
+        assert len(groups[Layout(2, 1)].time((32, 2, 8, 1, 2, 0))) == 4
+        procs = [p for g in groups.values() for p in g.procs]
+    finally:
+        probe.close()
+    assert not any(p.is_alive() for p in procs) and probe._groups == {}
+
+
+def test_bad_settings_are_refused() -> None:
+    model = HSTU(HSTUConfig(num_items=50, dim=16, num_layers=1, num_heads=1)).eval()
+    with pytest.raises(ConfigError):
+        InstanceCostProbe(model, Layout(1, 1), repeats=0)
