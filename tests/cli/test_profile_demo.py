@@ -36,6 +36,16 @@ def test_profile_writes_a_point_per_length_and_candidate_count(tmp_path: Path,
     assert "matmul peak" in capsys.readouterr().out
 
 
+def test_profile_takes_model_overrides_and_refuses_unknown_ones(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--size", "tiny", "--lengths", "64", "--candidates", "4",
+                 "--repeats", "1", "--set", "query_block=32", "--set", "score_block_elems=4096",
+                 "--json", str(out)]) == 0
+    model = json.loads(out.read_text())["model"]
+    assert (model["query_block"], model["score_block_elems"]) == (32, 4096)
+    assert main(["profile", "--size", "tiny", "--set", "no_such_field=1"]) == 2
+
+
 def test_demo_reports_latencies_and_exactness(capsys: pytest.CaptureFixture) -> None:
     assert main(["demo", "--size", "tiny", "--prefix", "300", "--suffix", "5",
                  "--candidates", "20", "--repeats", "1"]) == 0

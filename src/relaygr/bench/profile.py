@@ -10,9 +10,11 @@ JSON it writes is what the trigger's latency cost model is fitted on.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +43,9 @@ class ProfileConfig:
     dtype: str = "float32"
     repeats: int = 3
     seed: int = 0
+    # HSTUConfig fields changed from the size's (e.g. the pass's block sizes, query_block and
+    # score_block_elems, which are tuned for a CPU cache: a GPU may want them larger).
+    model_overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,8 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
     device = torch.device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     max_len = max(cfg.prefix_lengths) + cfg.suffix_tokens
-    model_cfg = config_for_size(cfg.size, PROFILE_NUM_ITEMS, max_seq_len=max_len)
+    model_cfg = config_for_size(cfg.size, PROFILE_NUM_ITEMS, max_seq_len=max_len).with_(
+        **cfg.model_overrides)
     torch.manual_seed(cfg.seed)
     model = HSTU(model_cfg).to(device=device, dtype=dtype).eval()
     result = ProfileResult(cfg, str(device), cfg.dtype, torch.get_num_threads(),

@@ -11,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
+from relaygr.cli.train import parse_overrides
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.model import MODEL_SIZES
 
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an HSTUConfig field of the size (repeatable), e.g. "
+                        "query_block=4096")
     p.add_argument("--json", type=Path, default=Path("out/profile.json"))
     p.set_defaults(func=run)
 
@@ -71,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,
                         candidate_counts=args.candidates, suffix_tokens=args.suffix,
-                        device=args.device, dtype=args.dtype, repeats=args.repeats)
+                        device=args.device, dtype=args.dtype, repeats=args.repeats,
+                        model_overrides=parse_overrides(args.overrides))
     console = Console(width=max(Console().width, 150))
     with Progress(console=console, transient=True) as progress:
         result = run_profile(cfg, progress)
