@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from relaygr.bench.instance_probe import InstanceCostProbe
+from relaygr.bench.limit import LimitProbe
 from relaygr.bench.operating import Layout, LayoutProbe
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, HSTUConfig
@@ -19,19 +20,22 @@ from relaygr.model import HSTU, HSTUConfig
 def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
     torch.manual_seed(0)
     model = HSTU(HSTUConfig(num_items=50, dim=16, num_layers=1, num_heads=1)).eval()
-    probe = InstanceCostProbe(model, Layout(2, 1), repeats=2, warmup=1)
+    probe = InstanceCostProbe(model, Layout(2, 1), repeats=2, warmup=1, limit_repeats=3)
     assert isinstance(probe, LayoutProbe)
+    limit: LimitProbe = probe                  # the limit's probe too (checked by mypy)
     try:
         ms = probe.full_rank_ms(32, 2, 8)
         other = probe.layout_rank_ms(Layout(1, 2), 32, 2, 8, batch=2)
-        assert math.isfinite(ms) and ms > 0 and math.isfinite(other) and other > 0
+        cached = limit.cached_rank_ms(32, 2, 8)        # one process of 1 thread, alone
+        assert all(math.isfinite(v) and v > 0 for v in (ms, other, cached))
         groups = probe._groups
-        assert set(groups) == {Layout(2, 1), Layout(1, 2)}
+        assert set(groups) == {Layout(2, 1), Layout(1, 2), Layout(1, 1)}
+        assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0))) == 3
         # the worker thread of each process computes on its layout's threads
         assert groups[Layout(2, 1)].worker_threads == [1, 1]
         assert groups[Layout(1, 2)].worker_threads == [2]
         # each instance's passes: 2 processes x 2 repeats
-        assert len(groups[Layout(2, 1)].time((32, 2, 8, 1, 2, 0))) == 4
+        assert len(groups[Layout(2, 1)].time(("full", 32, 2, 8, 1, 2, 0))) == 4
         procs = [p for g in groups.values() for p in g.procs]
     finally:
         probe.close()

@@ -15,6 +15,8 @@ excluded). The answer is the median over all processes' passes.
 
 It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` times on the layout the modes
 serve on (``layout``), ``layout_rank_ms`` on any other (the search over threads per instance).
+It is also the physical limit's ``LimitProbe``: ``cached_rank_ms`` times a cached pass in one
+such process computing alone, where the relay's low-load requests compute.
 Processes are spawned per layout on first use (a few seconds each: interpreter, torch, the
 model's weights) and ended by ``close``; a probe process that does not answer within
 ``timeout_s`` is a ``BenchProtocolError``.
@@ -72,11 +74,13 @@ def _probe_main(conn: Connection, weights: _Weights, threads: int, barrier: Barr
     # the threads the worker computes on, as the parent's check of the set-up
     conn.send(asyncio.run(executor.run(torch.get_num_threads)))
     while (call := conn.recv()) is not None:
-        prefix, suffix, candidates, batch, repeats, warmup = call
-        requests = inputs.full_pass_inputs(prefix, suffix, candidates, batch)
-        conn.send(asyncio.run(_passes(executor, partial(inputs.model.rank_batch_outputs,
-                                                        requests),
-                                      barrier, repeats, warmup)))
+        kind, prefix, suffix, candidates, batch, repeats, warmup = call
+        if kind == "cached":
+            timed = inputs.cached_pass(prefix, suffix, candidates)
+        else:
+            requests = inputs.full_pass_inputs(prefix, suffix, candidates, batch)
+            timed = partial(inputs.model.rank_batch_outputs, requests)
+        conn.send(asyncio.run(_passes(executor, timed, barrier, repeats, warmup)))
     executor.shutdown()
 
 
@@ -117,7 +121,7 @@ class _Group:
                                      f"within {self.timeout_s:g} s")
         return conn.recv()
 
-    def time(self, call: tuple[int, ...]) -> list[float]:
+    def time(self, call: tuple[str | int, ...]) -> list[float]:
         for conn in self.conns:
             conn.send(call)
         return [ms for conn in self.conns for ms in self._recv(conn)]
@@ -135,13 +139,17 @@ class InstanceCostProbe:
     """Times full passes in processes set up as the baseline's instances (module docstring)."""
 
     def __init__(self, model: HSTU, layout: Layout, repeats: int = 9, warmup: int = 2,
-                 seed: int = 0, timeout_s: float = 120.0) -> None:
+                 seed: int = 0, timeout_s: float = 120.0, limit_repeats: int = 25) -> None:
+        """``limit_repeats``: calls of ``cached_rank_ms`` (the ratio it divides needs a steady
+        denominator: 25 calls, as ``ModelLimitProbe``'s)."""
         if model.device.type != "cpu":
             raise ConfigError("InstanceCostProbe times CPU instances (a GPU instance is a "
                               "worker thread of the serving process: time it there)")
-        if repeats < 1 or warmup < 0:
-            raise ConfigError("InstanceCostProbe needs repeats >= 1 and warmup >= 0")
+        if repeats < 1 or limit_repeats < 1 or warmup < 0:
+            raise ConfigError("InstanceCostProbe needs repeats, limit_repeats >= 1 and "
+                              "warmup >= 0")
         self.layout, self.repeats, self.warmup = layout, repeats, warmup
+        self.limit_repeats = limit_repeats
         self.seed, self.timeout_s = seed, timeout_s
         self._weights = _Weights.of(model)
         self._groups: dict[Layout, _Group] = {}
@@ -155,8 +163,18 @@ class InstanceCostProbe:
                        candidates: int, batch: int = 1) -> float:
         """Median ms of one instance's model call of ``batch`` full passes, with every
         instance of ``layout`` computing the same at once."""
-        call = (prefix_tokens, suffix_tokens, candidates, batch, self.repeats, self.warmup)
+        call = ("full", prefix_tokens, suffix_tokens, candidates, batch, self.repeats,
+                self.warmup)
         return statistics.median(self._group(layout).time(call))
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        """Median ms of one cached ranking pass in one instance-like process computing alone
+        (a ``LimitProbe``: the relay's low-load latency is set against it, so the overhead
+        counts the relay's own cost, not the difference between this process and an
+        instance's). The prefix K/V is computed first, outside the timed calls."""
+        call = ("cached", prefix_tokens, suffix_tokens, candidates, 1, self.limit_repeats,
+                self.warmup)
+        return statistics.median(self._group(Layout(1, self.layout.threads)).time(call))
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:

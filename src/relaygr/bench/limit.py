@@ -8,6 +8,7 @@ achieved FLOP/s with ``relaygr.model.flops.rank_flops`` against the measured mat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -55,14 +56,19 @@ class ModelLimitProbe:
     def _items(self, count: int) -> torch.Tensor:
         return torch.randint(1, self.model.cfg.num_items + 1, (count,), generator=self._gen)
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        device = self.model.device
+    def cached_pass(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                    ) -> Callable[[], object]:
+        """A cached ranking pass on random items, ready to time: the prefix K/V computed here,
+        once, outside whatever times the call."""
         kv = self.model.prefill(self._items(prefix_tokens), self._times(prefix_tokens, 10**9))
         suffix = self._items(suffix_tokens) if suffix_tokens else None
         suffix_ts = self._times(suffix_tokens, 10**9 + 60 * prefix_tokens)
-        call = partial(self.model.rank, self._items(candidates), prefix=kv, suffix_items=suffix,
-                       suffix_timestamps=suffix_ts)
-        return time_call(call, device, repeats=self.repeats).median_ms
+        return partial(self.model.rank, self._items(candidates), prefix=kv,
+                       suffix_items=suffix, suffix_timestamps=suffix_ts)
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        call = self.cached_pass(prefix_tokens, suffix_tokens, candidates)
+        return time_call(call, self.model.device, repeats=self.repeats).median_ms
 
     def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                          batch: int = 1) -> list[RankInput]:

@@ -29,7 +29,7 @@ from relaygr.bench.config import (
     WorkloadPhaseConfig,
 )
 from relaygr.bench.instance_probe import InstanceCostProbe
-from relaygr.bench.limit import ModelLimitProbe
+from relaygr.bench.limit import LimitProbe, ModelLimitProbe
 from relaygr.bench.operating import CostProbe, Layout, LengthSearch
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
@@ -175,13 +175,17 @@ def run(args: argparse.Namespace) -> int:
     factories = mode_factories(setup.modes, system, parts)
     closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
     probe = ModelLimitProbe(model)   # on one instance's threads: this process's
-    # the baseline's cost curve where it serves: in processes set up as its instances, all
-    # computing at once (relaygr.bench.instance_probe); threads: the probe above
+    # Where instances are processes, both the baseline's cost curve and the limit's cached
+    # pass are timed in processes set up as the instances (relaygr.bench.instance_probe): the
+    # curve with every instance computing at once, the cached pass in one computing alone, as
+    # the relay's low-load requests do; else in this process, where the instances compute.
     cost_probe: CostProbe = probe
+    limit_probe: LimitProbe = probe
     if setup.in_processes:
-        cost_probe = InstanceCostProbe(model, Layout(system.num_instances, setup.threads))
+        cost_probe = limit_probe = InstanceCostProbe(model, Layout(system.num_instances,
+                                                                   setup.threads))
     try:
-        run_benchmark(factories, config, args.out, probe, json_path=args.json,
+        run_benchmark(factories, config, args.out, limit_probe, json_path=args.json,
                       console=console, extra_systems={"relay-closed": closed["relay"]},
                       cost_probe=cost_probe)
     finally:
