@@ -36,6 +36,13 @@ def rec(i: int, scores: tuple[float, ...] | None, path: str = "full") -> Request
                          scores)
 
 
+def _assert_same(found: tuple[torch.Tensor, torch.Tensor] | None,
+                 expected: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """A book entry holds exactly the live stages' candidates and scores."""
+    assert found is not None
+    assert torch.equal(found[0], expected[0]) and torch.equal(found[1], expected[1])
+
+
 def test_compare_records() -> None:
     ref = (rec(0, (1.0, 2.0)), rec(1, (0.5,)), rec(2, None), rec(3, (0.0,)))
     cand = (rec(0, (1.0, 2.25), "device_hit"), rec(1, (0.4,), "host_hit"), rec(2, (1.0,)))
@@ -174,12 +181,12 @@ def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
     for r in workload.requests:
         recent = np.asarray(r.recent_items, dtype=np.int64)
         seen = np.concatenate([grown[r.user_id], recent])
-        assert torch.equal(book.get(r.user_id, seen, 16), stages.candidates(seen, 16))
+        _assert_same(book.get(r.user_id, seen, 16), stages.candidates(seen, 16))
         last = previous.get(r.user_id)
         if last is not None and r.send_s - last[0] < 2.0:   # may overtake the last append
             races += 1
             early = np.concatenate([last[1], recent])
-            assert torch.equal(book.get(r.user_id, early, 16), stages.candidates(early, 16))
+            _assert_same(book.get(r.user_id, early, 16), stages.candidates(early, 16))
         previous[r.user_id] = (r.send_s, grown[r.user_id])
         grown[r.user_id] = seen
     stages.shutdown()

@@ -193,7 +193,7 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
     history = np.arange(1, 40, dtype=np.int64)
     marker = torch.tensor([7, 8, 9])             # not what retrieval would return
     book = CandidateBook()
-    book.add(3, history, 24, marker)
+    book.add(3, history, 24, marker, torch.tensor([3.0, 2.0, 1.0]))
     stages.book = book
 
     async def main() -> list[torch.Tensor]:
@@ -207,13 +207,13 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
     finally:
         stages.shutdown()
     assert replayed is marker
-    assert torch.equal(other_user, stages.candidates(history, 24))
-    assert torch.equal(other_history, stages.candidates(history[:-1], 24))
-    assert torch.equal(fewer, stages.candidates(history, 12))
+    assert torch.equal(other_user, stages.candidates(history, 24)[0])
+    assert torch.equal(other_history, stages.candidates(history[:-1], 24)[0])
+    assert torch.equal(fewer, stages.candidates(history, 12)[0])
     assert (stages.replayed, stages.retrieved, len(book)) == (1, 3, 1)
 
 
-def test_stage_scores_follow_the_kept_candidates_and_a_fusing_cascade_needs_them() -> None:
+def test_stage_scores_follow_the_kept_candidates_live_and_replayed() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
     retrieval = EmbeddingRetrieval.of(model, 16)
     history = np.arange(1, 40, dtype=np.int64)
@@ -221,17 +221,16 @@ def test_stage_scores_follow_the_kept_candidates_and_a_fusing_cascade_needs_them
     assert np.array_equal(ids, retrieval.propose(history, 64))
     assert (np.diff(scores) <= 0).all()                       # best first
     fresh = ~np.isin(ids, history)                            # pre-processing's filter
-    stages = EarlierStages(retrieval, 64, 0.0, 0.0, scores_needed=True)
-    kept, kept_scores = stages.scored_candidates(history, 24)
+    stages = EarlierStages(retrieval, 64, 0.0, 0.0)
+    kept, kept_scores = stages.candidates(history, 24)
     assert torch.equal(kept, torch.from_numpy(ids[fresh][:24]))
     assert torch.equal(kept_scores, torch.from_numpy(scores[fresh][:24]))
     book = CandidateBook()
-    book.add(3, history, 24, torch.tensor([7, 8, 9]))                          # ids only
-    book.add(4, history, 24, torch.tensor([7, 8]), torch.tensor([2.0, 1.0]))   # with scores
+    book.add(4, history, 24, torch.tensor([7, 8]), torch.tensor([2.0, 1.0]))
     stages.book = book
 
-    async def main() -> list[torch.Tensor | None]:
-        live = await stages.run(history, 24, user_id=3)     # the book lacks its scores: live
+    async def main() -> list[torch.Tensor]:
+        live = await stages.run(history, 24, user_id=3)     # not in the book: live
         replayed = await stages.run(history, 24, user_id=4)
         return [live.candidates, live.scores, replayed.candidates, replayed.scores]
 
@@ -249,9 +248,9 @@ def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
     stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 4 * NUM_ITEMS, 0.0, 0.0)
     try:
         history = np.arange(1, 40, dtype=np.int64)
-        every = stages.candidates(history, NUM_ITEMS)       # all items not in the history
+        every = stages.candidates(history, NUM_ITEMS)[0]       # all items not in the history
         assert sorted(every.tolist()) == list(range(40, NUM_ITEMS + 1))
-        assert torch.equal(stages.candidates(history, 16), every[:16])
+        assert torch.equal(stages.candidates(history, 16)[0], every[:16])
     finally:
         stages.shutdown()
 
@@ -265,7 +264,8 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     grown = {u: items for u, (items, _) in histories().items()}
     for v in visit_list:   # the visits run one at a time: each sees the previous one's events
         seen = np.concatenate([grown[v.user_id], np.asarray(v.recent_items, dtype=np.int64)])
-        book.add(v.user_id, seen, v.num_candidates, stages.candidates(seen, v.num_candidates))
+        book.add(v.user_id, seen, v.num_candidates,
+                 *stages.candidates(seen, v.num_candidates))
         grown[v.user_id] = seen
     stages.shutdown()
     store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
@@ -290,7 +290,8 @@ def test_a_hash_collision_in_the_book_is_a_miss(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(stages_module, "hash", lambda _: 0, raising=False)   # every key collides
     book = CandidateBook()
     first, second = np.arange(1, 10), np.arange(2, 11)
-    book.add(5, first, 8, torch.tensor([1]))
-    book.add(5, second, 8, torch.tensor([2]))      # same hash: takes the slot
+    book.add(5, first, 8, torch.tensor([1]), torch.tensor([1.0]))
+    book.add(5, second, 8, torch.tensor([2]), torch.tensor([2.0]))   # same hash: takes the slot
     assert book.get(5, first, 8) is None           # never the other history's candidates
-    assert torch.equal(book.get(5, second, 8), torch.tensor([2]))
+    found = book.get(5, second, 8)
+    assert found is not None and torch.equal(found[0], torch.tensor([2]))

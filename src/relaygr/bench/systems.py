@@ -191,7 +191,7 @@ class SharedParts:
                     variants.append(last[1])   # the previous visit's events not appended yet
                 for history in variants:
                     seen = np.concatenate([history, recent])
-                    book.add(user, seen, n, stages.candidates(seen, n, user))
+                    book.add(user, seen, n, *stages.candidates(seen, n, user))
                 before[user] = (request.send_s, grown[user])
                 grown[user] = np.concatenate([grown[user], recent])
         finally:

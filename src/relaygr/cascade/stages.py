@@ -8,13 +8,12 @@ retrieval stage the delays default to 0 (``MEASURED_STAGE_DELAYS``): the request
 for the measured retrieval alone. ``StageTiming`` says which of the two a request waited for.
 Both stages are deterministic, so every mode ranks the same candidates. The candidates keep
 the strategy's score of each (``StageOutput.scores``), which the cascade may fuse with the
-ranker's after ranking (``SystemConfig.stage_weight``).
+ranker's after ranking (``SystemConfig.stage_weight``); a book keeps them too.
 
 A benchmark keeps the other fleets' compute off the machine it measures: it runs retrieval for
 every scheduled visit before the point starts (``CandidateBook``, same function, same inputs)
 and the stages then only take their configured delay. A visit the book does not hold exactly
-(same user, same history), or holds it without the stage's scores when the cascade fuses them
-(``scores_needed``), is retrieved live, so a replay can be slower, never different.
+(same user, same history) is retrieved live, so a replay can be slower, never different.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ class CandidateBook:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int], tuple[bytes, Tensor, Tensor | None]] = {}
+        self._entries: dict[tuple[int, int, int], tuple[bytes, Tensor, Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -53,18 +52,14 @@ class CandidateBook:
         return np.ascontiguousarray(history, dtype=np.int64).tobytes()
 
     def add(self, user_id: int, history: np.ndarray, num_candidates: int,
-            candidates: Tensor, scores: Tensor | None = None) -> None:
-        """``scores``: the stage's score of each candidate (None: not kept)."""
+            candidates: Tensor, scores: Tensor) -> None:
+        """``scores``: the stage's score of each candidate (``EarlierStages.candidates``' pair)."""
         events = self._events(history)
         self._entries[(user_id, num_candidates, hash(events))] = (events, candidates, scores)
 
-    def get(self, user_id: int, history: np.ndarray, num_candidates: int) -> Tensor | None:
-        found = self.get_scored(user_id, history, num_candidates)
-        return None if found is None else found[0]
-
-    def get_scored(self, user_id: int, history: np.ndarray, num_candidates: int
-                   ) -> tuple[Tensor, Tensor | None] | None:
-        """The candidates and their stage scores (None where not kept), or None: a miss."""
+    def get(self, user_id: int, history: np.ndarray, num_candidates: int
+            ) -> tuple[Tensor, Tensor] | None:
+        """The candidates and their stage scores, or None: a miss."""
         events = self._events(history)
         found = self._entries.get((user_id, num_candidates, hash(events)))
         return found[1:] if found is not None and found[0] == events else None
@@ -90,12 +85,11 @@ class StageTiming:
 @dataclass(frozen=True)
 class StageOutput:
     """The candidates pre-processing kept (``[<= num_candidates]`` dense ids, the stage's order),
-    the stage's score of each (float32, same shape; None: replayed from a book that did not keep
-    them), and their time."""
+    the stage's score of each (float32, same shape), and their time."""
 
     candidates: Tensor
     timing: StageTiming
-    scores: Tensor | None = None
+    scores: Tensor
 
 
 class EarlierStages:
@@ -103,13 +97,9 @@ class EarlierStages:
 
     def __init__(self, retrieval: RetrievalStage, retrieval_k: int, retrieval_delay_s: float,
                  preprocess_delay_s: float, book: CandidateBook | None = None,
-                 clock: Callable[[], float] = time.perf_counter,
-                 scores_needed: bool = False) -> None:
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """``clock`` measures ``StageTiming`` (the delays run on the event loop's timers, whose
-        clock may be coarse: uvloop's counts milliseconds). ``scores_needed``: every output
-        must carry the stage's scores (the cascade fuses them), so a book entry without them
-        is a miss."""
-        self.scores_needed = scores_needed
+        clock may be coarse: uvloop's counts milliseconds)."""
         self.retrieval = retrieval
         self.clock = clock
         self.retrieval_k = retrieval_k
@@ -122,21 +112,17 @@ class EarlierStages:
     @classmethod
     def of(cls, config: SystemConfig, model: HSTU, retrieval: RetrievalStage | None = None,
            book: CandidateBook | None = None) -> EarlierStages:
-        """The stages ``config`` sets (K, delays; scores kept when it fuses them), retrieving
+        """The stages ``config`` sets (K, delays), retrieving
         with ``retrieval``, default the ranking model's item embeddings (``EmbeddingRetrieval``):
         one construction for every transport (the embedded system, the Ray ingress)."""
         return cls(retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
                    config.retrieval_k, config.retrieval_delay_ms / 1e3,
-                   config.preprocess_delay_ms / 1e3, book, scores_needed=config.stage_weight > 0)
+                   config.preprocess_delay_ms / 1e3, book)
 
     def candidates(self, history: np.ndarray, num_candidates: int,
-                   user_id: int | None = None) -> Tensor:
-        """The top items not already in the history, best first (``[<= num_candidates]``)."""
-        return self.scored_candidates(history, num_candidates, user_id)[0]
-
-    def scored_candidates(self, history: np.ndarray, num_candidates: int,
-                          user_id: int | None = None) -> tuple[Tensor, Tensor]:
-        """``candidates`` and the stage's score of each (float32)."""
+                   user_id: int | None = None) -> tuple[Tensor, Tensor]:
+        """The top items not already in the history, best first (``[<= num_candidates]``),
+        and the stage's score of each (float32)."""
         if history.size == 0:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
         ids, scores = self.retrieval.scored(history, self.retrieval_k, user_id)
@@ -157,12 +143,10 @@ class EarlierStages:
         deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
         found = None
         if self.book is not None and user_id is not None:
-            found = self.book.get_scored(user_id, history, num_candidates)
-        if found is not None and found[1] is None and self.scores_needed:
-            found = None                       # the book lacks what fusion needs: live
+            found = self.book.get(user_id, history, num_candidates)
         replayed = found is not None
         if found is None:
-            found = await loop.run_in_executor(self._fleet, self.scored_candidates, history,
+            found = await loop.run_in_executor(self._fleet, self.candidates, history,
                                                num_candidates, user_id)
             self.retrieved += 1
         else:
