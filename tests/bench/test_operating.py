@@ -16,12 +16,14 @@ from rich.console import Console
 from relaygr.bench.benchmark import run_benchmark
 from relaygr.bench.config import BenchConfig, SweepConfig, ThroughputConfig
 from relaygr.bench.operating import (
+    CostProbe,
     Layout,
     LengthSearch,
     find_operating_length,
     operating_point,
 )
 from relaygr.bench.protocol import SystemContext
+from relaygr.bench.report import BenchReport
 from relaygr.bench.suite import BenchSuite
 from relaygr.errors import ConfigError
 from tests.bench.fakes import SimulatedServer
@@ -185,15 +187,17 @@ def test_the_baselines_batch_cap_follows_what_batching_costs_on_the_machine() ->
     assert single.baseline_batch == 1 and len(single.batch_curve) == 1
 
 
-def test_the_baseline_is_capped_in_the_throughput_search_only() -> None:
-    """The cap reaches the baseline's systems through their context in the fixed-length
-    search; the sweep's baseline and every other mode keep their own batching."""
-    seen: set[tuple[str, int, int | None]] = set()   # (mode, prefix tokens, batch cap)
+def _contexts_seen(cost_probe: CostProbe, field: str
+                   ) -> tuple[BenchReport, set[tuple[str, int, object]]]:
+    """Run a sweep at 128 tokens and the fixed-length search of baseline and relay on simulated
+    servers; the report, and every (mode, prefix tokens, ``SystemContext.<field>``) a system
+    was built with."""
+    seen: set[tuple[str, int, object]] = set()
 
     def capture(mode: str) -> Callable[[SystemContext], SimulatedServer]:
         def build(ctx: SystemContext) -> SimulatedServer:
             lengths = {len(h) for h in ctx.workload.histories.values()}
-            seen.update((mode, n, ctx.batch_max_requests) for n in lengths)
+            seen.update((mode, n, getattr(ctx, field)) for n in lengths)
             return factory(mode)(ctx)
         return build
 
@@ -201,9 +205,15 @@ def test_the_baseline_is_capped_in_the_throughput_search_only() -> None:
     config = replace(CONFIG, sweep=SweepConfig(lengths=(128,), qps=CONFIG.sweep.qps),
                      mixed=None, limit=None, exactness=None)
     suite = BenchSuite({m: capture(m) for m in ("baseline", "relay")}, config,
-                       cost_probe=CurveProbe(lambda t: SERVICE["baseline"](t) * 1e3,
-                                             batch_cost=gpu_batch))
-    report = run_virtual(suite.run())
+                       cost_probe=cost_probe)
+    return run_virtual(suite.run()), seen
+
+
+def test_the_baseline_is_capped_in_the_throughput_search_only() -> None:
+    """The cap reaches the baseline's systems through their context in the fixed-length
+    search; the sweep's baseline and every other mode keep their own batching."""
+    report, seen = _contexts_seen(CurveProbe(lambda t: SERVICE["baseline"](t) * 1e3,
+                                             batch_cost=gpu_batch), "batch_max_requests")
     assert report.operating_point is not None and report.operating_point.baseline_batch == 8
     assert seen == {("baseline", 128, None), ("relay", 128, None),      # the sweep
                     ("baseline", 576, 8), ("relay", 576, None)}         # the throughput search
@@ -288,25 +298,11 @@ def test_the_baselines_layout_reaches_its_throughput_search_only() -> None:
     """A layout that serves more requests a second than the serving one reaches the
     baseline's systems in the fixed-length search; the sweep and the other modes keep the
     system's own; where the serving layout wins, no mode is given one."""
-    def run(speedup_at_2: float) -> set[tuple[str, int, Layout | None]]:
-        seen: set[tuple[str, int, Layout | None]] = set()
-
-        def capture(mode: str) -> Callable[[SystemContext], SimulatedServer]:
-            def build(ctx: SystemContext) -> SimulatedServer:
-                lengths = {len(h) for h in ctx.workload.histories.values()}
-                seen.update((mode, n, ctx.layout) for n in lengths)
-                return factory(mode)(ctx)
-            return build
-
-        assert CONFIG.sweep is not None
-        config = replace(CONFIG, sweep=SweepConfig(lengths=(128,), qps=CONFIG.sweep.qps),
-                         mixed=None, limit=None, exactness=None)
+    def run(speedup_at_2: float) -> set[tuple[str, int, object]]:
         probe = LayoutCurveProbe(lambda t: SERVICE["baseline"](t) * 1e3, Layout(2, 1),
                                  contention=lambda k: 1.0,
                                  speedup=lambda t: speedup_at_2 if t == 2 else 1.0)
-        suite = BenchSuite({m: capture(m) for m in ("baseline", "relay")}, config,
-                           cost_probe=probe)
-        report = run_virtual(suite.run())
+        report, seen = _contexts_seen(probe, "layout")
         assert report.operating_point is not None
         return seen
 
