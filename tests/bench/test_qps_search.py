@@ -97,14 +97,16 @@ def test_undecided_rates_bound_nothing_and_are_probed_around() -> None:
     assert result.lowest_failing_qps is not None and result.lowest_failing_qps > 40.0
     assert result.undecided_qps and all(30.0 < q <= 40.0 for q in result.undecided_qps)
     assert result.converged and not any(v == "fail" and q <= 40.0 for q, v in trials)
-    # everything undecided on the way up: it climbs until a fail, then descends to a pass
+    # everything undecided on the way up: it climbs until a fail, then descends to a pass;
+    # the fail at 32, above a pass from then on, is measured again before it is believed
     search = QpsSearch(8.0, rel_tol=0.3, min_qps=1.0)
     trials = drive(search, capacity_oracle(20.0, undecided_below=3.0))
-    assert [q for q, _ in trials[:5]] == [8.0, 16.0, 32.0, 4.0, 2.0]
+    assert trials[:6] == [(8.0, "undecided"), (16.0, "undecided"), (32.0, "fail"),
+                          (4.0, "undecided"), (2.0, "pass"), (32.0, "fail")]
     result = search.result()
     assert result.interval == (3.0, 24.0) and result.converged
     # the ends closed in from both sides; nothing was probed between two undecided rates
-    assert set(result.undecided_qps) == {3.5, 4.0, 8.0, 16.0, 20.0} and len(trials) == 10
+    assert set(result.undecided_qps) == {3.5, 4.0, 8.0, 16.0, 20.0} and len(trials) == 11
 
 
 def test_the_time_budget_ends_the_search_and_says_so() -> None:

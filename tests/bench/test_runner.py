@@ -17,7 +17,6 @@ from relaygr.bench.protocol import BenchRequest, RequestRecord, RunClock, System
 from relaygr.bench.runner import (
     RunOptions,
     check_record,
-    pooled,
     run_open_loop,
     run_point,
 )
@@ -183,7 +182,7 @@ def test_a_decided_fail_stops_the_point() -> None:
     assert point_stats(result, "slow", "test", 1000.0).verdict is Verdict.FAIL
 
 
-def test_a_decided_pass_stops_the_point_and_a_pooled_round_counts_the_first() -> None:
+def test_a_decided_pass_stops_the_point() -> None:
     # 0.1 ms a request, one every ms, 3 ms SLO: no overage. At 90% confidence and up to 300
     # requests (the 512 bucket) a pass takes 270 requests without an overage.
     workload = tiny_workload([0.001 * i for i in range(300)])
@@ -193,14 +192,6 @@ def test_a_decided_pass_stops_the_point_and_a_pooled_round_counts_the_first() ->
     result = run(run_point(fast, workload, judged(3.0, 0.9)))
     assert result.stopped_early and (result.sent, result.not_sent) == (270, 30)
     assert result.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
-    # a second round after 200 requests without overage: the pooled sample passes sooner
-    # (up to 500 requests: the same bucket, so the same 270)
-    second = run(run_point(fast, workload, judged(3.0, 0.9, prior_sent=200, prior_misses=0)))
-    assert second.sent == 70 and second.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
-    both = pooled(result, second)
-    assert both.decision == second.decision and both.sent == 340
-    with pytest.raises(ConfigError):
-        RunOptions(prior_sent=1, prior_misses=2)
 
 
 def test_requests_in_flight_count_as_misses_until_they_finish() -> None:

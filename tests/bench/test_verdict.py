@@ -15,7 +15,7 @@ GRID = (256, 512, 1024, 2048, 4096)
 
 def mode(name: str, max_len: int, fail_len: int | None, qps: float,
          fail_qps: float | None) -> ModeReport:
-    sweep = LengthSweepResult(max_len, fail_len, True, (Trial(max_len, 1.0, Verdict.PASS),),
+    sweep = LengthSweepResult(max_len, fail_len, (Trial(max_len, 1.0, Verdict.PASS),),
                               fail_len, (), GRID)
     search = QpsSearchResult(qps, fail_qps, True, (Trial(qps, 1.0, Verdict.PASS),))
     return ModeReport(name, max_len, qps, None, None, sweep, search, None)

@@ -34,13 +34,12 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     assert full.budget.confidence == 0.99 > quick.budget.confidence
     assert quick.budget.measured_requests < full.budget.min_measured_requests
     # the full sweep starts at the third length; modes without a length bar sweep every other
-    # length; relay's and baseline's knees are measured twice (the quick run's are not)
+    # length
     assert full.sweep.start == profile.sweep_lengths[2]
     assert quick.sweep.start == quick.sweep.lengths[1]
     assert full.sweep.grid("relay") == full.sweep.grid("baseline") == profile.sweep_lengths
     for coarse in ("reactive", "relay-no-expander"):
         assert full.sweep.grid(coarse) == profile.sweep_lengths[::2]
-    assert full.sweep.confirm_knee and not quick.sweep.confirm_knee
     assert full.throughput is not None and quick.throughput is not None
     search = full.throughput.search
     assert (search.start_qps, search.min_qps) == (2 * profile.search_start_qps,

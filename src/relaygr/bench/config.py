@@ -101,18 +101,13 @@ class SweepConfig:
     Every mode's sweep starts at ``start`` (None: the shortest length; see ``LengthSweep``).
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
     ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
-    With ``confirm_knee``, the other modes' answers rest on two pooled rounds of the two points
-    that decide them (``LengthSweep``'s ``confirm``): one round's P99 at the sweep's load is the
-    third-worst of 250 requests, and a single hiccup of a shared machine moves it.
     """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     qps: float = 2.0
-    monotone_tolerance: float = 0.05
     start: int | None = None
     coarse_modes: tuple[str, ...] = ()
     coarse_stride: int = 2
-    confirm_knee: bool = False
 
     def __post_init__(self) -> None:
         if self.start is not None and self.start not in self.lengths:

@@ -7,9 +7,9 @@ Every mode's throughput goes through the same procedure:
 1. **Up.** From ``start_qps``, x ``growth`` above the highest rate measured, for as long as no
    rate has failed above the highest passing one, however many steps that takes: neither a
    trial count nor an undecided point stops the climb (an undecided point bounds nothing).
-2. **Re-measure before believing.** A rate that fails above a passing rate is measured once
-   more, afresh, and the second verdict stands (a spike of the machine fails one run, seldom
-   two in a row).
+2. **Re-measure before believing.** The fail that decides the answer (the lowest failing
+   rate above the highest passing one) is measured once more, afresh, and the second verdict
+   stands: the rule the length sweep shares (``relaygr.bench.search.Standing``).
 3. **Down.** When nothing has passed below the lowest fail, / ``growth`` below the lowest rate
    measured, down to ``min_qps``.
 4. **Narrow.** With a pass ``lo`` and a believed fail ``hi`` above it, the answer lies in
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from relaygr.bench.decision import Verdict
-from relaygr.bench.search import Outcome, Trial
+from relaygr.bench.search import Outcome, Standing, Trial
 from relaygr.errors import ConfigError
 
 
@@ -67,7 +67,7 @@ def bracket_width(result: QpsSearchResult) -> float:
 
 
 class QpsSearch:
-    """Highest passing QPS: up until a fail, re-measure, then narrow (module docstring)."""
+    """Highest passing QPS: up until a fail, re-measure it, then narrow (module docstring)."""
 
     def __init__(self, start_qps: float, growth: float = 2.0, rel_tol: float = 0.05,
                  budget_s: float = math.inf, min_qps: float = 0.1,
@@ -79,22 +79,8 @@ class QpsSearch:
             raise ConfigError(f"QpsSearch needs budget_s > 0, got {budget_s}")
         self._start, self._growth, self._tol = start_qps, growth, rel_tol
         self._budget_s, self._min, self._max = budget_s, min_qps, max_qps
-        self._trials: list[Trial[float]] = []
-        self._standing: dict[float, Trial[float]] = {}   # rate -> its latest trial
-        self._remeasure: float | None = None
+        self._standing: Standing[float] = Standing()
         self._spent_s = 0.0
-
-    # -- the state, read off the standing verdicts
-    def _rates(self, verdict: Verdict | None = None) -> list[float]:
-        return sorted(q for q, t in self._standing.items()
-                      if verdict is None or t.verdict is verdict)
-
-    def _lo(self) -> float | None:
-        return max(self._rates(Verdict.PASS), default=None)
-
-    def _hi(self) -> float | None:
-        lo = self._lo() or 0.0
-        return min((q for q in self._rates(Verdict.FAIL) if q > lo), default=None)
 
     def _open_gap(self, lo: float, hi: float) -> float | None:
         """Midpoint of the bracket's lower gap (``lo`` to the next rate measured above it) or
@@ -102,50 +88,44 @@ class QpsSearch:
         wider than ``rel_tol`` first; None when neither is. Undecided rates between the two
         gaps are not probed among: the sample there cannot tell, and ends move only by
         decided verdicts."""
-        rates = self._rates()
+        rates = self._standing.points()
         gaps = ((lo, min(q for q in rates if q > lo)), (max(q for q in rates if q < hi), hi))
         return next(((a + b) / 2 for a, b in gaps if b > a * (1 + self._tol)), None)
 
     def _plan(self) -> tuple[float | None, str]:
         """The next rate, or None and why the search is done."""
-        if not self._trials:
+        standing = self._standing
+        if not standing.latest:
             return self._start, ""
-        lo, hi = self._lo(), self._hi()
+        again = standing.recheck()
+        if again is not None:
+            return again, ""
+        lo, hi = standing.highest_pass(), standing.deciding_fail()
+        rates = standing.points()
         if hi is None:       # nothing failed above the highest pass: climb
-            top = self._rates()[-1]
+            top = rates[-1]
             return (None, "max_qps") if top >= self._max else (min(top * self._growth,
                                                                     self._max), "")
         if lo is None:       # nothing passed below the lowest fail: descend
-            bottom = self._rates()[0]
+            bottom = rates[0]
             return (None, "min_qps") if bottom <= self._min else (max(bottom / self._growth,
                                                                        self._min), "")
         gap = self._open_gap(lo, hi)
         return (gap, "") if gap is not None else (None, "resolution")
 
     def next_point(self) -> float | None:
-        if self._remeasure is not None:
-            return self._remeasure if self._spent_s < self._budget_s else None
         point, _ = self._plan()
         return point if point is not None and self._spent_s < self._budget_s else None
 
     def record(self, point: float, outcome: Outcome) -> None:
-        previous = self._standing.get(point)
-        trial = Trial(point, outcome.p99_ms, outcome.verdict,
-                      1 if previous is None else previous.round + 1)
-        self._trials.append(trial)
-        self._standing[point] = trial
+        self._standing.record(point, outcome)
         self._spent_s += outcome.duration_s
-        above_a_pass = any(q < point for q in self._rates(Verdict.PASS))
-        first_fail = previous is None or previous.verdict is not Verdict.FAIL
-        self._remeasure = (point if outcome.verdict is Verdict.FAIL and above_a_pass
-                           and first_fail and self._remeasure is None else None)
 
     def result(self) -> QpsSearchResult:
         point, why = self._plan()
-        pending = point is not None or self._remeasure is not None
-        stopped_by = "budget" if pending else why
-        lo = self._lo()
+        standing = self._standing
         return QpsSearchResult(
-            best_qps=lo or 0.0, lowest_failing_qps=self._hi(),
-            converged=not pending, trials=tuple(self._trials), stopped_by=stopped_by,
-            spent_s=self._spent_s, undecided_qps=tuple(self._rates(Verdict.UNDECIDED)))
+            best_qps=standing.highest_pass() or 0.0,
+            lowest_failing_qps=standing.deciding_fail(), converged=point is None,
+            trials=tuple(standing.trials), stopped_by="budget" if point is not None else why,
+            spent_s=self._spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))

@@ -16,8 +16,6 @@ Rules of one run:
   soon as the verdict is reached, sending nothing further: on a fail the requests in flight are
   cancelled (they count as misses, which cannot undo a fail); on a pass they are drained (each
   was already counted as a miss when the pass was judged, so their outcome cannot undo it).
-  A run that will be pooled with an earlier one (``pooled``) counts that run's requests and
-  misses too.
 """
 
 from __future__ import annotations
@@ -55,16 +53,10 @@ class RunOptions:
     rule: P99Rule | None = None
     stop_when_decided: bool = False
     snapshot_interval_s: float = 0.25
-    # An earlier run this one is pooled with: its requests sent and its SLO misses count toward
-    # the verdict, which is then the pooled one.
-    prior_sent: int = 0
-    prior_misses: int = 0
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0 or self.max_in_flight < 1:
             raise ConfigError("warmup_requests must be >= 0 and max_in_flight >= 1")
-        if self.prior_sent < 0 or not 0 <= self.prior_misses <= self.prior_sent:
-            raise ConfigError("need 0 <= prior_misses <= prior_sent")
         if self.drain_timeout_s < 0 or self.snapshot_interval_s <= 0:
             raise ConfigError("drain_timeout_s must be >= 0 and snapshot_interval_s > 0")
         if (self.rule is None) != (self.slo_ms is None):
@@ -95,7 +87,7 @@ class RunResult:
     duration_s: float
     stopped_early: bool
     send_s: dict[int, float]     # measured request id -> scheduled send time
-    # The P99 verdict over the sent measured requests (pooled ones included); None without SLO.
+    # The P99 verdict over the sent measured requests; None without an SLO.
     decision: P99Decision | None = None
 
     @property
@@ -113,23 +105,6 @@ class RunResult:
         included)."""
         late = sum(r.ranking_latency_s * 1e3 > slo_ms for r in self.records)
         return late + self.unserved
-
-
-def pooled(first: RunResult, second: RunResult) -> RunResult:
-    """The two runs of one point as one sample: ``first``'s requests that were sent and all of
-    ``second``'s (the same workload again, on a fresh system)."""
-    errors = dict(first.errors)
-    for name, count in second.errors.items():
-        errors[name] = errors.get(name, 0) + count
-    return RunResult(
-        records=first.records + second.records, measured=first.sent + second.measured,
-        completed=first.completed + second.completed, dropped=first.dropped + second.dropped,
-        failed=first.failed + second.failed, timed_out=first.timed_out + second.timed_out,
-        not_sent=second.not_sent, errors=errors,
-        dispatch_lag_s=first.dispatch_lag_s + second.dispatch_lag_s,
-        snapshots=first.snapshots + second.snapshots,
-        duration_s=first.duration_s + second.duration_s, stopped_early=second.stopped_early,
-        send_s={**first.send_s, **second.send_s}, decision=second.decision)
 
 
 class _Run:
@@ -155,7 +130,7 @@ class _Run:
         self.stop = asyncio.Event()
         self.stopped_on: Verdict | None = None
         rule = options.rule
-        self.rule = None if rule is None else rule.sequential(self.measured + options.prior_sent)
+        self.rule = None if rule is None else rule.sequential(self.measured)
 
     def _is_measured(self, request: BenchRequest) -> bool:
         return request.request_id >= self.measured_from
@@ -169,13 +144,11 @@ class _Run:
             self._judge()
 
     def _judge(self) -> None:
-        """Stop once the pooled sample decides the P99 verdict (module docstring): a fail on
-        the misses known, a pass even were every request still in flight to miss."""
-        options = self.options
-        if self.rule is None or not options.stop_when_decided or self.stop.is_set():
+        """Stop once the sample decides the P99 verdict (module docstring): a fail on the
+        misses known, a pass even were every request still in flight to miss."""
+        if self.rule is None or not self.options.stop_when_decided or self.stop.is_set():
             return
-        n = self.due + options.prior_sent
-        misses = self.misses + options.prior_misses
+        n, misses = self.due, self.misses
         in_flight = self.due - self.outcomes
         if self.rule.verdict(n, misses) is Verdict.FAIL:
             self.stopped_on = Verdict.FAIL
@@ -188,9 +161,7 @@ class _Run:
     def decision(self) -> P99Decision | None:
         if self.rule is None:
             return None
-        options = self.options
-        return P99Decision.of(self.rule, self.due + options.prior_sent,
-                              self.misses + options.prior_misses)
+        return P99Decision.of(self.rule, self.due, self.misses)
 
     async def dispatch(self) -> None:
         for index, request in enumerate(self.requests):

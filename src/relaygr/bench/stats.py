@@ -138,8 +138,9 @@ class PointStats:
     steal_fraction: float | None = None
     calibration_ms: float | None = None
     attempt: int = 1
-    # 2 when the figures pool two rounds of the point (the sweep's knee, ``LengthSweep``).
-    rounds: int = 1
+    # 2 when a search measured this point again, afresh: the re-measure of the fail that decides
+    # its answer (``relaygr.bench.search.Standing``).
+    round: int = 1
     # Where the ranking latency went (``latency_parts``); empty when the system reports nothing.
     ranking_parts: dict[str, object] = field(default_factory=dict)
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 
 from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.assemble import Phases, assemble
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
-from relaygr.bench.decision import P99Rule, Verdict
+from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
@@ -34,7 +34,7 @@ from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
 from relaygr.bench.report import BenchReport, LimitReport
-from relaygr.bench.runner import RunOptions, RunResult, pooled, run_point
+from relaygr.bench.runner import RunOptions, run_point
 from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
 from relaygr.bench.stats import PointStats, latency_parts, point_stats
 from relaygr.bench.workload import (
@@ -74,9 +74,9 @@ class BenchSuite:
         self.points: list[PointStats] = []
         self.summaries: dict[str, dict[str, object]] = {}
         self._workloads: OrderedDict[tuple[str, int | None, float], Workload] = OrderedDict()
-        # The latest run of each (mode, phase, QPS, length) and its figures, for a second round
-        # to pool with.
-        self._runs: dict[tuple[str, str, float, int | None], tuple[RunResult, PointStats]] = {}
+        # How often each (mode, phase, QPS, length) was measured: a search's second measurement
+        # of a point is its re-measure of a deciding fail (``PointStats.round``).
+        self._rounds: Counter[tuple[str, str, float, int | None]] = Counter()
         self.noise = NoiseMonitor(config.budget.remeasure_steal,
                                   config.budget.remeasure_slowdown)
 
@@ -97,36 +97,21 @@ class BenchSuite:
         return self._workloads[key]
 
     async def measure(self, mode: str, phase: str, builder: WorkloadBuilder, qps: float,
-                      prefix_len: int | None = None, options: RunOptions | None = None,
-                      pool: bool = False) -> PointStats:
-        """Run one point of ``mode`` and record its statistics and P99 verdict.
-
-        With ``pool``, a point measured before is run a second time and judged over both
-        rounds (the first round's sent requests and the second's); a second round after a
-        failed first one is not run (a fail is decided). A first round that did not pass under
-        noise (``_noisy``; its re-measures spent) is not pooled: the second round is then
-        measured alone.
-        """
+                      prefix_len: int | None = None) -> PointStats:
+        """Run one point of ``mode`` and record its statistics and P99 verdict; a point that did
+        not pass while the host was noisy (``_noisy``) is measured again after the host
+        quietens, up to ``max_remeasures`` times, every attempt recorded."""
         workload = self._workload(phase, builder, qps, prefix_len)
         budget, slo_ms = self.config.budget, self.config.slo_ms
-        key = (mode, phase, qps, prefix_len)
-        earlier = self._runs.get(key) if pool else None
-        if earlier is not None and not earlier[1].passed and self._noisy(earlier[1]):
-            earlier = None   # a miss under noise is no evidence: measure afresh
-        options = options or RunOptions(
+        options = RunOptions(
             warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
             drain_timeout_s=budget.drain_timeout_s, slo_ms=slo_ms,
             rule=P99Rule(budget.confidence), stop_when_decided=budget.stop_when_decided)
+        key = (mode, phase, qps, prefix_len)
+        self._rounds[key] += 1
         length = "" if prefix_len is None else f" len {prefix_len}"
-        label = f"{phase} {mode}{length} @ {qps:.3g} QPS"
-        prior: RunResult | None = None
-        if earlier is not None:
-            prior, prior_stats = earlier
-            label += " (round 2)"
-            if prior_stats.verdict is Verdict.FAIL:
-                self.progress.note(f"{label}: not run, round 1 already failed the SLO")
-                return self._record(prior_stats, label, rounds=2)
-            options = replace(options, prior_sent=prior.sent, prior_misses=prior.misses(slo_ms))
+        again = " (again: it decides the answer)" if self._rounds[key] > 1 else ""
+        label = f"{phase} {mode}{length} @ {qps:.3g} QPS{again}"
         factory = self.systems.get(mode) or self.extra_systems[mode]
         cap, layout = self.batch_caps.get((mode, phase)), self.layouts.get((mode, phase))
         if cap is not None or layout is not None:
@@ -137,12 +122,11 @@ class BenchSuite:
             result = await run_point(factory, workload, options, self.progress)
             noise = self.noise.end(before)
             self.progress.end_point()
-            run = result if prior is None else pooled(prior, result)
-            stats = replace(point_stats(run, mode, phase, qps, prefix_len),
+            stats = replace(point_stats(result, mode, phase, qps, prefix_len),
                             steal_fraction=noise.steal_fraction,
-                            calibration_ms=noise.calibration_ms, attempt=attempt)
-            stats = self._record(stats, label, rounds=1 if prior is None else 2)
-            self._runs[key] = (run, stats)
+                            calibration_ms=noise.calibration_ms, attempt=attempt,
+                            round=self._rounds[key])
+            self._record(stats, label)
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
@@ -155,8 +139,7 @@ class BenchSuite:
         """Too much noise during the point to believe that it did not pass (``noise``)."""
         return self.noise.too_noisy(stats.steal_fraction, stats.calibration_ms)
 
-    def _record(self, stats: PointStats, label: str, rounds: int) -> PointStats:
-        stats = replace(stats, rounds=rounds)
+    def _record(self, stats: PointStats, label: str) -> None:
         self.points.append(stats)
         decision = stats.decision
         evidence = "" if decision is None else \
@@ -164,20 +147,16 @@ class BenchSuite:
         self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
                            f"{stats.ranking.p99_ms:.1f} ms, {stats.verdict}{evidence}, "
                            f"{_noise(stats)}")
-        return stats
 
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
         assert cfg is not None
-        searches = {m: LengthSweep(cfg.grid(m), cfg.monotone_tolerance, cfg.start,
-                                   confirm=cfg.confirm_knee and m not in cfg.coarse_modes)
-                    for m in self.systems}
+        searches = {m: LengthSweep(cfg.grid(m), cfg.start) for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
         async def measure(mode: str, length: int) -> Outcome:
             builder = builders.setdefault(length, self._fixed(length))
-            return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length,
-                                                    pool=True))
+            return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length))
 
         await run_lockstep(searches, measure)
         return {m: s.result() for m, s in searches.items()}

@@ -220,7 +220,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     workloads (ML-1M replay and the DLRMv3 profile with and without cross-request reuse). Every
     mode's sweep starts at the third grid length (512 on the cpu profile; it walks down if that
     does not pass), the modes without a bar on length (reactive and the three ablations) sweep
-    every other length, relay's and baseline's knees get a second, pooled round; searches start
+    every other length; searches start
     at twice the profile's search start (8 QPS on cpu), go no lower than half of it, and take up
     to 10 minutes of measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever
     is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
@@ -258,8 +258,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
                             start=lengths[min(2, len(lengths) - 1)],
-                            coarse_modes=(Mode.REACTIVE.value, *ABLATIONS),
-                            confirm_knee=True)
+                            coarse_modes=(Mode.REACTIVE.value, *ABLATIONS))
         mixed_search = search
         extra = extra_workloads(profile, replace(search, budget_s=300.0))
     # the operating point's cost curve: from the grid's first length up to its last
