@@ -90,14 +90,15 @@ class ModelLimitProbe:
 
 def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,
                  peak_gflops: float | None, prefix_len: int, suffix_tokens: int,
-                 candidates: int, relayed_parts: dict[str, object] | None = None
-                 ) -> LimitReport:
+                 candidates: int, relayed_parts: dict[str, object] | None = None,
+                 compute_by_path: dict[str, dict[str, float]] | None = None) -> LimitReport:
     """Combine the low-load point, the isolated timing and the FLOP count.
 
     The low-load latency is over the requests that took the relay path (ranked from a cached
     prefix), the path the isolated pass measures; the point's other requests (a prefix the
     trigger left to the full pass) are in ``low_load_p99_ms``, which covers the whole point.
-    ``relayed_parts`` is ``stats.latency_parts`` over those same relayed requests."""
+    ``relayed_parts`` is ``stats.latency_parts`` over those same relayed requests, and
+    ``compute_by_path`` their ``stats.compute_by_path``."""
     isolated_ms = (None if probe is None
                    else probe.cached_rank_ms(prefix_len, suffix_tokens, candidates))
     relayed = low_load.ranking_relayed
@@ -116,7 +117,8 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
         matmul_peak_gflops=peak_gflops, achieved_gflops=achieved,
         achieved_fraction_of_peak=ratio(achieved, peak_gflops),
         ranking_parts=dict(relayed_parts or {}), path_counts=dict(low_load.path_counts),
-        reload_copies=low_load.counters_end.get("reload_copies", 0.0))
+        reload_copies=low_load.counters_end.get("reload_copies", 0.0),
+        compute_by_path=dict(compute_by_path or {}))
 
 
 # How each part of the relay's ranking latency reads in the overhead's account.
@@ -139,6 +141,9 @@ def describe_overhead(limit: LimitReport) -> str | None:
                                     f"{mean['compute'] - isolated:+.2f})")
     rest = " + ".join(f"{label} {mean[name]:.2f}" for name, label in _OVERHEAD_PARTS)
     paths = ", ".join(f"{path} {n}" for path, n in sorted(limit.path_counts.items()))
+    by_path = "; ".join(f"{path} {v['p50_ms']:.2f} / {v['mean_ms']:.2f} ({v['requests']:g})"
+                        for path, v in limit.compute_by_path.items())
     return (f"overhead taken apart (means over {limit.ranking_parts.get('requests')} relayed "
             f"requests, ms): latency {total:.2f} = {compute} + {rest}; paths: {paths}; "
-            f"reloads from host {limit.reload_copies:g}")
+            f"reloads from host {limit.reload_copies:g}"
+            + (f"; compute P50 / mean by path: {by_path}" if by_path else ""))

@@ -64,6 +64,8 @@ class LimitReport:
     ranking_parts: dict[str, object] = field(default_factory=dict)
     path_counts: dict[str, int] = field(default_factory=dict)
     reload_copies: float = 0.0            # host -> device reloads during the point
+    # The model compute of those requests per ranking path (``stats.compute_by_path``).
+    compute_by_path: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

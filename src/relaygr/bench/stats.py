@@ -184,6 +184,19 @@ def latency_parts(records: Sequence[RequestRecord]) -> dict[str, object]:
             "tail_latency_mean_ms": float(latency[tail].mean()), "parts": parts}
 
 
+def compute_by_path(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+    """The model compute of the requests whose system reported its parts, per ranking path:
+    ``requests``, ``p50_ms`` and ``mean_ms`` (a path whose compute exceeds the pass alone says
+    where an overhead inside the instance comes from: a reloaded prefix, say, against one
+    resident since its pre-inference)."""
+    by_path: dict[str, list[float]] = {}
+    for r in records:
+        if r.parts is not None:
+            by_path.setdefault(r.path, []).append(r.parts.compute_s * 1e3)
+    return {path: {"requests": float(len(ms)), "p50_ms": percentile(np.array(ms), 50.0),
+                   "mean_ms": float(np.mean(ms))} for path, ms in sorted(by_path.items())}
+
+
 def point_stats(result: RunResult, mode: str, phase: str, qps: float,
                 prefix_len: int | None = None) -> PointStats:
     """Summarise one run (see ``PointStats``)."""

@@ -36,7 +36,7 @@ from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
 from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.runner import RunOptions, run_point
 from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
-from relaygr.bench.stats import PointStats, latency_parts, point_stats
+from relaygr.bench.stats import PointStats, compute_by_path, latency_parts, point_stats
 from relaygr.bench.workload import (
     SyntheticWorkload,
     Workload,
@@ -229,7 +229,8 @@ class BenchSuite:
         relayed = [r for r in result.records if r.path in RELAYED_PATHS]
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
-                            round(stats.candidates_mean), latency_parts(relayed))
+                            round(stats.candidates_mean), latency_parts(relayed),
+                            compute_by_path(relayed))
 
     async def exactness(self, builder: WorkloadBuilder) -> ExactnessReport | None:
         cfg = self.config.exactness
