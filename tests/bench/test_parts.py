@@ -19,7 +19,7 @@ from relaygr.bench.runner import RunResult
 from relaygr.bench.stats import latency_parts, point_stats
 from relaygr.bench.systems import SharedParts
 from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import EarlierStages
@@ -171,7 +171,8 @@ def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
                                  prefix_len=FixedLength(40), short_gap_share=1.0,
                                  short_gap_mean_s=0.5)
     workload = SyntheticWorkload(population, seed=3).build(qps=20.0, num_requests=60)
-    system = SystemConfig(num_candidates=16, retrieval_k=48, retrieval_history=8)
+    system = SystemConfig(stages=StagesConfig(num_candidates=16, retrieval_k=48,
+                                               retrieval_history=8))
     book = parts.book_for(workload, system)
     assert parts.book_for(workload, system) is book          # once per workload
     stages = EarlierStages(parts.retrieval, 48, 0.0, 0.0)
