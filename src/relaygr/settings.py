@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -81,11 +82,19 @@ def _merged(config: Any, changes: Mapping[str, Any]) -> dict[str, Any]:
     return current
 
 
-def _nested_configs(cls: type) -> dict[str, type]:
-    """The fields of ``cls`` whose type is itself a configuration dataclass."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
-            if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])}
+def _config_in(hint: Any) -> tuple[type | None, bool]:
+    """The configuration dataclass a field of type ``hint`` holds, alone or optional or as a
+    ``tuple[C, ...]`` (then the flag is true); ``None`` when it holds none."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _config_in(inner[0]) if len(inner) == 1 else (None, False)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item, many = _config_in(args[0])
+        return (item, True) if item is not None and not many else (None, False)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint, False
+    return None, False
 
 
 def _refuse_unknown(cls: type, data: Mapping[str, Any], path: str) -> None:
@@ -93,9 +102,17 @@ def _refuse_unknown(cls: type, data: Mapping[str, Any], path: str) -> None:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"unknown {path} keys: {unknown}")
-    for name, inner in _nested_configs(cls).items():
-        if isinstance(data.get(name), Mapping):
-            _refuse_unknown(inner, data[name], f"{path}.{name}")
+    for name, hint in typing.get_type_hints(cls, include_extras=False).items():
+        inner, many = _config_in(hint) if name in data else (None, False)
+        if inner is None:
+            continue
+        value = data[name]
+        if many and isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    _refuse_unknown(inner, item, f"{path}.{name}.{i}")
+        elif not many and isinstance(value, Mapping):
+            _refuse_unknown(inner, value, f"{path}.{name}")
 
 
 def _describe(cls: type, exc: ValidationError) -> str:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
+from relaygr.errors import CheckpointError
 from relaygr.train import Trainer, load_trained
+from relaygr.train.checkpoint import DatasetInfo, RunConfig
 from tests.train.helpers import TINY, cyclic_sequences
 
 NEW_MODEL_KEYS = ("rank_score",)
@@ -46,3 +49,25 @@ def test_a_run_saved_before_valid_seed_keeps_the_users_its_seed_chose(tmp_path: 
     del config["train"]["valid_seed"]
     path.write_text(json.dumps(config))
     assert load_trained(tmp_path / "run").run.train.valid_seed == 3
+
+
+def test_a_run_config_is_read_by_the_one_loader() -> None:
+    run = RunConfig(TINY.model_config(40), TINY, DatasetInfo("d", "d.csv", 16, 40, 320), seed=3,
+                    preset="quick")
+    saved = json.loads(json.dumps(run.to_dict()))
+    assert RunConfig.from_dict(saved) == run
+    for path, value, says in (
+            (("dataset", "users"), 16, r"unknown RunConfig\.dataset keys: \['users'\]"),
+            (("model", "num_layers"), "two", r"RunConfig\.model\.num_layers: Input should be"),
+            (("train", "max_epochs"), 0, r"RunConfig\.train\.max_epochs"),
+            (("seed",), None, r"RunConfig\.seed")):
+        bad = json.loads(json.dumps(saved))
+        *outer, key = path
+        target = bad
+        for name in outer:
+            target = target[name]
+        target[key] = value
+        with pytest.raises(CheckpointError, match=says):
+            RunConfig.from_dict(bad)
+    with pytest.raises(CheckpointError, match="not a relaygr run config"):
+        RunConfig.from_dict({**saved, "format": "relaygr-run/0"})
