@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
+from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig, WorkloadPhaseConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.limit import ModelLimitProbe, describe_overhead, limit_report
@@ -128,10 +128,24 @@ def test_bench_config_parsing() -> None:
     assert cfg.throughput is not None and cfg.throughput.search == QpsSearchConfig(start_qps=4.0)
     assert cfg.exactness is None and cfg.population.num_users == 100
     assert cfg.model is not None and cfg.model.dim == 8
-    for bad in ({"slo": 1.0}, {"sweep": {"length": [1]}}, {"slo_ms": -1.0},
-                {"throughput": {"search": {"start": 1.0}}}):
-        with pytest.raises(ConfigError):
+    for bad, says in (
+            ({"slo": 1.0}, "unknown BenchConfig keys: ['slo']"),
+            ({"sweep": {"length": [1]}}, "unknown BenchConfig.sweep keys: ['length']"),
+            ({"slo_ms": -1.0}, "slo_ms must be > 0"),
+            ({"throughput": {"search": {"start": 1.0}}},
+             "unknown BenchConfig.throughput.search keys: ['start']"),
+            ({"throughput": {"lengths": {"growth": 0.5}}},
+             "BenchConfig.throughput.lengths: LengthSearch needs growth > 1"),
+            ({"workloads": [{"name": "w", "source": "ml1m", "mode": ["relay"]}]},
+             "unknown BenchConfig.workloads.0 keys: ['mode']"),
+            ({"population": {"prefix_len": {"kind": "fixed", "tokens": "many"}}},
+             "BenchConfig.population.prefix_len.tokens: Input should be a valid integer")):
+        with pytest.raises(ConfigError) as caught:
             BenchConfig.from_dict(bad)
+        assert says in str(caught.value)
+    phases = BenchConfig.from_dict({"workloads": [{"name": "w", "source": "ml1m",
+                                                   "modes": ["relay"]}]}).workloads
+    assert phases == (WorkloadPhaseConfig("w", "ml1m", modes=("relay",)),)
     with pytest.raises(ConfigError):
         PointBudget(measured_requests=10, min_measured_requests=20)
 
