@@ -240,6 +240,6 @@ def load_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimize
         if cuda_states:
             torch.cuda.set_rng_state_all(cuda_states)
     try:
-        return TrainProgress(**json.loads((run_dir / PROGRESS_FILE).read_text()))
-    except (ValueError, TypeError) as exc:
+        return load(TrainProgress, json.loads((run_dir / PROGRESS_FILE).read_text()))
+    except ValueError as exc:     # not JSON, or a ConfigError naming the bad field
         raise CheckpointError(f"cannot parse {run_dir / PROGRESS_FILE}: {exc}") from None
