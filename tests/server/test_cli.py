@@ -42,6 +42,9 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"instances": 2}))
     with pytest.raises(ConfigError, match="unknown SystemConfig keys"):
         serve.options_from_args(parse("--system-config", str(path)))
+    path.write_text(json.dumps([["mode", "relay"]]))
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
+        serve.options_from_args(parse("--system-config", str(path)))
     path.write_text(json.dumps({"trigger": {"risk": 0.3}}))
     with pytest.raises(ConfigError, match=r"unknown SystemConfig.trigger keys: \['risk'\]"):
         serve.options_from_args(parse("--system-config", str(path)))

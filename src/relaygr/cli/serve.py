@@ -126,6 +126,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     system_fields: dict[str, Any] = {}
     if args.system_config is not None:
         system_fields = json.loads(args.system_config.read_text())
+        if not isinstance(system_fields, dict):
+            raise ConfigError(f"--system-config {args.system_config} must hold a JSON object of "
+                              "SystemConfig fields")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for name, value in (("mode", args.mode), ("num_instances", args.instances),
                         ("slo_ms", args.slo_ms)):
