@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig
+from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig, WorkloadPhaseConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.limit import ModelLimitProbe, describe_overhead, limit_report
@@ -19,7 +19,7 @@ from relaygr.bench.runner import RunResult
 from relaygr.bench.stats import compute_by_path, latency_parts, point_stats
 from relaygr.bench.systems import SharedParts
 from relaygr.bench.workload import FixedLength, SyntheticConfig, SyntheticWorkload
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.stages import EarlierStages
@@ -154,10 +154,24 @@ def test_bench_config_parsing() -> None:
     assert cfg.throughput is not None and cfg.throughput.search == QpsSearchConfig(start_qps=4.0)
     assert cfg.exactness is None and cfg.population.num_users == 100
     assert cfg.model is not None and cfg.model.dim == 8
-    for bad in ({"slo": 1.0}, {"sweep": {"length": [1]}}, {"slo_ms": -1.0},
-                {"throughput": {"search": {"start": 1.0}}}):
-        with pytest.raises(ConfigError):
+    for bad, says in (
+            ({"slo": 1.0}, "unknown BenchConfig keys: ['slo']"),
+            ({"sweep": {"length": [1]}}, "unknown BenchConfig.sweep keys: ['length']"),
+            ({"slo_ms": -1.0}, "slo_ms must be > 0"),
+            ({"throughput": {"search": {"start": 1.0}}},
+             "unknown BenchConfig.throughput.search keys: ['start']"),
+            ({"throughput": {"lengths": {"growth": 0.5}}},
+             "BenchConfig.throughput.lengths: LengthSearch needs growth > 1"),
+            ({"workloads": [{"name": "w", "source": "ml1m", "mode": ["relay"]}]},
+             "unknown BenchConfig.workloads.0 keys: ['mode']"),
+            ({"population": {"prefix_len": {"kind": "fixed", "tokens": "many"}}},
+             "BenchConfig.population.prefix_len.tokens: Input should be a valid integer")):
+        with pytest.raises(ConfigError) as caught:
             BenchConfig.from_dict(bad)
+        assert says in str(caught.value)
+    phases = BenchConfig.from_dict({"workloads": [{"name": "w", "source": "ml1m",
+                                                   "modes": ["relay"]}]}).workloads
+    assert phases == (WorkloadPhaseConfig("w", "ml1m", modes=("relay",)),)
     with pytest.raises(ConfigError):
         PointBudget(measured_requests=10, min_measured_requests=20)
 
@@ -197,7 +211,8 @@ def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
                                  prefix_len=FixedLength(40), short_gap_share=1.0,
                                  short_gap_mean_s=0.5)
     workload = SyntheticWorkload(population, seed=3).build(qps=20.0, num_requests=60)
-    system = SystemConfig(num_candidates=16, retrieval_k=48, retrieval_history=8)
+    system = SystemConfig(stages=StagesConfig(num_candidates=16, retrieval_k=48,
+                                               retrieval_history=8))
     book = parts.book_for(workload, system)
     assert parts.book_for(workload, system) is book          # once per workload
     stages = EarlierStages(parts.retrieval, 48, 0.0, 0.0)

@@ -11,10 +11,11 @@ import numpy as np
 from relaygr.bench.protocol import RunClock, SystemContext
 from relaygr.bench.systems import CascadeUnderTest, SharedParts, mode_factories
 from relaygr.bench.workload.ml1m import ML1MConfig, ML1MWorkload, read_movie_ids
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.engine.instance import InstanceConfig
 from tests.cascade.retrieval_runs import MOVIES, train_run, write_ratings
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
@@ -32,14 +33,17 @@ def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path
     model = make_model(0, num_items=workload.num_items, max_seq_len=256)
     parts = SharedParts(model, flops_cost_model(model.cfg), EmbeddingRetrieval.of(model, 6),
                         measured={"ml1m": stage})
-    base = SystemConfig(num_instances=1, num_candidates=8, retrieval_k=32, retrieval_history=6,
-                        device_budget_bytes=8 << 20, host_budget_bytes=16 << 20,
-                        page_tokens=16)
+    base = SystemConfig(num_instances=1,
+                        stages=StagesConfig(num_candidates=8, retrieval_k=32,
+                                            retrieval_history=6),
+                        instance=InstanceConfig(device_budget_bytes=8 << 20,
+                                                host_budget_bytes=16 << 20, page_tokens=16))
     cut = mode_factories(["relay"], base, parts)["relay"](SystemContext(workload, RunClock()))
     assert isinstance(cut, CascadeUnderTest)
     system = cut.system
     assert system.stages.book is None and system.stages.retrieval is stage
-    assert (system.config.retrieval_delay_ms, system.config.preprocess_delay_ms) == (0, 0)
+    stages = system.config.stages
+    assert (stages.retrieval_delay_ms, stages.preprocess_delay_ms) == (0, 0)
     assert workload.stage_delays.total_s > 0          # what the replay would otherwise wait
 
     async def main() -> list[tuple[np.ndarray, Recommendation]]:

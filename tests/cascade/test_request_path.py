@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 import pytest
 import torch
 
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import OverloadConfig, SystemConfig
 from relaygr.cascade.fleet import SKIPPED, FirstLeg, InstanceLost, rank_shed, sheds_preinfer
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import RequestPath, Visit
@@ -73,7 +73,8 @@ class ScriptedFleet:
         if answer == "lost":
             raise InstanceLost(first.instance_id if first and not avoid else f"x{len(avoid)}")
         if answer == "shed":
-            raise rank_shed(answer, 9, SystemConfig(max_rank_queue_depth=9)) or AssertionError
+            depth_9 = SystemConfig(overload=OverloadConfig(max_rank_queue_depth=9))
+            raise rank_shed(answer, 9, depth_9) or AssertionError
         return RankResult(torch.zeros(job.candidates.shape[0]), RankPath.FULL, answer)
 
 
@@ -81,8 +82,8 @@ def make_path(fleet: ScriptedFleet, mode: str = "relay") -> RequestPath:
     model = make_model(0, num_items=NUM_ITEMS)
     store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
     cfg = config(mode)
-    stages = EarlierStages(EmbeddingRetrieval.of(model, cfg.retrieval_history), cfg.retrieval_k,
-                           0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, cfg.stages.retrieval_history),
+                           cfg.stages.retrieval_k, 0.0, 0.0)
     return RequestPath(fleet, cfg, store, HistoryWindow.for_model(model.cfg, cfg), stages)
 
 
@@ -153,7 +154,8 @@ def test_modes_without_preinfer_send_no_signal() -> None:
 
 
 def test_the_shed_rules_bound_at_their_depths() -> None:
-    cfg = SystemConfig(shed_preinfer_queue_depth=3, max_rank_queue_depth=5, slo_ms=250)
+    cfg = SystemConfig(overload=OverloadConfig(shed_preinfer_queue_depth=3,
+                                               max_rank_queue_depth=5), slo_ms=250)
     assert not sheds_preinfer(2, cfg) and sheds_preinfer(3, cfg)
     assert rank_shed("r", 4, cfg) is None
     shed = rank_shed("r", 5, cfg)

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.engine.helpers import flops_cost_model
@@ -48,9 +49,11 @@ def visits(seed: int = 1, count: int = 30) -> list[Visit]:
 
 def config(mode: str, **changes: object) -> SystemConfig:
     # A tiny SLO puts every prefix at risk, so the relay modes pre-infer.
-    base = SystemConfig(mode=mode, slo_ms=0.01, num_instances=2, retrieval_k=64,
-                        num_candidates=24, retrieval_delay_ms=1, preprocess_delay_ms=1,
-                        device_budget_bytes=8 << 20, host_budget_bytes=32 << 20, page_tokens=16)
+    base = SystemConfig(mode=mode, slo_ms=0.01, num_instances=2,
+                        stages=StagesConfig(retrieval_k=64, num_candidates=24,
+                                            retrieval_delay_ms=1, preprocess_delay_ms=1),
+                        instance=InstanceConfig(device_budget_bytes=8 << 20,
+                                                host_budget_bytes=32 << 20, page_tokens=16))
     return base.with_(**changes)
 
 

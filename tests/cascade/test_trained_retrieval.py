@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig, SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.engine.instance import InstanceConfig
 from relaygr.errors import CatalogueMismatchError, EmptyInputError
 from tests.cascade.retrieval_runs import (
     MOVIES,
@@ -73,10 +74,12 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
                  if np.isin(ranker[h[-RECENT:] - 1], MOVIES).any()}
     store = InMemoryHistoryStore.from_sequences({u: (h, None) for u, h in histories.items()},
                                                 num_items=len(ranker))
-    config = SystemConfig(num_instances=1, retrieval_k=40, num_candidates=16,
-                          retrieval_history=RECENT, device_budget_bytes=8 << 20,
-                          host_budget_bytes=16 << 20, page_tokens=16).with_(
-                              **MEASURED_STAGE_DELAYS)
+    config = SystemConfig(
+        num_instances=1,
+        stages=StagesConfig(retrieval_k=40, num_candidates=16, retrieval_history=RECENT,
+                            **MEASURED_STAGE_DELAYS),
+        instance=InstanceConfig(device_budget_bytes=8 << 20, host_budget_bytes=16 << 20,
+                                page_tokens=16))
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
     system = RelaySystem(config, model, store, flops_cost_model(model.cfg), stage)
     users = list(histories)

@@ -10,11 +10,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.window import HistoryWindow
+from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError, SequenceTooLongError
@@ -95,9 +96,11 @@ def test_window_versions_hash_the_start_and_agree_everywhere() -> None:
 
 def _config(mode: str, fraction: float) -> SystemConfig:
     # A tiny SLO puts every prefix at risk, so the relay modes pre-infer.
-    return SystemConfig(mode=mode, slo_ms=0.01, num_instances=2, retrieval_k=32,
-                        num_candidates=12, retrieval_delay_ms=1, preprocess_delay_ms=1,
-                        device_budget_bytes=4 << 20, host_budget_bytes=8 << 20, page_tokens=8,
+    return SystemConfig(mode=mode, slo_ms=0.01, num_instances=2,
+                        stages=StagesConfig(retrieval_k=32, num_candidates=12,
+                                            retrieval_delay_ms=1, preprocess_delay_ms=1),
+                        instance=InstanceConfig(device_budget_bytes=4 << 20,
+                                                host_budget_bytes=8 << 20, page_tokens=8),
                         window_slide_fraction=fraction)
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from relaygr.cascade.config import SystemConfig
 from relaygr.cli.main import main
+from relaygr.engine.scheduler import BatchPolicy
+from relaygr.relay.trigger import TriggerConfig
 from relaygr.train import preset
 
 
@@ -34,6 +38,24 @@ def test_serve_shows_the_validated_options(capsys: pytest.CaptureFixture[str]) -
     system = shown["config"]["system"]
     assert (system["num_instances"], system["slo_ms"], system["devices"]) == (2, 80.0, ["cpu"])
     assert shown["config"]["size_budgets"] is True
+
+
+def test_the_shown_system_is_a_system_config_file_serve_reads_back(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps({"trigger": {"risk_fraction": 0.5},
+                                "instance": {"batch": {"max_requests": 2}}}))
+    shown = _show(capsys, "serve", "--system-config", str(path), "--stage-weight", "0.25",
+                  "--device", "cpu")["config"]["system"]
+    # nested as SystemConfig is: the file's parts and the flag, the rest their defaults
+    assert shown["trigger"]["risk_fraction"] == 0.5
+    assert shown["trigger"]["burst_tokens"] == TriggerConfig().burst_tokens
+    assert shown["instance"]["batch"] == {"max_requests": 2, "max_tokens": BatchPolicy().max_tokens}
+    assert shown["stages"]["stage_weight"] == 0.25
+    assert set(shown) == {f.name for f in fields(SystemConfig)}
+    again = tmp_path / "shown.json"
+    again.write_text(json.dumps(shown))
+    assert _show(capsys, "serve", "--system-config", str(again))["config"]["system"] == shown
 
 
 def test_a_command_without_a_config_shows_its_flags_and_bad_input_is_refused(

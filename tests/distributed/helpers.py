@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -67,8 +68,7 @@ class LocalRanker:
         self.system = system or system_config()
         self.replicas = {n: RankingReplica(replica_spec(self.system, n, ledger, source))
                          for n in names}
-        self.router = make_router(router="affinity",
-                                  spill_queue_depth=self.system.spill_queue_depth)
+        self.router = make_router(router="affinity", **asdict(self.system.affinity))
         self.dead: set[str] = set()
         self.sent: list[tuple[str, str]] = []     # (method, replica) per call delivered
 

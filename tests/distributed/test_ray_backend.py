@@ -147,8 +147,9 @@ def test_a_replica_gone_with_no_call_on_it_leaves_readyz_and_the_metrics() -> No
 
 
 def test_replica_sheds_ranking_as_503(tmp_path: Path) -> None:
-    ranker = LocalRanker(NAMES, system=system_config(max_rank_queue_depth=1,
-                                                     batch_max_requests=1, slo_ms=1500.0))
+    ranker = LocalRanker(NAMES, system=system_config(
+        overload={"max_rank_queue_depth": 1}, instance={"batch": {"max_requests": 1}},
+        slo_ms=1500.0))
     service = service_over(ranker)
 
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:

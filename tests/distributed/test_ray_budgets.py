@@ -36,18 +36,20 @@ def test_replica_budgets_are_sized_from_the_model_and_users_for_the_replicas() -
     users = load_store(options.model, model, HistoryWindow.for_model(model.cfg, options.system))
     want = size_budgets(KVLayout.for_model(model.cfg, model.dtype),
                         [users.num_events(u) for u in users], model.cfg.max_seq_len,
-                        options.system.page_tokens, 3, available_host_bytes())
-    assert system.device_budget_bytes == want.device_bytes
+                        options.system.instance.page_tokens, 3, available_host_bytes())
+    assert system.instance.device_budget_bytes == want.device_bytes
     # the cap is a share of the memory available now: equal unless it binds (it does not here)
-    assert not want.capped and system.host_budget_bytes == want.host_bytes
+    assert not want.capped and system.instance.host_budget_bytes == want.host_bytes
     assert system.num_instances == options.system.num_instances     # only the budgets change
     assert heard == [want.describe()]
 
 
 def test_given_budgets_are_kept(tmp_path: Path) -> None:
     path = tmp_path / "system.json"
-    path.write_text(json.dumps({"device_budget_bytes": 1 << 26, "host_budget_bytes": 1 << 27}))
+    path.write_text(json.dumps({"instance": {"device_budget_bytes": 1 << 26,
+                                             "host_budget_bytes": 1 << 27}}))
     heard: list[str] = []
     system = ray_budgets(_options("--system-config", str(path)), heard.append)
-    assert (system.device_budget_bytes, system.host_budget_bytes) == (1 << 26, 1 << 27)
+    assert (system.instance.device_budget_bytes, system.instance.host_budget_bytes) == \
+        (1 << 26, 1 << 27)
     assert heard == []

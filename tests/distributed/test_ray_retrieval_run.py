@@ -52,8 +52,8 @@ K = 16
 WEIGHT = 0.75
 USERS = 8
 STAGES = {"hstu": HSTURunRetrieval, "towers": TrainedRetrieval}
-SYSTEM = system_config(num_instances=1, retrieval_k=64, num_candidates=K,
-                       stage_weight=WEIGHT).with_(**MEASURED_STAGE_DELAYS)
+SYSTEM = system_config(num_instances=1, stages={
+    "retrieval_k": 64, "num_candidates": K, "stage_weight": WEIGHT, **MEASURED_STAGE_DELAYS})
 Answer = dict[str, Any]
 
 
@@ -104,7 +104,7 @@ def _tolerance(runs: Runs, answers: list[Answer]) -> float:
     towers = read_run_info(runs.towers).config
     scale = max(abs(s) for a in answers
                 for s in (*a["scores"], *a["ranker_scores"], *a["stage_scores"]))
-    return reorder_tolerance(terms=max(TINY.max_seq_len, TINY.dim, SYSTEM.retrieval_history),
+    return reorder_tolerance(terms=max(TINY.max_seq_len, TINY.dim, SYSTEM.stages.retrieval_history),
                              abs_sum=scale, chained=max(TINY.num_layers, towers.num_layers) + 1)
 
 
@@ -178,8 +178,9 @@ def test_serve_ray_takes_a_retrieval_run_and_a_stage_weight(tmp_path: Path) -> N
     options = serve_options("--ray", "--checkpoint", str(tmp_path), "--retrieval-run",
                             str(tmp_path), "--stage-weight", "0.5")
     assert options.ray and options.model.retrieval_run == tmp_path
-    assert options.system.stage_weight == 0.5
-    assert (options.system.retrieval_delay_ms, options.system.preprocess_delay_ms) == (0, 0)
+    assert options.system.stages.stage_weight == 0.5
+    stages = options.system.stages
+    assert (stages.retrieval_delay_ms, stages.preprocess_delay_ms) == (0, 0)
 
 
 def _free_port() -> int:

@@ -56,7 +56,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         serve.start(http_options=HTTPOptions(host="127.0.0.1", port=port))
         model = load_model(SOURCE)
-        spec = RayAppSpec(SOURCE, system_config(retrieval_delay_ms=5, preprocess_delay_ms=5),
+        spec = RayAppSpec(SOURCE, system_config(stages={"retrieval_delay_ms": 5,
+                                                          "preprocess_delay_ms": 5}),
                           ServerConfig(), replicas=2, replica_cpus=0.5, ingress_cpus=0.5,
                           cost_model=flops_cost_model(model.cfg).to_dict(), ledger_dir=ledger,
                           torch_threads=1)

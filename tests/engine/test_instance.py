@@ -26,8 +26,9 @@ def make_instance(model: HSTU, *, slo_ms: float = 1e-3, host: bool = True,
                   trigger: str | None = "sequence-aware") -> RankingInstance:
     """An instance whose trigger finds every prefix at risk (tiny SLO) unless told otherwise."""
     cost = flops_cost_model(model.cfg)
-    trig = None if trigger is None else make_trigger(trigger, cost, TriggerConfig(slo_ms=slo_ms))
-    return RankingInstance(InstanceConfig("rank-0", device_budget_bytes=4 * MiB,
+    trig = None if trigger is None else make_trigger(trigger, cost, TriggerConfig(), slo_ms)
+    return RankingInstance("rank-0", "cpu",
+                           InstanceConfig(device_budget_bytes=4 * MiB,
                                           host_budget_bytes=16 * MiB if host else 0,
                                           page_tokens=16), model, trig)
 
@@ -228,9 +229,9 @@ def test_truncation_fallback_is_labelled() -> None:
     store = store_with({2: 90})
     spec = spec_from_store(store, 2)
     cost = flops_cost_model(model.cfg)
-    inst = RankingInstance(InstanceConfig("rank-0", device_budget_bytes=0,
-                                          truncate_to_tokens=32), model,
-                           make_trigger("sequence-aware", cost, TriggerConfig(slo_ms=1.0)))
+    inst = RankingInstance("rank-0", "cpu",
+                           InstanceConfig(device_budget_bytes=0, truncate_to_tokens=32), model,
+                           make_trigger("sequence-aware", cost, TriggerConfig(), slo_ms=1.0))
 
     async def scenario(inst: RankingInstance) -> None:
         ranked = await inst.rank(RankJob(spec, CANDIDATES))
@@ -245,10 +246,11 @@ def test_without_cross_request_reuse_a_prefix_serves_only_its_own_request() -> N
     store = store_with({1: 200})
     spec = spec_from_store(store, 1)
     cost = flops_cost_model(model.cfg)
-    inst = RankingInstance(InstanceConfig("rank-0", device_budget_bytes=4 * MiB,
+    inst = RankingInstance("rank-0", "cpu",
+                           InstanceConfig(device_budget_bytes=4 * MiB,
                                           host_budget_bytes=16 * MiB, page_tokens=16,
                                           cross_request_reuse=False), model,
-                           make_trigger("sequence-aware", cost, TriggerConfig(slo_ms=1e-3)))
+                           make_trigger("sequence-aware", cost, TriggerConfig(), slo_ms=1e-3))
 
     async def scenario(inst: RankingInstance) -> None:
         assert inst.residency is not None and inst.residency.host is None

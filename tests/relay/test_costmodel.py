@@ -113,10 +113,20 @@ def test_json_round_trip_is_exact(tmp_path: Path) -> None:
     model.save(path)
     assert LatencyCostModel.load(path) == model
     data = json.loads(path.read_text())
-    data["full"]["feature_names"] = ["const"]
-    path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError):
-        LatencyCostModel.load(path)
+    for part, key, value, says in (
+            ("full", "feature_names", ["const", "tokens", "pairs", "candidates", "keys"],
+             "LatencyCostModel.full fits the features"),
+            ("full", "feature_names", ["const"], "LatencyCostModel.full: 1 features but 5"),
+            ("full", "coef", [1.0], "unknown LatencyCostModel.full keys: ['coef']"),
+            ("cached", "rmse_ms", "low", "LatencyCostModel.cached.rmse_ms: Input should be"),
+            ("source", "model", {"dim": 8, "heads": 2}, "unknown LatencyCostModel.source.model "
+                                                       "keys: ['heads']")):
+        bad = json.loads(json.dumps(data))
+        bad[part][key] = value
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ConfigError) as caught:
+            LatencyCostModel.load(path)
+        assert says in str(caught.value)
     path.write_text('{"format": "something else"}')
     with pytest.raises(ConfigError, match="format"):
         LatencyCostModel.load(path)

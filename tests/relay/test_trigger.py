@@ -40,7 +40,8 @@ def linear_model() -> LatencyCostModel:
 
 
 # SLO 20 ms, risk at > 10 ms: a history of more than 900 tokens is at risk.
-CONFIG = TriggerConfig(slo_ms=20.0, risk_fraction=0.5, max_pool_fraction=0.5,
+SLO_MS = 20.0
+CONFIG = TriggerConfig(risk_fraction=0.5, max_pool_fraction=0.5,
                        max_preinfer_tokens_per_s=1000.0, burst_tokens=2000.0)
 POOL = PoolUsage(used_bytes=0, budget_bytes=1000)
 
@@ -52,7 +53,7 @@ def request(prefix: int, prefix_bytes: int = 100, host: bool = False) -> Trigger
 
 def test_each_reason_in_order_and_counted() -> None:
     clock = FakeClock()
-    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, clock)
+    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, SLO_MS, clock)
     assert trigger.decide(request(900), POOL) == TriggerDecision(
         False, TriggerReason.NOT_AT_RISK, pytest.approx(10.0), pytest.approx(1.9),
         pytest.approx(10.0))
@@ -82,7 +83,7 @@ def test_each_reason_in_order_and_counted() -> None:
 def test_risk_is_judged_at_the_instance_load() -> None:
     # 500 tokens: a 6-ms pass, within the 10-ms risk line on an idle instance; at 50 % busy
     # the expected time in system doubles it (12 ms: at risk); at 40 %, 10 ms (the line itself).
-    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, FakeClock())
+    trigger = make_trigger("sequence-aware", linear_model(), CONFIG, SLO_MS, FakeClock())
     assert trigger.decide(request(500), POOL).reason is TriggerReason.NOT_AT_RISK
     half_busy = trigger.decide(request(500), POOL, InstanceLoad(0.5))
     assert half_busy.admit and half_busy.predicted_full_ms == pytest.approx(6.0)
@@ -96,7 +97,7 @@ def test_risk_is_judged_at_the_instance_load() -> None:
 
 
 def test_preinfer_all_admits_every_prefix_that_fits() -> None:
-    trigger = make_trigger("preinfer-all", linear_model(), CONFIG, FakeClock())
+    trigger = make_trigger("preinfer-all", linear_model(), CONFIG, SLO_MS, FakeClock())
     decisions = [trigger.decide(request(10), POOL) for _ in range(50)]
     assert all(d.reason is TriggerReason.ADMITTED for d in decisions)
     assert trigger.decide(request(5000), POOL).admit            # no load bound either
@@ -131,14 +132,16 @@ def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
 def test_config_and_request_validation() -> None:
     assert sorted(TRIGGERS) == ["preinfer-all", "sequence-aware"]
     with pytest.raises(ConfigError, match="unknown trigger"):
-        make_trigger("always", linear_model(), CONFIG)
+        make_trigger("always", linear_model(), CONFIG, SLO_MS)
+    with pytest.raises(ConfigError, match="slo_ms must be > 0"):
+        make_trigger("sequence-aware", linear_model(), CONFIG, 0.0)
     with pytest.raises(ConfigError, match="unknown TriggerConfig keys"):
-        TriggerConfig.from_dict({"slo_ms": 20.0, "risk": 0.3})
-    assert TriggerConfig.from_dict({"slo_ms": 20.0}) == TriggerConfig(slo_ms=20.0)
-    for bad in ({"slo_ms": 0.0}, {"slo_ms": 5.0, "risk_fraction": 1.5},
-                {"slo_ms": 5.0, "burst_tokens": 0.0}):
-        with pytest.raises(ConfigError):
-            TriggerConfig(**bad)  # type: ignore[arg-type]
+        TriggerConfig.from_dict({"risk": 0.3})
+    assert TriggerConfig.from_dict({"burst_tokens": 10}) == TriggerConfig(burst_tokens=10.0)
+    for bad, says in (({"risk_fraction": 1.5}, "TriggerConfig.risk_fraction must be in"),
+                      ({"burst_tokens": 0.0}, "TriggerConfig.burst_tokens must be > 0")):
+        with pytest.raises(ConfigError, match=says):
+            TriggerConfig(**bad)
     with pytest.raises(InvalidInputError, match="prefix_tokens"):
         request(-1)
     with pytest.raises(InvalidInputError, match="impossible"):

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
+from relaygr.engine.instance import InstanceConfig
 from relaygr.server import ModelSource, RelayService, ServerConfig, build_embedded, create_app
 from relaygr.server.build import load_model
 from tests.engine.helpers import flops_cost_model
@@ -23,9 +24,11 @@ SOURCE = ModelSource(size="tiny", num_items=500, max_seq_len=512, num_users=24, 
 
 def system_config(**changes: object) -> SystemConfig:
     # A tiny SLO puts every prefix at risk, so the relay pre-infers; short stage delays.
-    base = SystemConfig(num_instances=2, slo_ms=0.01, retrieval_k=64, num_candidates=16,
-                        retrieval_delay_ms=1, preprocess_delay_ms=1,
-                        device_budget_bytes=8 << 20, host_budget_bytes=16 << 20, page_tokens=16)
+    base = SystemConfig(num_instances=2, slo_ms=0.01,
+                        stages=StagesConfig(retrieval_k=64, num_candidates=16,
+                                            retrieval_delay_ms=1, preprocess_delay_ms=1),
+                        instance=InstanceConfig(device_budget_bytes=8 << 20,
+                                                host_budget_bytes=16 << 20, page_tokens=16))
     return base.with_(**changes)
 
 

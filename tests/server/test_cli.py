@@ -42,6 +42,15 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"instances": 2}))
     with pytest.raises(ConfigError, match="unknown SystemConfig keys"):
         serve.options_from_args(parse("--system-config", str(path)))
+    path.write_text(json.dumps([["mode", "relay"]]))
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
+        serve.options_from_args(parse("--system-config", str(path)))
+    path.write_text(json.dumps({"trigger": {"risk": 0.3}}))
+    with pytest.raises(ConfigError, match=r"unknown SystemConfig.trigger keys: \['risk'\]"):
+        serve.options_from_args(parse("--system-config", str(path)))
+    path.write_text(json.dumps({"stages": {"retrieval_delay_ms": -1}}))
+    with pytest.raises(ConfigError, match=r"SystemConfig\.stages\.retrieval_delay_ms must be >= 0"):
+        serve.options_from_args(parse("--system-config", str(path)))
     with pytest.raises(ConfigError, match="mode"):
         serve.options_from_args(parse("--mode", "turbo"))
     with pytest.raises(ConfigError, match="not a directory"):
@@ -65,9 +74,10 @@ def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> 
     store = load_store(options.model, model, HistoryWindow.for_model(model.cfg, options.system))
     system = sized_budgets(options.system, model, store, heard.append)
     # a tiny model (2 layers, dim 32): a few MiB, not the hundreds of MiB of the fixed default
-    assert system.device_budget_bytes < options.system.device_budget_bytes // 16
-    assert system.host_budget_bytes == HOST_TO_DEVICE * system.device_budget_bytes
+    sized, given = system.instance, options.system.instance
+    assert sized.device_budget_bytes < given.device_budget_bytes // 16
+    assert sized.host_budget_bytes == HOST_TO_DEVICE * sized.device_budget_bytes
     assert heard and f"{DEVICE_RESIDENT_USERS} prefixes" in heard[0] and "mean" in heard[0]
     path = tmp_path / "system.json"
-    path.write_text(json.dumps({"device_budget_bytes": 1 << 26}))
+    path.write_text(json.dumps({"instance": {"device_budget_bytes": 1 << 26}}))
     assert not serve.options_from_args(parse("--system-config", str(path))).size_budgets

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_sigterm_style_exit_drains_in_flight_requests() -> None:
     cost = flops_cost_model(load_model(SOURCE).cfg).to_dict()
     # a 5 s retrieval stage: the request is surely in flight while the test looks
-    spec = LoopbackSpec(SOURCE, system_config(retrieval_delay_ms=5000),
+    spec = LoopbackSpec(SOURCE, system_config(stages={"retrieval_delay_ms": 5000}),
                         ServerConfig(port=0, drain_timeout_s=10), cost, 1)
     server = LoopbackServer(spec)
     answers: list[httpx.Response] = []

@@ -20,7 +20,8 @@ def test_ranking_overload_answers_503_with_retry_after() -> None:
     # One queued ranking request is the limit, and batches take one request. With the
     # instances' compute held, each instance has one batch in compute and one request queued:
     # 24 rankings over 2 instances must shed some (at least one instance gets three or more).
-    service = make_service(system_config(max_rank_queue_depth=1, batch_max_requests=1,
+    service = make_service(system_config(overload={"max_rank_queue_depth": 1},
+                                         instance={"batch": {"max_requests": 1}},
                                          slo_ms=250.0))
     counters = lambda: service.backend.snapshot().counters  # noqa: E731
 
@@ -45,8 +46,9 @@ def test_ranking_overload_answers_503_with_retry_after() -> None:
 
 
 def test_preinfer_is_shed_before_ranking() -> None:
-    service = make_service(system_config(shed_preinfer_queue_depth=1, batch_max_requests=1,
-                                         max_rank_queue_depth=64))
+    service = make_service(system_config(overload={"shed_preinfer_queue_depth": 1,
+                                                   "max_rank_queue_depth": 64},
+                                         instance={"batch": {"max_requests": 1}}))
     system = service.backend.system  # type: ignore[attr-defined]
     counters = lambda: service.backend.snapshot().counters  # noqa: E731
 

@@ -167,7 +167,8 @@ _STATE: dict[str, Any] = {}
 
 async def _post(endpoint: str, payload: Any) -> tuple[int, bool]:
     if "client" not in _STATE:
-        service = make_service(system_config(retrieval_k=16, num_candidates=4), SERVER)
+        system = system_config(stages={"retrieval_k": 16, "num_candidates": 4})
+        service = make_service(system, SERVER)
         context = client_for(service)
         _STATE.update(service=service, context=context, client=await context.__aenter__())
     service, client = _STATE["service"], _STATE["client"]

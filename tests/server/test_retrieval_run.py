@@ -42,7 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _service(rank: Path, retrieval: Path) -> RelayService:
     source = ModelSource(checkpoint=rank, retrieval_run=retrieval)
     model = load_model(source)
-    system = system_config(num_instances=1, retrieval_history=6).with_(**MEASURED_STAGE_DELAYS)
+    system = system_config(num_instances=1,
+                           stages={"retrieval_history": 6, **MEASURED_STAGE_DELAYS})
     return build_embedded(source, system, ServerConfig(), flops_cost_model(model.cfg))
 
 
@@ -87,15 +88,17 @@ def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path
 
 def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> None:
     options = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path))
-    assert (options.system.retrieval_delay_ms, options.system.preprocess_delay_ms) == (0, 0)
+    stages = options.system.stages
+    assert (stages.retrieval_delay_ms, stages.preprocess_delay_ms) == (0, 0)
     assert options.model.retrieval_run == tmp_path
     path = tmp_path / "system.json"
-    path.write_text(json.dumps({"preprocess_delay_ms": 7.0}))     # asked for: kept
+    path.write_text(json.dumps({"stages": {"preprocess_delay_ms": 7.0}}))     # asked for: kept
     kept = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
                          "--system-config", str(path))
-    assert (kept.system.retrieval_delay_ms, kept.system.preprocess_delay_ms) == (0, 7.0)
+    assert (kept.system.stages.retrieval_delay_ms, kept.system.stages.preprocess_delay_ms) \
+        == (0, 7.0)
     plain = serve_options("--checkpoint", str(tmp_path))
-    assert plain.system.stage_delay_s > 0          # without a trained stage: simulated
+    assert plain.system.stages.delay_s > 0          # without a trained stage: simulated
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         serve_options("--retrieval-run", str(tmp_path))
 
@@ -120,7 +123,8 @@ def test_a_run_of_another_dataset_is_refused(runs: tuple[Path, Path], tmp_path: 
 def test_without_a_trained_stage_the_configured_delays_are_waited_and_reported() -> None:
     # retrieval_delay_ms=3 + preprocess_delay_ms=2: the earlier stages end no sooner than 5 ms
     # after they start (asyncio may fire a timer up to its clock resolution early)
-    service = make_service(system_config(retrieval_delay_ms=3, preprocess_delay_ms=2))
+    service = make_service(system_config(stages={"retrieval_delay_ms": 3,
+                                                 "preprocess_delay_ms": 2}))
     user = sorted(service.backend.store)[0]
 
     async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, dict[str, Any]]:

@@ -55,8 +55,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _service(runs: tuple[Path, Path], weight: float, mode: str = "relay") -> RelayService:
     stage, ranker = runs
     source = ModelSource(checkpoint=ranker, retrieval_run=stage)
-    system = system_config(num_instances=1, mode=mode, retrieval_k=64, num_candidates=K,
-                           stage_weight=weight).with_(**MEASURED_STAGE_DELAYS)
+    system = system_config(num_instances=1, mode=mode, stages={
+        "retrieval_k": 64, "num_candidates": K, "stage_weight": weight, **MEASURED_STAGE_DELAYS})
     return build_embedded(source, system, ServerConfig(), flops_cost_model(load_model(source).cfg))
 
 
@@ -202,8 +202,8 @@ def test_serve_refuses_a_stage_run_that_does_not_fit_the_ranker(
 
 def test_serve_flag_sets_the_stage_weight(tmp_path: Path) -> None:
     options = serve_options("--checkpoint", str(tmp_path), "--stage-weight", "0.75")
-    assert options.system.stage_weight == 0.75
-    assert serve_options("--checkpoint", str(tmp_path)).system.stage_weight == 0.0
+    assert options.system.stages.stage_weight == 0.75
+    assert serve_options("--checkpoint", str(tmp_path)).system.stages.stage_weight == 0.0
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(ConfigError, match="stage_weight must be finite and >= 0"):
             serve_options("--checkpoint", str(tmp_path), "--stage-weight", bad)

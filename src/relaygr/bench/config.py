@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaygr.bench.operating import LengthSearch
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
-
-
-def _check_keys(cls: type, data: Mapping[str, Any]) -> None:
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} keys: {unknown}")
+from relaygr.settings import load
 
 
 @dataclass(frozen=True)
@@ -197,11 +192,6 @@ class WorkloadPhaseConfig:
     search: QpsSearchConfig = field(default_factory=QpsSearchConfig)
 
 
-_NESTED: dict[str, type] = {"budget": PointBudget, "sweep": SweepConfig,
-                            "throughput": ThroughputConfig, "mixed": MixedConfig,
-                            "limit": LimitConfig, "exactness": ExactnessConfig}
-
-
 @dataclass(frozen=True)
 class BenchConfig:
     """A whole benchmark run. A phase set to None is skipped.
@@ -260,29 +250,4 @@ class BenchConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchConfig:
-        _check_keys(cls, data)
-        params = dict(data)
-        for name, kind in _NESTED.items():
-            if isinstance(params.get(name), Mapping):
-                params[name] = _nested(kind, params[name])
-        if isinstance(params.get("population"), Mapping):
-            params["population"] = SyntheticConfig.from_dict(params["population"])
-        if isinstance(params.get("model"), Mapping):
-            params["model"] = HSTUConfig.from_dict(params["model"])
-        try:
-            return cls(**params)
-        except TypeError as exc:
-            raise ConfigError(f"bad BenchConfig: {exc}") from exc
-
-
-def _nested(kind: type, data: Mapping[str, Any]) -> Any:
-    _check_keys(kind, data)
-    params = dict(data)
-    if isinstance(params.get("search"), Mapping):
-        params["search"] = _nested(QpsSearchConfig, params["search"])
-    if kind is ThroughputConfig and isinstance(params.get("lengths"), Mapping):
-        params["lengths"] = _nested(LengthSearch, params["lengths"])
-    for name in ("lengths", "coarse_modes"):
-        if name in params and not isinstance(params[name], LengthSearch):
-            params[name] = tuple(params[name])
-    return kind(**params)
+        return load(cls, data)

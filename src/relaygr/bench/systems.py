@@ -177,13 +177,13 @@ class SharedParts:
         cached = self._books.get(key)
         if cached is not None and cached[0] is workload:
             return cached[1]
-        stages = EarlierStages(self.retrieval, config.retrieval_k, 0.0, 0.0)
+        stages = EarlierStages(self.retrieval, config.stages.retrieval_k, 0.0, 0.0)
         book = CandidateBook()
         grown = {user: h.items for user, h in workload.histories.items()}
         before: dict[int, tuple[float, np.ndarray]] = {}   # user -> (last send, history then)
         try:
             for request in workload.requests:
-                user, n = request.user_id, request.num_candidates or config.num_candidates
+                user, n = request.user_id, request.num_candidates or config.stages.num_candidates
                 recent = np.asarray(request.recent_items, dtype=np.int64)
                 variants = [grown[user]]
                 last = before.get(user)
@@ -210,15 +210,15 @@ def mode_factories(modes: Sequence[str], base: SystemConfig, parts: SharedParts
         def build(ctx: SystemContext) -> CascadeUnderTest:
             trained = parts.measured.get(ctx.workload.name)
             delays = ctx.workload.stage_delays
-            config = base.with_(mode=mode, retrieval_delay_ms=delays.retrieval_ms,
-                                preprocess_delay_ms=delays.preprocessing_ms)
+            config = base.with_(mode=mode, stages={"retrieval_delay_ms": delays.retrieval_ms,
+                                                   "preprocess_delay_ms": delays.preprocessing_ms})
             retrieval, book = parts.retrieval, None
             if trained is None:
                 book = parts.book_for(ctx.workload, config)
             else:
-                config, retrieval = base.with_(mode=mode, **MEASURED_STAGE_DELAYS), trained
+                config, retrieval = base.with_(mode=mode, stages=MEASURED_STAGE_DELAYS), trained
             if ctx.batch_max_requests is not None:   # the benchmark's batch cap for this point
-                config = config.with_(batch_max_requests=ctx.batch_max_requests)
+                config = config.with_(instance={"batch": {"max_requests": ctx.batch_max_requests}})
             processes = parts.processes
             if ctx.layout is not None:                # and its layout
                 config = config.with_(num_instances=ctx.layout.instances)

@@ -48,14 +48,14 @@ class InstanceLost(Exception):
 def sheds_preinfer(rank_queue_depth: int, config: SystemConfig) -> bool:
     """Whether an instance with ``rank_queue_depth`` ranking requests queued skips a pre-infer
     signal (the first thing shed under load)."""
-    return rank_queue_depth >= config.shed_preinfer_queue_depth
+    return rank_queue_depth >= config.overload.shed_preinfer_queue_depth
 
 
 def rank_shed(name: str, rank_queue_depth: int, config: SystemConfig
               ) -> OverloadedError | None:
     """The refusal of a ranking leg on instance ``name`` at ``rank_queue_depth`` (HTTP 503 with
     Retry-After), or None."""
-    if rank_queue_depth < config.max_rank_queue_depth:
+    if rank_queue_depth < config.overload.max_rank_queue_depth:
         return None
     return OverloadedError(f"{name} has {rank_queue_depth} ranking requests queued",
                    retry_after_s=max(0.1, config.slo_ms / 1e3))

@@ -6,7 +6,7 @@ The stage is ``train.stages.CheckpointRetrieval``, the function eval's cascade c
 user at a time: the stage run's own layers prefill the newest ``max_seq_len`` events of the
 user's history, its retrieval head scores the catalogue from the last state, every item of the
 history is removed, and the top ``k`` are proposed best first with those scores (logits, the
-scale ``SystemConfig.stage_weight`` fuses). So for a history, serve proposes what eval's cascade
+scale ``StagesConfig.stage_weight`` fuses). So for a history, serve proposes what eval's cascade
 proposes, scores equal up to float rounding (the prefill of one user against eval's batch), and
 pre-processing's filter drops nothing.
 

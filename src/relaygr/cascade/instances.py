@@ -11,15 +11,15 @@ replica builds its one instance with it, so every transport runs the same instan
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.engine.handle import InstanceHandle
-from relaygr.engine.instance import InstanceConfig, RankingInstance
-from relaygr.engine.scheduler import BatchPolicy
+from relaygr.engine.instance import RankingInstance
 from relaygr.model import HSTU
 from relaygr.relay.costmodel import LatencyCostModel
-from relaygr.relay.trigger import TriggerConfig, make_trigger
+from relaygr.relay.trigger import make_trigger
 
 # Builds instance ``name`` on ``device`` for a system config (``build_instance`` in this process,
 # ``InstanceProcesses.factory`` in processes of their own).
@@ -32,16 +32,9 @@ def build_instance(config: SystemConfig, name: str, device: str, model: HSTU,
     spec = spec_for(Mode.parse(config.mode))
     trigger = None
     if spec.trigger is not None:
-        trigger = make_trigger(spec.trigger, cost_model, TriggerConfig(
-            slo_ms=config.slo_ms, risk_fraction=config.risk_fraction,
-            max_pool_fraction=config.max_pool_fraction,
-            max_preinfer_tokens_per_s=config.max_preinfer_tokens_per_s,
-            burst_tokens=config.burst_tokens))
-    return RankingInstance(InstanceConfig(
-        name=name, device=device,
-        device_budget_bytes=config.device_budget_bytes if spec.device_cache else 0,
-        host_budget_bytes=config.host_budget_bytes if spec.host_tier else 0,
-        page_tokens=config.page_tokens, lease_s=config.lease_s, host_ttl_s=config.host_ttl_s,
-        batch=BatchPolicy(max_requests=config.batch_max_requests),
-        truncate_to_tokens=config.truncate_to_tokens,
-        cross_request_reuse=config.cross_request_reuse), model.eval(), trigger)
+        trigger = make_trigger(spec.trigger, cost_model, config.trigger, config.slo_ms)
+    wanted = config.instance    # the mode keeps the tiers it uses
+    instance = replace(wanted,
+                       device_budget_bytes=wanted.device_budget_bytes if spec.device_cache else 0,
+                       host_budget_bytes=wanted.host_budget_bytes if spec.host_tier else 0)
+    return RankingInstance(name, device, instance, model.eval(), trigger)

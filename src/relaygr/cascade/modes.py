@@ -18,9 +18,10 @@ cache on a ranking-time miss, so `relay` is `reactive` plus the relay's three te
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from relaygr.errors import ConfigError
+from relaygr.routing.affinity import AffinityConfig
 
 
 class Mode(enum.Enum):
@@ -54,6 +55,14 @@ class ModeSpec:
     @property
     def preinfer(self) -> bool:
         return self.trigger is not None
+
+    def router_settings(self, affinity: AffinityConfig) -> dict[str, object]:
+        """The options of this mode's router: a system's ``affinity`` settings where it routes
+        by affinity, the mode's own options over them."""
+        options = dict(self.router_options)
+        if self.router == "affinity":
+            options = {**asdict(affinity), **options}
+        return options
 
 
 def spec_for(mode: Mode) -> ModeSpec:

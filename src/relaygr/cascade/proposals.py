@@ -2,7 +2,7 @@
 
 A strategy proposes items for a user from the user's events: up to ``k`` distinct item ids of
 the *ranker* (dense, 1-based), best first, with its score of each (``scored``: what the cascade
-may fuse with the ranker's score, ``SystemConfig.stage_weight``). It may propose items the user
+may fuse with the ranker's score, ``StagesConfig.stage_weight``). It may propose items the user
 has already seen; pre-processing (``EarlierStages``) filters those and keeps the candidates.
 Strategies are deterministic (same events, same proposals) and safe to call from the retrieval
 pool's threads concurrently once built.

@@ -203,7 +203,7 @@ class RequestPath:
     def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None) -> _Leg:
         s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
         spec, history_items = self._prefix_spec(visit.user_id, s)
-        n_cand = visit.num_candidates or self.config.num_candidates
+        n_cand = visit.num_candidates or self.config.stages.num_candidates
         request_id = uuid.uuid4().hex
         sent = self.fleet.preinfer(request_id, visit.user_id, spec, s, n_cand,
                                    send and self.preinfers)
@@ -247,7 +247,7 @@ class RequestPath:
                               await _result(first), first.instance, spec.num_tokens,
                               job.suffix_tokens, due, done, result.timing, spec.window_start,
                               stages, stage_scores,
-                              0.0 if stages is None else self.config.stage_weight)
+                              0.0 if stages is None else self.config.stages.stage_weight)
 
     async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob) -> RankResult:
         avoid: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import faiss
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.model import HSTU
+from relaygr.settings import load
 
 
 class IndexKind(enum.Enum):
@@ -48,17 +49,7 @@ class RetrievalConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RetrievalConfig:
         """From plain settings (``kind`` by name: ``"flat"`` or ``"ivf"``)."""
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown RetrievalConfig keys: {unknown}")
-        settings = dict(data)
-        if "kind" in settings:
-            try:
-                settings["kind"] = IndexKind(settings["kind"])
-            except ValueError as exc:
-                raise ConfigError(f"unknown index kind {settings['kind']!r}; choose one of "
-                                  f"{[k.value for k in IndexKind]}") from exc
-        return cls(**settings)
+        return load(cls, data)
 
 
 @dataclass(frozen=True)

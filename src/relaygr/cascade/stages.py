@@ -8,7 +8,7 @@ retrieval stage the delays default to 0 (``MEASURED_STAGE_DELAYS``): the request
 for the measured retrieval alone. ``StageTiming`` says which of the two a request waited for.
 Both stages are deterministic, so every mode ranks the same candidates. The candidates keep
 the strategy's score of each (``StageOutput.scores``), which the cascade may fuse with the
-ranker's after ranking (``SystemConfig.stage_weight``); a book keeps them too.
+ranker's after ranking (``StagesConfig.stage_weight``); a book keeps them too.
 
 A benchmark keeps the other fleets' compute off the machine it measures: it runs retrieval for
 every scheduled visit before the point starts (``CandidateBook``, same function, same inputs)
@@ -115,9 +115,10 @@ class EarlierStages:
         """The stages ``config`` sets (K, delays), retrieving
         with ``retrieval``, default the ranking model's item embeddings (``EmbeddingRetrieval``):
         one construction for every transport (the embedded system, the Ray ingress)."""
-        return cls(retrieval or EmbeddingRetrieval.of(model, config.retrieval_history),
-                   config.retrieval_k, config.retrieval_delay_ms / 1e3,
-                   config.preprocess_delay_ms / 1e3, book)
+        stages = config.stages
+        return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history),
+                   stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
+                   stages.preprocess_delay_ms / 1e3, book)
 
     def candidates(self, history: np.ndarray, num_candidates: int,
                    user_id: int | None = None) -> tuple[Tensor, Tensor]:

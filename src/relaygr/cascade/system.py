@@ -47,10 +47,7 @@ class RelaySystem:
         self.model = model.eval()
         self.store = store
         self.window = HistoryWindow.for_model(model.cfg, config)
-        router_options = dict(self.spec.router_options)
-        if self.spec.router == "affinity":
-            router_options.setdefault("spill_queue_depth", config.spill_queue_depth)
-        self.router = make_router(self.spec.router, **router_options)
+        self.router = make_router(self.spec.router, **self.spec.router_settings(config.affinity))
         make = instance_factory or build_instance
         self.instances: list[InstanceHandle] = [
             make(config, f"rank-{i}", config.devices[i % len(config.devices)], self.model,

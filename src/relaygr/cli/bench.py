@@ -35,13 +35,14 @@ from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, pro
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.bench.workload.ml1m import ML1MConfig, read_movie_ids
-from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.cli.config import as_plain
 from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.transport.processes import (
     PLACEMENTS,
     InstanceProcesses,
@@ -122,16 +123,17 @@ def setup_from_args(args: argparse.Namespace) -> BenchSetup:
                            dim=size["dim"], num_layers=size["num_layers"],
                            num_heads=size["num_heads"])
     system = SystemConfig(num_instances=num_instances, devices=devices, slo_ms=slo_ms,
-                          num_candidates=profile.num_candidates,
-                          retrieval_k=4 * profile.num_candidates,
-                          device_budget_bytes=profile.device_budget_bytes,
-                          host_budget_bytes=profile.host_budget_bytes)
+                          stages=StagesConfig(num_candidates=profile.num_candidates,
+                                              retrieval_k=4 * profile.num_candidates),
+                          instance=InstanceConfig(
+                              device_budget_bytes=profile.device_budget_bytes,
+                              host_budget_bytes=profile.host_budget_bytes))
     placement = "processes" if in_processes else "threads"
     plan = run_plan(profile, args.quick, slo_ms, args.seed, str(device), model_cfg,
                     args.slo_share)
     plan = replace(plan, instance_placement=placement, serving={
         "instances": num_instances, "threads_per_instance": threads,
-        "batch_max_requests": system.batch_max_requests, "placement": placement})
+        "batch_max_requests": system.instance.batch.max_requests, "placement": placement})
     if args.retrieval_run is not None and not any(p.source == "ml1m" for p in plan.workloads):
         # the plan's throughput search (the quick plan searches no mixed workload)
         search = plan.throughput.search if plan.throughput else QpsSearchConfig()
@@ -169,11 +171,11 @@ def run(args: argparse.Namespace) -> int:
                                                 torch_threads=torch.get_num_threads(),
                                                 build=build_instance)
     parts = SharedParts(model, cost_model,
-                        EmbeddingRetrieval.of(model, system.retrieval_history), processes)
+                        EmbeddingRetrieval.of(model, system.stages.retrieval_history), processes)
     if args.retrieval_run is not None:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
     factories = mode_factories(setup.modes, system, parts)
-    closed = mode_factories(["relay"], system.with_(cross_request_reuse=False), parts)
+    closed = mode_factories(["relay"], system.with_(instance={"cross_request_reuse": False}), parts)
     probe = ModelLimitProbe(model)   # on one instance's threads: this process's
     # Where instances are processes, both the baseline's cost curve and the limit's cached
     # pass are timed in processes set up as the instances (relaygr.bench.instance_probe): the
@@ -286,7 +288,7 @@ def _trained_ml1m(run: Path, system: SystemConfig) -> TrainedRetrieval:
     """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order)."""
     movies = read_movie_ids(ML1MConfig().path)
     return TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
-                                 system.retrieval_history)
+                                 system.stages.retrieval_history)
 
 
 def ml1m_phase(profile: BenchProfile, search: QpsSearchConfig) -> WorkloadPhaseConfig:

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relaygr.cascade.config import StagesConfig
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.data.sequences import UserSequences
 from relaygr.errors import CatalogueMismatchError
 from relaygr.train.stages import Proposals, RetrievalQuery
 
-# The user tower's window at request time: SystemConfig.retrieval_history's default.
-RECENT_EVENTS = 64
+# The user tower's window at request time, as serving's default reads it.
+RECENT_EVENTS = StagesConfig.retrieval_history
 
 
 class TrainedRunStage:

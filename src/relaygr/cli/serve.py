@@ -63,15 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "RUN`); needs --checkpoint of the same dataset (an HSTU run: the same "
                         "item ids). Its time is measured on the request's path, so the "
                         "simulated stage delays default to 0 (a --system-config may still set "
-                        "retrieval_delay_ms/preprocess_delay_ms)")
+                        "stages.retrieval_delay_ms/preprocess_delay_ms)")
     m.add_argument("--stage-weight", type=float, default=None, metavar="W",
                    help="/v1/recommend orders by ranker score + W x the retrieval stage's "
                         "score, as `relaygr eval --stage-weight W` (default 0: the ranker "
-                        "alone; SystemConfig.stage_weight)")
+                        "alone; StagesConfig.stage_weight)")
     m.add_argument("--seed", type=int, default=ModelSource.seed)
     s = p.add_argument_group("relay system")
     s.add_argument("--system-config", type=Path, default=None,
-                   help="JSON file of SystemConfig fields (flags below override it)")
+                   help="JSON file of SystemConfig fields, its parts nested ({\"instance\": "
+                        "{\"page_tokens\": 32}, \"stages\": {...}}; flags below override it)")
     s.add_argument("--mode", default=None, help="relay (default), baseline, reactive, ...")
     s.add_argument("--instances", type=int, default=None, help="ranking instances")
     s.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",
@@ -114,20 +115,33 @@ def _events_path(flag: str, checkpoint: Path | None, history_store: str | None) 
     return Path(flag)
 
 
+def _part(system_fields: dict[str, Any], name: str) -> dict[str, Any]:
+    """The mapping of part ``name`` in a system config's fields, made when absent (``from_dict``
+    refuses one that is not a mapping)."""
+    part = system_fields.setdefault(name, {})
+    return part if isinstance(part, dict) else {}
+
+
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     system_fields: dict[str, Any] = {}
     if args.system_config is not None:
         system_fields = json.loads(args.system_config.read_text())
+        if not isinstance(system_fields, dict):
+            raise ConfigError(f"--system-config {args.system_config} must hold a JSON object of "
+                              "SystemConfig fields")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for name, value in (("mode", args.mode), ("num_instances", args.instances),
-                        ("slo_ms", args.slo_ms), ("stage_weight", args.stage_weight)):
+                        ("slo_ms", args.slo_ms)):
         if value is not None:
             system_fields[name] = value
     if args.device is not None or "devices" not in system_fields:
         system_fields["devices"] = [device]
+    stages = _part(system_fields, "stages")
+    if args.stage_weight is not None:
+        stages["stage_weight"] = args.stage_weight
     if args.retrieval_run is not None:
         for name, value in MEASURED_STAGE_DELAYS.items():
-            system_fields.setdefault(name, value)
+            stages.setdefault(name, value)
     system = SystemConfig.from_dict(system_fields)
     model = ModelSource(size=args.size, num_items=args.num_items, max_seq_len=args.max_seq_len,
                         checkpoint=args.checkpoint, num_users=args.num_users,
@@ -143,7 +157,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     gpus = torch.cuda.device_count()
     replicas = args.replicas or (gpus if gpus else system.num_instances)
     in_processes = wants_processes(args.instance_processes, system.devices[0])
-    sized = not {"device_budget_bytes", "host_budget_bytes"} & set(system_fields)
+    sized = not {"device_budget_bytes", "host_budget_bytes"} & set(system_fields.get("instance",
+                                                                                   {}))
     if args.ingress_replicas != 1 and not args.ray:
         raise ConfigError("--ingress-replicas is for --ray (embedded, one process serves)")
     return ServeOptions(model, system, server, args.cost_model, args.ray, args.ray_address,

@@ -171,9 +171,7 @@ def plan_cpu_shares(cluster_cpus: float, replicas: int, replica_cpus: float | No
 def router_config(system: SystemConfig) -> RequestRouterConfig:
     """Serve's request router for the ranking deployment: the mode's relaygr router."""
     mode = spec_for(Mode.parse(system.mode))
-    settings: dict[str, Any] = {"router": mode.router, **dict(mode.router_options)}
-    if mode.router == "affinity":
-        settings.setdefault("spill_queue_depth", system.spill_queue_depth)
+    settings: dict[str, Any] = {"router": mode.router, **mode.router_settings(system.affinity)}
     router_class: Any = RelayRequestRouter     # Serve takes a class or its import path
     return RequestRouterConfig(request_router_class=router_class,
                                request_router_kwargs=settings)
@@ -237,8 +235,9 @@ def ray_budgets(options: ServeOptions, log: Callable[[str], None]) -> SystemConf
                           log)
     del model, users
     release_free_memory()
-    return options.system.with_(device_budget_bytes=sized.device_budget_bytes,
-                                host_budget_bytes=sized.host_budget_bytes)
+    return options.system.with_(instance={
+        "device_budget_bytes": sized.instance.device_budget_bytes,
+        "host_budget_bytes": sized.instance.host_budget_bytes})
 
 
 def serve_forever(options: ServeOptions) -> int:

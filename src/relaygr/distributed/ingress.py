@@ -16,7 +16,7 @@ gets 503.
 The earlier stages run here, in the ingress, as in the embedded system: the retrieval stage a
 ``RetrievalStage`` (a trained run's, loaded by the ingress from its run directory, or the model's
 item embeddings), its measured time in the answer's ``timings``, its scores fused after ranking
-(``SystemConfig.stage_weight``) by the same ``RequestPath``.
+(``StagesConfig.stage_weight``) by the same ``RequestPath``.
 
 The ingress learns the replicas and their snapshots (for /metrics and /readyz) from their
 replies, so a replica that dies with no call on it would stay listed, healthy, forever: the

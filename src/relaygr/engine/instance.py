@@ -52,14 +52,14 @@ from relaygr.relay.trigger import (
     TriggerReason,
     TriggerRequest,
 )
+from relaygr.settings import require_positive_ints
 
 
 @dataclass(frozen=True)
 class InstanceConfig:
-    """Resources and policies of one instance. Byte budgets of 0 turn a tier off."""
+    """Resources and policies of one instance (a system's instances share one; each is named and
+    placed on its device by whoever builds it). Byte budgets of 0 turn a tier off."""
 
-    name: str
-    device: str = "cpu"
     # Sized for a few hundred long prefixes of the default CPU model (a server sizes its
     # budgets from its model and users instead: kvcache.sizing).
     device_budget_bytes: int = 512 << 20
@@ -75,24 +75,29 @@ class InstanceConfig:
     # None: recompute the whole prefix on a miss (exact). N: keep only the last N prefix events
     # (what production does today; scores then differ, and the path says "truncated").
     truncate_to_tokens: int | None = None
-    # False: a prefix serves only the request it was pre-inferred for (see SystemConfig).
+    # False: the relay works only within one request (MLPerf's closed rules): no host tier, no
+    # cache fill at ranking time, and a prefix is freed once its own ranking consumed it.
     cross_request_reuse: bool = True
 
     def __post_init__(self) -> None:
-        if self.device_budget_bytes < 0 or self.host_budget_bytes < 0:
-            raise ConfigError("byte budgets must be >= 0")
+        for name in ("device_budget_bytes", "host_budget_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"InstanceConfig.{name} must be >= 0")
+        require_positive_ints(self, "page_tokens")
+        for name in ("lease_s", "host_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"InstanceConfig.{name} must be > 0")
         if self.truncate_to_tokens is not None and self.truncate_to_tokens <= 0:
-            raise ConfigError("truncate_to_tokens must be positive when given")
+            raise ConfigError("InstanceConfig.truncate_to_tokens must be positive when given")
 
 
 class RankingInstance:
     """See the module docstring. Not thread-safe: one event loop drives it."""
 
-    def __init__(self, config: InstanceConfig, model: HSTU, trigger: Trigger | None) -> None:
-        self.config = config
-        self.model = model
-        self.trigger = trigger
-        self.device = torch.device(config.device)
+    def __init__(self, name: str, device: str, config: InstanceConfig, model: HSTU,
+                 trigger: Trigger | None) -> None:
+        self.name, self.config, self.model, self.trigger = name, config, model, trigger
+        self.device = torch.device(device)
         self.paths: Counter[str] = Counter()
         self.preinfer_actions: Counter[str] = Counter()
         self.healthy = False
@@ -106,8 +111,8 @@ class RankingInstance:
         """A fresh executor, copier, scheduler and (when budgeted) cache tiers. Touches no
         state of ``self``, so a restart can allocate the arenas off the event loop."""
         cfg = self.config
-        executor = ComputeExecutor(cfg.name, self.device)
-        copier = ComputeExecutor(f"{cfg.name}-copy", self.device)
+        executor = ComputeExecutor(self.name, self.device)
+        copier = ComputeExecutor(f"{self.name}-copy", self.device)
         scheduler = InstanceScheduler(executor, self.model.rank_batch_outputs, cfg.batch)
         residency: Residency | None = None
         if cfg.device_budget_bytes:
@@ -128,10 +133,6 @@ class RankingInstance:
         self.executor, self.copier, self.scheduler, self.residency = parts
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self.config.name
-
     async def start(self) -> None:
         self.scheduler.start()
         self.healthy = True

@@ -26,6 +26,7 @@ from typing import Any
 
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.errors import RelayGRError
+from relaygr.settings import require_positive_ints
 
 
 class InstanceStoppedError(RelayGRError):
@@ -80,6 +81,9 @@ class BatchPolicy:
 
     max_requests: int = 4
     max_tokens: int = 1 << 16   # sum of cost_tokens in one batch
+
+    def __post_init__(self) -> None:
+        require_positive_ints(self, "max_requests", "max_tokens")
 
     def take(self, queue: deque[RankWork]) -> list[RankWork]:
         batch = [queue.popleft()]

@@ -26,6 +26,7 @@ import numpy as np
 from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.model.config import HSTUConfig
 from relaygr.relay.fitting import LinearFit
+from relaygr.settings import load
 
 PREFILL_FEATURES = ("const", "tokens", "attn_pairs")
 FULL_FEATURES = ("const", "tokens", "attn_pairs", "candidates", "candidate_keys")
@@ -99,6 +100,14 @@ class LatencyCostModel:
     cached: LinearFit
     source: CostModelSource
 
+    def __post_init__(self) -> None:
+        for name, features in (("prefill", PREFILL_FEATURES), ("full", FULL_FEATURES),
+                               ("cached", CACHED_FEATURES)):
+            found = getattr(self, name).feature_names
+            if found != features:
+                raise ConfigError(f"LatencyCostModel.{name} fits the features {found}, not "
+                                  f"this model's {features}")
+
     def prefill_ms(self, new_tokens: int, past_tokens: int = 0) -> float:
         """Pre-infer ``new_tokens`` tokens after ``past_tokens`` already cached ones."""
         _check_counts(new_tokens=new_tokens, past_tokens=past_tokens)
@@ -163,20 +172,11 @@ class LatencyCostModel:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LatencyCostModel:
+        """The cost model ``to_dict`` wrote, read by ``settings.load`` (unknown keys refused at
+        any depth, every failure a ``ConfigError`` naming the field's path)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"not a cost model file (expected format {FORMAT!r})")
-        try:
-            src = data["source"]
-            model = None if src.get("model") is None else HSTUConfig.from_dict(src["model"])
-            source = CostModelSource(str(src["origin"]), str(src["device"]), str(src["dtype"]),
-                                     model)
-            return cls(LinearFit.from_dict(data["prefill"], PREFILL_FEATURES),
-                       LinearFit.from_dict(data["full"], FULL_FEATURES),
-                       LinearFit.from_dict(data["cached"], CACHED_FEATURES), source)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"malformed cost model file: {exc!r}") from exc
+        return load(cls, {k: v for k, v in data.items() if k != "format"})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

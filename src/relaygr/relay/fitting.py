@@ -92,14 +92,3 @@ class LinearFit:
         return {"feature_names": list(self.feature_names), "coef_ms": list(self.coef_ms),
                 "rmse_ms": self.rmse_ms, "max_rel_error": self.max_rel_error,
                 "num_points": self.num_points}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], expected_names: tuple[str, ...]) -> LinearFit:
-        keys = {"feature_names", "coef_ms", "rmse_ms", "max_rel_error", "num_points"}
-        if not isinstance(data, dict) or set(data) != keys:
-            raise ConfigError(f"a latency fit needs exactly the keys {sorted(keys)}")
-        names = tuple(data["feature_names"])
-        if names != expected_names:
-            raise ConfigError(f"fit features {names} differ from this model's {expected_names}")
-        return cls(names, tuple(float(c) for c in data["coef_ms"]), float(data["rmse_ms"]),
-                   float(data["max_rel_error"]), int(data["num_points"]))

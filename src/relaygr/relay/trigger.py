@@ -37,9 +37,10 @@ from relaygr.settings import load
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """Admission settings. ``slo_ms`` is the ranking stage's latency budget."""
+    """Admission thresholds and bounds; the risk test is relative to the ranking stage's latency
+    budget, which the trigger is given beside them (``slo_ms``: the system's, not the
+    trigger's)."""
 
-    slo_ms: float
     # A quarter of the budget: a full pass that long already costs the requests queued behind
     # it (one such pass ahead and half the budget is gone); pre-inferring it moves that work
     # off the critical path, so it counts as at risk.
@@ -53,8 +54,6 @@ class TriggerConfig:
     burst_tokens: float = 32_768.0
 
     def __post_init__(self) -> None:
-        if not self.slo_ms > 0:
-            raise ConfigError(f"TriggerConfig.slo_ms must be > 0, got {self.slo_ms!r}")
         for name in ("risk_fraction", "max_pool_fraction"):
             value = getattr(self, name)
             if not 0 < value <= 1:
@@ -154,10 +153,13 @@ class Trigger(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, cost_model: LatencyCostModel, config: TriggerConfig,
+    def __init__(self, cost_model: LatencyCostModel, config: TriggerConfig, slo_ms: float,
                  clock: Clock = time.monotonic) -> None:
+        if not slo_ms > 0:
+            raise ConfigError(f"a trigger's slo_ms must be > 0, got {slo_ms!r}")
         self.cost_model = cost_model
         self.config = config
+        self.slo_ms = slo_ms
         self.bucket = TokenBucket(config.max_preinfer_tokens_per_s, config.burst_tokens, clock)
         self._counts: Counter[TriggerReason] = Counter()
 
@@ -199,7 +201,7 @@ class SequenceAwareTrigger(Trigger):
     def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
                 ) -> TriggerReason:
         if request.prefix_tokens == 0 or \
-                at_load_ms <= self.config.risk_fraction * self.config.slo_ms:
+                at_load_ms <= self.config.risk_fraction * self.slo_ms:
             return TriggerReason.NOT_AT_RISK
         if request.host_has_prefix:
             return TriggerReason.HOST_HIT
@@ -231,9 +233,10 @@ class PreinferAll(Trigger):
 TRIGGERS: dict[str, type[Trigger]] = {t.name: t for t in (SequenceAwareTrigger, PreinferAll)}
 
 
-def make_trigger(name: str, cost_model: LatencyCostModel, config: TriggerConfig,
+def make_trigger(name: str, cost_model: LatencyCostModel, config: TriggerConfig, slo_ms: float,
                  clock: Clock = time.monotonic) -> Trigger:
-    """A fresh trigger of the named policy (``sequence-aware`` or ``preinfer-all``)."""
+    """A fresh trigger of the named policy (``sequence-aware`` or ``preinfer-all``) for a ranking
+    stage whose latency budget is ``slo_ms``."""
     if name not in TRIGGERS:
         raise ConfigError(f"unknown trigger {name!r}; choose one of {sorted(TRIGGERS)}")
-    return TRIGGERS[name](cost_model, config, clock)
+    return TRIGGERS[name](cost_model, config, slo_ms, clock)

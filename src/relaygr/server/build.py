@@ -198,9 +198,9 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
         from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
         head = HSTURunRetrieval.load(source.retrieval_run, id_map,
                                      device or system.devices[0])
-        log(f"retrieval: {head.name}, top {system.retrieval_k} of {head.num_items} items; "
-            f"stage weight {system.stage_weight:g}; stage delays "
-            f"{system.retrieval_delay_ms:g} + {system.preprocess_delay_ms:g} ms")
+        log(f"retrieval: {head.name}, top {system.stages.retrieval_k} of {head.num_items} items; "
+            f"stage weight {system.stages.stage_weight:g}; stage delays "
+            f"{system.stages.retrieval_delay_ms:g} + {system.stages.preprocess_delay_ms:g} ms")
         return head
     return _trained_retrieval(source, id_map, system, log)
 
@@ -216,10 +216,10 @@ def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                                      "retrieval run's catalogue records integer ids")
     ranker = RankerCatalogue(read_run_config(source.checkpoint).dataset.name,
                              np.asarray(id_map.items), not source.synthetic_users)
-    stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.retrieval_history)
+    stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history)
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
-        f"{id_map.num_items} items indexed; stage weight {system.stage_weight:g}; stage "
-        f"delays {system.retrieval_delay_ms:g} + {system.preprocess_delay_ms:g} ms")
+        f"{id_map.num_items} items indexed; stage weight {system.stages.stage_weight:g}; stage "
+        f"delays {system.stages.retrieval_delay_ms:g} + {system.stages.preprocess_delay_ms:g} ms")
     return stage
 
 
@@ -235,11 +235,11 @@ def sized_budgets(system: SystemConfig, model: HSTU, store: HistoryStore,
         available = min(available, torch.cuda.mem_get_info(device)[0])
     budgets = size_budgets(KVLayout.for_model(model.cfg, model.dtype),
                            [store.num_events(user) for user in store],
-                           model.cfg.max_seq_len, system.page_tokens, system.num_instances,
-                           available)
+                           model.cfg.max_seq_len, system.instance.page_tokens,
+                           system.num_instances, available)
     log(budgets.describe())
-    return system.with_(device_budget_bytes=budgets.device_bytes,
-                        host_budget_bytes=budgets.host_bytes)
+    return system.with_(instance={"device_budget_bytes": budgets.device_bytes,
+                                  "host_budget_bytes": budgets.host_bytes})
 
 
 def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConfig,

@@ -57,7 +57,7 @@ class RequestValidator:
         return history
 
     def num_candidates(self, num_candidates: int | None) -> None:
-        limit = min(self.system.retrieval_k, self.server.max_candidates)
+        limit = min(self.system.stages.retrieval_k, self.server.max_candidates)
         if num_candidates is not None and num_candidates > limit:
             raise InvalidInputError(f"num_candidates is {num_candidates}; this server ranks at "
                                     f"most {limit} retrieved candidates")

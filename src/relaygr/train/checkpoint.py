@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from relaygr.data.sequences import IdMap, UserSequences
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.model import HSTU, HSTUConfig
+from relaygr.settings import load
 from relaygr.train.config import TrainConfig
 
 RUN_FORMAT = "relaygr-run/1"
@@ -71,16 +72,18 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        if data.get("format") != RUN_FORMAT:
-            raise CheckpointError(f"not a relaygr run config (format {data.get('format')!r})")
-        try:
+        """The run config ``to_dict`` wrote, read by ``settings.load`` (unknown keys refused at
+        any depth); ``CheckpointError`` saying why when it is not one."""
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise CheckpointError(f"not a relaygr run config (format {found!r})")
+        fields_ = {k: v for k, v in data.items() if k != "format"}
+        if isinstance(fields_.get("train"), dict) and "seed" in fields_:
             # runs saved before valid_seed chose their validation users with the run seed
-            train = {"valid_seed": int(data["seed"]), **data["train"]}
-            stage = data.get("stage")
-            return cls(HSTUConfig.from_dict(data["model"]), TrainConfig.from_dict(train),
-                       DatasetInfo(**data["dataset"]), int(data["seed"]), str(data["preset"]),
-                       None if stage is None else str(stage))
-        except (KeyError, TypeError, ConfigError) as exc:
+            fields_["train"] = {"valid_seed": fields_["seed"], **fields_["train"]}
+        try:
+            return load(cls, fields_)
+        except ConfigError as exc:
             raise CheckpointError(f"invalid run config: {exc}") from None
 
 
@@ -237,6 +240,6 @@ def load_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimize
         if cuda_states:
             torch.cuda.set_rng_state_all(cuda_states)
     try:
-        return TrainProgress(**json.loads((run_dir / PROGRESS_FILE).read_text()))
-    except (ValueError, TypeError) as exc:
+        return load(TrainProgress, json.loads((run_dir / PROGRESS_FILE).read_text()))
+    except ValueError as exc:     # not JSON, or a ConfigError naming the bad field
         raise CheckpointError(f"cannot parse {run_dir / PROGRESS_FILE}: {exc}") from None

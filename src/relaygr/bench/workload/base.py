@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import numpy as np
+from pydantic import PlainValidator
 
 from relaygr.errors import ConfigError
+from relaygr.settings import load
 
 
 @dataclass(frozen=True)
@@ -200,11 +202,25 @@ def length_distribution(spec: Mapping[str, object]) -> LengthDistribution:
     kind = params.pop("kind", None)
     if kind not in kinds:
         raise ConfigError(f"unknown length distribution {kind!r}; choose one of {sorted(kinds)}")
-    try:
-        dist: LengthDistribution = kinds[str(kind)](**params)
-    except TypeError as exc:
-        raise ConfigError(f"bad parameters for length distribution {kind!r}: {exc}") from exc
+    dist: LengthDistribution = load(kinds[str(kind)], params)
     return dist
+
+
+def _as_length_distribution(value: object) -> LengthDistribution:
+    """A configuration's length distribution: a mapping becomes one (``length_distribution``),
+    a distribution is kept as it is."""
+    if isinstance(value, Mapping):
+        return length_distribution(value)
+    if not (callable(getattr(value, "sample", None)) and callable(getattr(value, "describe",
+                                                                          None))):
+        raise ConfigError("a length distribution is given as a mapping with its kind, e.g. "
+                          f"{{'kind': 'fixed', 'tokens': 512}}, got {type(value).__name__}")
+    return value  # type: ignore[return-value]
+
+
+# A configuration field holding a length distribution: ``settings.load`` builds it from its
+# mapping ``{"kind": ..., **parameters}``.
+LengthSpec = Annotated[LengthDistribution, PlainValidator(_as_length_distribution)]
 
 
 class ZipfSampler:

@@ -22,19 +22,19 @@ import numpy as np
 from relaygr.bench.workload.base import (
     RUN_START_UNIX_S,
     FixedLength,
-    LengthDistribution,
+    LengthSpec,
     LogNormalLength,
     StageDelays,
     Workload,
     WorkloadHistory,
     ZipfSampler,
     history_timestamps,
-    length_distribution,
     poisson_send_times,
     readonly,
 )
 from relaygr.bench.workload.schedule import VisitEvents, ZipfRevisitAssigner, assemble
 from relaygr.errors import ConfigError
+from relaygr.settings import load
 
 _HISTORY, _VISIT, _SCHEDULE, _ITEMS, _USERS, _SHORT = range(6)  # seed stream tags
 
@@ -47,7 +47,7 @@ class SyntheticConfig:
     num_items: int = 50_000
     user_zipf_s: float = 0.9          # a few heavy users, a long tail of occasional ones
     item_zipf_s: float = 1.0          # classic catalogue skew
-    prefix_len: LengthDistribution = field(default_factory=LogNormalLength)
+    prefix_len: LengthSpec = field(default_factory=LogNormalLength)
     recent_events_mean: float = 16.0  # new behaviours per visit (the ranking suffix)
     num_candidates: int = 512         # "hundreds" after pre-processing
     short_gap_share: float = 0.3      # users who refresh / paginate within seconds
@@ -78,16 +78,7 @@ class SyntheticConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SyntheticConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown SyntheticConfig keys: {unknown}")
-        params = dict(data)
-        if "prefix_len" in params:
-            params["prefix_len"] = length_distribution(params["prefix_len"])
-        if "stage_delays" in params:
-            params["stage_delays"] = StageDelays(**params["stage_delays"])
-        return cls(**params)
+        return load(cls, data)
 
 
 class SyntheticPopulation:
