@@ -49,12 +49,13 @@ class HSTUConfig:
     # "fused", which tiles the keys and does each tile's bias, SiLU and mask in one compiled pass
     # between its two matmuls (on CPU, where torch.compile works; elsewhere it runs eager and says
     # so). "eager" is the default: on the 2-core CPU measured, "fused" made the cached ranking
-    # pass 1.1-1.3x faster and prefill no faster, for a compilation of 10-30 s per process
-    # (docs/runs/2026-11-27-fused-attention.md).
+    # pass 1.08-1.29x faster without timestamps (0.91x with) and prefill and full no faster, for
+    # a compilation of 10-30 s per process (docs/runs/2026-11-27-fused-attention.md).
     attention: str = "eager"
-    # Scores per fused tile (heads x queries x keys): 128 Ki float32 = 512 KiB, half a core's L2
-    # on the machines measured, so a tile is still in cache when the second matmul reads it.
-    attention_tile_elems: int = 1 << 17
+    # Scores per fused tile (heads x queries x keys): 512 Ki float32 = 2 MiB, which two threads
+    # split by heads into one 1 MiB L2 each on the machine measured; 128 Ki measured slower
+    # (more tiles, each a compiled call), 2 Mi no faster (docs/runs/2026-11-27-fused-attention.md).
+    attention_tile_elems: int = 1 << 19
     # Retrieval head: "dot" scores the raw inner product of user representation and item
     # embedding; "cosine" L2-normalises both first (the open-source HSTU recipe). Either is
     # divided by retrieval_temperature (the HSTU ML-1M recipe uses cosine / 0.05; 1.0 = no-op).
