@@ -32,8 +32,27 @@ def test_profile_writes_a_point_per_length_and_candidate_count(tmp_path: Path,
             / data["matmul_peak_gflops"]
         assert p["cached_rank_limit_ms"] > flops_ms > 0
         assert p["full_rank_limit_ms"] > p["cached_rank_limit_ms"]
+        # the work behind them, from model/flops.py: the cached pass does least of it
+        for work in ("flops", "scores"):
+            assert 0 < p[f"cached_rank_{work}"] < p[f"full_rank_{work}"]
+            assert 0 < p[f"prefill_{work}"] < p[f"full_rank_{work}"]
     assert data["elementwise_gelems"] > 0
-    assert "matmul peak" in capsys.readouterr().out
+    assert data["attention"] == "eager"
+    printed = capsys.readouterr().out
+    assert "matmul peak" in printed and "% of limit" in printed
+
+
+def test_profile_with_timestamps_and_the_fused_kernel_names_what_ran(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture
+                                                                     ) -> None:
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--size", "tiny", "--lengths", "80", "--candidates", "5",
+                 "--repeats", "1", "--timestamps", "--set", "attention=fused",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["timestamps"] is True
+    assert data["attention"] == "fused (torch.compile, inductor CPU)"
+    assert "with timestamps" in capsys.readouterr().out
 
 
 def test_profile_takes_model_overrides_and_refuses_unknown_ones(tmp_path: Path) -> None:

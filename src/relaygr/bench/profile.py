@@ -2,9 +2,14 @@
 
 For a named model size, every (prefix length, candidate count) point is timed in isolation (one
 user, no queueing): the prefill of the prefix, a ranking pass that recomputes the prefix (today's
-production path) and a ranking pass from the cached prefix (the relay path). The same run measures
-the device's matmul peak, so each path's achieved FLOP/s is reported as a fraction of it. The
-JSON it writes is what the trigger's latency cost model is fitted on.
+production path) and a ranking pass from the cached prefix (the relay path), with or without
+timestamps (the time bias). The same run measures the device's matmul peak and its element-wise
+rate (score elements per second through bias add and SiLU), so each path is reported beside its
+work (matrix FLOPs, score elements) as a fraction of the matmul peak and of its physical limit:
+the time its FLOPs take at the peak plus its scores at the element-wise rate. The model is warmed
+up first (``HSTU.warm_up``: the fused attention kernel compiles there), and the result names the
+attention kernel that ran. The JSON it writes is what the trigger's latency cost model is fitted
+on.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ class ProfileConfig:
     dtype: str = "float32"
     repeats: int = 3
     seed: int = 0
+    # Give every history and query a timestamp (gaps of up to a day, in time order), so the time
+    # bias is part of every pass.
+    timestamps: bool = False
     # HSTUConfig fields changed from the size's (e.g. the pass's block sizes, query_block and
     # score_block_elems, which are tuned for a CPU cache: a GPU may want them larger).
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -66,6 +74,13 @@ class ProfilePoint:
     prefill_limit_ms: float = 0.0
     full_rank_limit_ms: float = 0.0
     cached_rank_limit_ms: float = 0.0
+    # The work behind those limits: matmul FLOPs and attention score elements of each path.
+    prefill_flops: int = 0
+    full_rank_flops: int = 0
+    cached_rank_flops: int = 0
+    prefill_scores: int = 0
+    full_rank_scores: int = 0
+    cached_rank_scores: int = 0
 
 
 @dataclass
@@ -79,10 +94,11 @@ class ProfileResult:
     host: str = ""
     points: list[ProfilePoint] = field(default_factory=list)
     elementwise_gelems: float = 0.0   # score elements per second (bias + SiLU), billions
+    attention: str = ""               # the attention kernel that ran (HSTU.describe_attention)
 
     def to_json(self) -> dict[str, object]:
         return {"device": self.device, "dtype": self.dtype, "threads": self.threads,
-                "host": self.host, "model": self.model,
+                "host": self.host, "model": self.model, "attention": self.attention,
                 "matmul_peak_gflops": self.matmul_peak_gflops,
                 "elementwise_gelems": self.elementwise_gelems,
                 "config": asdict(self.config), "points": [asdict(p) for p in self.points]}
@@ -96,6 +112,11 @@ def _gflops(flops: int, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e9
 
 
+def _timestamps(gen: torch.Generator, length: int) -> torch.Tensor:
+    gaps = torch.randint(0, 86_400, (length,), generator=gen)
+    return 1_600_000_000 + torch.cumsum(gaps, 0)
+
+
 def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileResult:
     """Time every point of ``cfg``; ``progress`` is an optional ``rich.progress.Progress``."""
     device = torch.device(cfg.device)
@@ -105,10 +126,12 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
         **cfg.model_overrides)
     torch.manual_seed(cfg.seed)
     model = HSTU(model_cfg).to(device=device, dtype=dtype).eval()
+    attention = model.warm_up()
     result = ProfileResult(cfg, str(device), cfg.dtype, torch.get_num_threads(),
                            model_cfg.to_dict(), matmul_peak_gflops(device, dtype),
                            describe_device(device),
-                           elementwise_gelems=elementwise_rate_gelems(device, dtype))
+                           elementwise_gelems=elementwise_rate_gelems(device, dtype),
+                           attention=attention)
 
     def limit_ms(flops: int, scores: int) -> float:
         return 1e3 * (flops / (result.matmul_peak_gflops * 1e9)
@@ -119,34 +142,44 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
     if progress is not None:
         total = len(cfg.prefix_lengths) * len(cfg.candidate_counts)
         task = progress.add_task("profiling", total=total)  # type: ignore[attr-defined]
+    s = cfg.suffix_tokens
     for n in cfg.prefix_lengths:
-        items = torch.randint(1, PROFILE_NUM_ITEMS + 1, (n + cfg.suffix_tokens,), generator=gen)
-        prefix, suffix = items[:n], (items[n:] if cfg.suffix_tokens else None)
-        prefill = time_call(partial(model.prefill, prefix), device, cfg.repeats)
-        kv = model.prefill(prefix)
+        items = torch.randint(1, PROFILE_NUM_ITEMS + 1, (n + s,), generator=gen)
+        ts = _timestamps(gen, n + s) if cfg.timestamps else None
+        query_ts = None if ts is None else int(ts[-1]) + 1
+        prefix, suffix = items[:n], (items[n:] if s else None)
+        prefix_ts = None if ts is None else ts[:n]
+        suffix_ts = None if ts is None or not s else ts[n:]
+        prefill = time_call(partial(model.prefill, prefix, prefix_ts), device, cfg.repeats)
+        kv = model.prefill(prefix, prefix_ts)
+        work = {"prefill": (prefill_flops(model_cfg, n), prefill_score_elements(model_cfg, n))}
         for c in cfg.candidate_counts:
             cands = torch.randint(1, PROFILE_NUM_ITEMS + 1, (c,), generator=gen)
-            full = time_call(partial(model.rank, cands, prefix_items=prefix, suffix_items=suffix),
+            full = time_call(partial(model.rank, cands, prefix_items=prefix,
+                                     prefix_timestamps=prefix_ts, suffix_items=suffix,
+                                     suffix_timestamps=suffix_ts, query_timestamp=query_ts),
                              device, cfg.repeats)
-            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix),
+            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix,
+                                       suffix_timestamps=suffix_ts, query_timestamp=query_ts),
                                device, cfg.repeats)
-            s = cfg.suffix_tokens
+            work["full"] = (rank_flops(model_cfg, c, n, s, cached=False),
+                            rank_score_elements(model_cfg, c, n, s, cached=False))
+            work["cached"] = (rank_flops(model_cfg, c, n, s, cached=True),
+                              rank_score_elements(model_cfg, c, n, s, cached=True))
             result.points.append(ProfilePoint(
                 prefix_tokens=n, suffix_tokens=s, candidates=c,
                 prefill_ms=prefill.median_ms, full_rank_ms=full.median_ms,
                 cached_rank_ms=cached.median_ms, speedup=full.median_ms / cached.median_ms,
-                prefill_gflops=_gflops(prefill_flops(model_cfg, n), prefill.median_ms),
-                full_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=False),
-                                         full.median_ms),
-                cached_rank_gflops=_gflops(rank_flops(model_cfg, c, n, s, cached=True),
-                                           cached.median_ms),
+                prefill_gflops=_gflops(work["prefill"][0], prefill.median_ms),
+                full_rank_gflops=_gflops(work["full"][0], full.median_ms),
+                cached_rank_gflops=_gflops(work["cached"][0], cached.median_ms),
                 cached_rank_page_faults=cached.page_faults_per_call,
-                prefill_limit_ms=limit_ms(prefill_flops(model_cfg, n),
-                                          prefill_score_elements(model_cfg, n)),
-                full_rank_limit_ms=limit_ms(rank_flops(model_cfg, c, n, s, cached=False),
-                                            rank_score_elements(model_cfg, c, n, s, False)),
-                cached_rank_limit_ms=limit_ms(rank_flops(model_cfg, c, n, s, cached=True),
-                                              rank_score_elements(model_cfg, c, n, s))))
+                prefill_limit_ms=limit_ms(*work["prefill"]),
+                full_rank_limit_ms=limit_ms(*work["full"]),
+                cached_rank_limit_ms=limit_ms(*work["cached"]),
+                prefill_flops=work["prefill"][0], full_rank_flops=work["full"][0],
+                cached_rank_flops=work["cached"][0], prefill_scores=work["prefill"][1],
+                full_rank_scores=work["full"][1], cached_rank_scores=work["cached"][1]))
             if progress is not None:
                 progress.advance(task)  # type: ignore[attr-defined]
     return result

@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prefix lengths, comma-separated (default 256..8192)")
     p.add_argument("--candidates", type=_ints, default=ProfileConfig.candidate_counts)
     p.add_argument("--suffix", type=int, default=0, help="suffix tokens per ranking request")
+    p.add_argument("--timestamps", action="store_true",
+                   help="give histories and queries timestamps (every pass adds the time bias)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
@@ -48,11 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def render(result: ProfileResult) -> Table:
     peak = result.matmul_peak_gflops
+    timed = "with timestamps" if result.config.timestamps else "no timestamps"
     table = Table(title=(f"relaygr profile: {result.model['num_layers']} layers, dim "
                          f"{result.model['dim']}, {result.model['num_heads']} heads on "
-                         f"{result.device} ({result.dtype}, {result.threads} threads); "
+                         f"{result.device} ({result.dtype}, {result.threads} threads, {timed}); "
                          f"matmul peak {peak:.0f} GFLOP/s, element-wise "
-                         f"{result.elementwise_gelems:.1f} G scores/s"))
+                         f"{result.elementwise_gelems:.2f} G scores/s; attention "
+                         f"{result.attention}"))
     for name in ("prefix", "cands", "prefill ms", "full ms", "cached ms", "speedup",
                  "prefill %peak", "full %peak", "cached %peak", "cached limit ms",
                  "cached % of limit", "cached faults"):
@@ -69,6 +73,29 @@ def render(result: ProfileResult) -> Table:
     return table
 
 
+def render_limits(result: ProfileResult) -> Table:
+    """Each pass of each point beside its work and the limit that work sets on this device."""
+    table = Table(title=("each pass against this device's limit: its matrix FLOPs at the matmul "
+                         f"peak ({result.matmul_peak_gflops:.0f} GFLOP/s) plus its attention "
+                         f"scores at the element-wise rate ({result.elementwise_gelems:.2f} G/s)"))
+    for name in ("prefix", "cands", "pass", "ms", "matrix GFLOP", "scores (M)", "% of peak",
+                 "limit ms", "% of limit", "matmul share of limit"):
+        table.add_column(name, justify="right")
+    for p in result.points:
+        for name, ms, flops, scores, limit in (
+                ("prefill", p.prefill_ms, p.prefill_flops, p.prefill_scores, p.prefill_limit_ms),
+                ("full", p.full_rank_ms, p.full_rank_flops, p.full_rank_scores,
+                 p.full_rank_limit_ms),
+                ("cached", p.cached_rank_ms, p.cached_rank_flops, p.cached_rank_scores,
+                 p.cached_rank_limit_ms)):
+            matmul_ms = flops / (result.matmul_peak_gflops * 1e6)
+            table.add_row(str(p.prefix_tokens), str(p.candidates), name, f"{ms:.1f}",
+                          f"{flops / 1e9:.2f}", f"{scores / 1e6:.1f}",
+                          f"{100 * matmul_ms / ms:.0f}%", f"{limit:.1f}",
+                          f"{100 * limit / ms:.0f}%", f"{100 * matmul_ms / limit:.0f}%")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     tune_host_allocator()  # the table must match what a serving process sees
     if args.threads:
@@ -76,11 +103,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,
                         candidate_counts=args.candidates, suffix_tokens=args.suffix,
                         device=args.device, dtype=args.dtype, repeats=args.repeats,
+                        timestamps=args.timestamps,
                         model_overrides=parse_overrides(args.overrides))
     console = Console(width=max(Console().width, 150))
     with Progress(console=console, transient=True) as progress:
         result = run_profile(cfg, progress)
     console.print(render(result))
+    console.print(render_limits(result))
     result.write_json(args.json)
     console.print(f"wrote {args.json}")
     return 0

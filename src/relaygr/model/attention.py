@@ -64,7 +64,9 @@ def time_buckets_sorted(query_ts: Tensor, key_ts: Tensor, num_buckets: int) -> T
     crossing = torch.searchsorted(key_ts, query_ts[:, None] - starts, right=True)
     steps = torch.zeros(n, e + 1, dtype=torch.int32, device=key_ts.device)
     steps.scatter_add_(1, crossing, torch.ones_like(crossing, dtype=torch.int32))
-    return steps.flip(1).cumsum(1, dtype=torch.int32).flip(1)[:, 1:]
+    # column 0 counts crossings at key index 0 (none for column 1 onward): dropping it first
+    # leaves the same sums in a tensor of its own
+    return steps[:, 1:].flip(1).cumsum(1, dtype=torch.int32).flip(1)
 
 
 def is_time_ordered(ts: Tensor) -> bool:
@@ -76,9 +78,19 @@ def is_time_ordered(ts: Tensor) -> bool:
 MASKED = -1e30
 
 
+# Elements before the start of a ``reversed_padded`` vector, so that no view into it starts at
+# storage offset 0 or 1 (a compiled kernel would otherwise specialise its graph on those two).
+_VIEW_LEAD = 2
+
+
 def reversed_padded(pos_w: Tensor, pad: int) -> Tensor:
-    """``cat(pos_w.flip(0), MASKED * ones(pad))``: the vector ``toeplitz_reversed`` strides over."""
-    return torch.cat([pos_w.flip(0), pos_w.new_full((pad,), MASKED)])
+    """``cat(pos_w.flip(0), MASKED * ones(pad))``: the vector ``toeplitz_reversed`` strides over
+    (it starts ``_VIEW_LEAD`` elements into its storage)."""
+    n = pos_w.numel()
+    out = pos_w.new_empty(_VIEW_LEAD + n + pad)[_VIEW_LEAD:]
+    out[:n] = pos_w.flip(0)
+    out[n:] = MASKED
+    return out
 
 
 def toeplitz_reversed(pos_w_padded_rev: Tensor, query_start: int, num_queries: int,

@@ -10,6 +10,7 @@ from relaygr.settings import changed, load
 
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
+ATTENTION_KERNELS = ("fused", "eager")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ class HSTUConfig:
     # Most candidates per micro-batch in the candidate pass; at long prefixes the pass takes fewer,
     # so that their score matrix (heads x candidates x keys) also fits score_block_elems.
     candidate_block: int = 512
+    # How the serving passes compute attention (model/fused.py): "eager", the reference, or
+    # "fused", which tiles the keys and does each tile's bias, SiLU and mask in one compiled pass
+    # between its two matmuls (on CPU, where torch.compile works; elsewhere it runs eager and says
+    # so). "eager" is the default: on the 2-core CPU measured, "fused" made the cached ranking
+    # pass 1.08-1.29x faster without timestamps (0.91x with) and prefill and full no faster, for
+    # a compilation of 10-30 s per process (docs/runs/2026-11-27-fused-attention.md).
+    attention: str = "eager"
+    # Scores per fused tile (heads x queries x keys): 512 Ki float32 = 2 MiB, which two threads
+    # split by heads into one 1 MiB L2 each on the machine measured; 128 Ki measured slower
+    # (more tiles, each a compiled call), 2 Mi no faster (docs/runs/2026-11-27-fused-attention.md).
+    attention_tile_elems: int = 1 << 19
     # Retrieval head: "dot" scores the raw inner product of user representation and item
     # embedding; "cosine" L2-normalises both first (the open-source HSTU recipe). Either is
     # divided by retrieval_temperature (the HSTU ML-1M recipe uses cosine / 0.05; 1.0 = no-op).
@@ -59,7 +71,8 @@ class HSTUConfig:
 
     def __post_init__(self) -> None:
         positive = ("num_items", "dim", "num_layers", "num_heads", "max_seq_len",
-                    "num_time_buckets", "query_block", "score_block_elems", "candidate_block")
+                    "num_time_buckets", "query_block", "score_block_elems", "candidate_block",
+                    "attention_tile_elems")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -74,6 +87,9 @@ class HSTUConfig:
             raise ConfigError(f"HSTUConfig.final_norm must be a bool, got {self.final_norm!r}")
         if self.attention_normalizer is not None and not self.attention_normalizer > 0:
             raise ConfigError("HSTUConfig.attention_normalizer must be > 0 when given")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"HSTUConfig.attention must be one of {ATTENTION_KERNELS}, got "
+                              f"{self.attention!r}")
         if self.retrieval_similarity not in RETRIEVAL_SIMILARITIES:
             raise ConfigError(f"HSTUConfig.retrieval_similarity must be one of "
                               f"{RETRIEVAL_SIMILARITIES}, got {self.retrieval_similarity!r}")

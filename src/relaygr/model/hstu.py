@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from relaygr.errors import InvalidInputError, TimestampError
 from relaygr.model.attention import dense_attention, time_buckets
 from relaygr.model.config import HSTUConfig
+from relaygr.model.fused import AttentionKernel, attention_kernel
 from relaygr.model.inputs import (
     IntSeq,
     PrefillInput,
@@ -40,6 +41,7 @@ from relaygr.model.inputs import (
 from relaygr.model.kv import PrefixKV
 from relaygr.model.layers import HSTULayer
 from relaygr.model.passes import Pass, Track
+from relaygr.model.warmup import warm_up
 
 # Guards the L2 normalisation of cosine retrieval against a zero vector (the padding row).
 _L2_EPS = 1e-6
@@ -77,6 +79,7 @@ class HSTU(nn.Module):
         self.layers = nn.ModuleList(HSTULayer(cfg) for _ in range(cfg.num_layers))
         self.final_norm: nn.Module = nn.LayerNorm(d) if cfg.final_norm else nn.Identity()
         self.rank_head = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
+        self._attention_kernel = attention_kernel(cfg.attention, cfg.attention_tile_elems)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -97,6 +100,27 @@ class HSTU(nn.Module):
     def blocks(self) -> list[HSTULayer]:
         """The HSTU layers, typed (``self.layers`` is an ``nn.ModuleList``)."""
         return [cast(HSTULayer, layer) for layer in self.layers]
+
+    @property
+    def attention_kernel(self) -> AttentionKernel:
+        """How the serving passes compute attention (``HSTUConfig.attention``)."""
+        return self._attention_kernel
+
+    def describe_attention(self) -> str:
+        """The attention kernel that runs on the model's device (and why, if it fell back)."""
+        return self._attention_kernel.describe(self.device)
+
+    def warm_up(self) -> str:
+        """Run each kind of serving pass once (``warmup.warm_up``), so that nothing is compiled
+        on a request's time; returns ``describe_attention()``. Call it before the model serves
+        (it swaps the attention kernel while it runs)."""
+        warm_up(self)
+        return self.describe_attention()
+
+    def use_attention_kernel(self, kernel: AttentionKernel) -> AttentionKernel:
+        """Make ``kernel`` the serving passes' attention; returns the one it replaces."""
+        previous, self._attention_kernel = self._attention_kernel, kernel
+        return previous
 
     @property
     def device(self) -> torch.device:

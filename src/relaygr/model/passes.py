@@ -2,11 +2,13 @@
 
 A ``Pass`` advances in *rounds*. In one round every user with work left contributes its next
 history chunk (at most ``query_block`` tokens) and, once its history is complete, a micro-batch of
-at most ``candidate_block`` candidates; both shrink at long histories so that no score matrix of a
-round exceeds ``score_block_elems`` elements. All tokens of a round go through each layer's dense
-parts (norms, projections) as one jagged batch; attention runs per user over that user's key
-segments: its cached past (read-only) and the buffer this pass fills. A round is also the unit of
-work the instance scheduler interleaves with ranking, which is how pre-inference is chunked.
+at most ``candidate_block`` candidates; where the attention kernel makes a block's scores whole,
+both shrink at long histories so that no score matrix of a round exceeds ``score_block_elems``
+elements (the fused kernel tiles the keys instead: ``fused.FusedAttention``). All tokens of a
+round go through each layer's dense parts (norms, projections) as one jagged batch; attention runs
+per user over that user's key segments: its cached past (read-only) and the buffer this pass
+fills. A round is also the unit of work the instance scheduler interleaves with ranking, which is
+how pre-inference is chunked.
 
 Invariants: a history token at position p is embedded and attended identically whichever round,
 batch or pass computes it, so a prefix computed here and reused later gives the same keys and
@@ -24,8 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from relaygr.model.attention import (
-    block_attention,
-    candidate_attention,
     is_time_ordered,
     reversed_padded,
     time_buckets,
@@ -33,6 +33,7 @@ from relaygr.model.attention import (
     toeplitz_reversed,
 )
 from relaygr.model.config import HSTUConfig
+from relaygr.model.fused import AttentionKernel, TimeBias
 from relaygr.model.inputs import History
 from relaygr.model.kv import PrefixKV
 from relaygr.model.layers import HSTULayer
@@ -47,6 +48,9 @@ class PassModel(Protocol):
 
     @property
     def blocks(self) -> list[HSTULayer]: ...
+
+    @property
+    def attention_kernel(self) -> AttentionKernel: ...
 
     @property
     def input_dropout(self) -> nn.Module: ...
@@ -159,6 +163,10 @@ class Pass:
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass
         cfg = model.cfg
         param = next(model.parameters())
+        self.kernel = model.attention_kernel
+        self._budgets = {timed: self.kernel.score_budget(cfg.score_block_elems, param.device,
+                                                         timed_history=timed)
+                         for timed in (False, True)}
         for t in tracks:
             shape = (cfg.num_layers, cfg.num_heads, t.new_tokens, cfg.head_dim)
             t.k = torch.empty(shape, device=param.device, dtype=param.dtype)
@@ -190,7 +198,8 @@ class Pass:
 
     def _plan(self, t: Track) -> _Piece | None:
         cfg = self.model.cfg
-        hist_len = min(self._block_size(t.history.past_tokens + t.done_tokens),
+        hist_len = min(self._block_size(t.history.past_tokens + t.done_tokens,
+                                        t.key_ts is not None),
                        t.new_tokens - t.done_tokens)
         cand_len = 0
         if t.candidates is not None and t.done_tokens + hist_len == t.new_tokens:
@@ -212,10 +221,11 @@ class Pass:
                 piece.cand_buckets = bucket(q, t.key_ts, cfg.num_time_buckets)[0]
         return piece
 
-    def _block_size(self, start: int) -> int:
-        """Query block for a chunk starting at ``start``: its scores fit ``score_block_elems``."""
+    def _block_size(self, start: int, timed: bool) -> int:
+        """Query block for a chunk starting at ``start``: its scores fit ``score_block_elems``
+        where the kernel makes them whole (``AttentionKernel.score_budget``)."""
         cfg = self.model.cfg
-        fit = cfg.score_block_elems // (cfg.num_heads * (start + cfg.query_block))
+        fit = self._budgets[timed] // (cfg.num_heads * (start + cfg.query_block))
         return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
 
     def _candidate_block_size(self, keys: int) -> int:
@@ -224,7 +234,7 @@ class Pass:
         the bound every query block already keeps. A larger score matrix leaves the cache and,
         past the allocator's mmap threshold, is mapped and faulted in afresh on every layer."""
         cfg = self.model.cfg
-        fit = cfg.score_block_elems // (cfg.num_heads * max(keys, 1))
+        fit = self._budgets[False] // (cfg.num_heads * max(keys, 1))
         return max(1, min(cfg.candidate_block, fit))
 
     def _embed(self, pieces: list[_Piece]) -> Tensor:
@@ -275,9 +285,9 @@ class Pass:
                 q_rev = q[rows].view(n, heads, dh).transpose(0, 1).flip(1)
                 start = t.history.past_tokens + s_new
                 bias = toeplitz_reversed(w_rev, start, n, start + n, cfg.max_seq_len)
-                if p.hist_buckets is not None:
-                    bias = layer.time_bias(p.hist_buckets).add_(bias)
-                out = block_attention(q_rev, t.segments(layer_index, s_new + n), bias, norm)
+                time = None if p.hist_buckets is None else TimeBias(layer.time_w, p.hist_buckets)
+                out = self.kernel.history(q_rev, t.segments(layer_index, s_new + n), bias, time,
+                                          norm)
                 attn[rows] = out.transpose(0, 1).reshape(n, cfg.dim)
                 row += n
             if p.cand_len:
@@ -289,7 +299,7 @@ class Pass:
                 if p.cand_buckets is not None:
                     bias_vec = bias_vec + layer.time_bias(p.cand_buckets)
                 heads_view = (c, heads, dh)
-                out = candidate_attention(
+                out = self.kernel.candidates(
                     q[rows].view(heads_view).transpose(0, 1),
                     k[rows].view(heads_view).transpose(0, 1),
                     v[rows].view(heads_view).transpose(0, 1),
