@@ -66,9 +66,10 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
     assert trainer.model.tower("aa").encoder.user_emb.weight.grad is not None
 
 
-def test_run_directory_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_run_directory_round_trip(tmp_path: Path, shared: bool) -> None:
     splits, num_users = _splits(tmp_path)
-    cfg = PRESETS["sccdr"].with_(**SMALL)
+    cfg = PRESETS["sccdr"].with_(**SMALL, share_user_embedding=shared)
     result = RetrievalTrainer(cfg, splits, num_users, seed=1, progress_bar=False).fit()
     run = tmp_path / "run"
     info = RunInfo("aa_bb", ("aa", "bb"), num_users, SplitKind.CVGAE, "sccdr", cfg, (1,), {})
