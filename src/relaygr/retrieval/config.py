@@ -102,7 +102,8 @@ class SCCDRConfig:
     # L2 on the layer-0 embeddings a step uses (its users, positives and negatives), per row:
     # unlike weight decay it leaves the embeddings of items a batch never touches alone
     embedding_l2: float = 0.0
-    max_epochs: int = 12            # the 30-minute budget per pair on 2 shared cores
+    # 20 by validation: at 12 every run was still rising; past ~20 it is flat (docs/retrieval.md)
+    max_epochs: int = 20
     patience: int = 3               # validations without a better score before stopping
     valid_share: float = 0.25       # share of users who give one training item to validation
 
