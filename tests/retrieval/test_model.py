@@ -68,3 +68,20 @@ def test_config_is_validated() -> None:
         SCCDRConfig().with_(no_such_key=1)
     cfg = SCCDRConfig(pacing="root")
     assert SCCDRConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_share_user_embedding_ties_the_towers_user_table(shared: bool) -> None:
+    torch.manual_seed(0)
+    cfg = SCCDRConfig(dim=8, share_user_embedding=shared)
+    graphs = {"a": BipartiteGraph(5, 4, EDGES), "b": BipartiteGraph(5, 3, EDGES[EDGES[:, 1] < 3])}
+    model = RetrievalModel(graphs, cfg)
+    a, b = model.tower("a").encoder.user_emb, model.tower("b").encoder.user_emb
+    assert (a is b) == shared
+    # one table counts once among the parameters (the optimiser steps it once)
+    tables = 1 if shared else 2
+    assert sum(p.shape == (5, 8) for p in model.parameters()) == tables
+    copy = RetrievalModel(graphs, cfg)
+    copy.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(copy.user_vectors("b"), model.user_vectors("b"))
+    assert (copy.tower("a").encoder.user_emb is copy.tower("b").encoder.user_emb) == shared

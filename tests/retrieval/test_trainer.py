@@ -66,9 +66,10 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
     assert trainer.model.tower("aa").encoder.user_emb.weight.grad is not None
 
 
-def test_run_directory_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_run_directory_round_trip(tmp_path: Path, shared: bool) -> None:
     splits, num_users = _splits(tmp_path)
-    cfg = PRESETS["sccdr"].with_(**SMALL)
+    cfg = PRESETS["sccdr"].with_(**SMALL, share_user_embedding=shared)
     result = RetrievalTrainer(cfg, splits, num_users, seed=1, progress_bar=False).fit()
     run = tmp_path / "run"
     info = RunInfo("aa_bb", ("aa", "bb"), num_users, SplitKind.CVGAE, "sccdr", cfg, (1,), {})
@@ -86,3 +87,44 @@ def test_run_directory_round_trip(tmp_path: Path) -> None:
         read_result(run, 2)
     with pytest.raises(CheckpointError):
         read_run_info(tmp_path)
+
+
+@pytest.mark.parametrize(("schedule", "final_lr"), [("constant", 1e-2), ("cosine", 0.0)])
+def test_learning_rate_schedule(tmp_path: Path, schedule: str, final_lr: float) -> None:
+    splits, num_users = _splits(tmp_path)
+    cfg = PRESETS["single"].with_(**SMALL, lr_schedule=schedule, patience=3)
+    trainer = RetrievalTrainer(cfg, splits, num_users, seed=0, progress_bar=False)
+    result = trainer.fit()
+    assert len(result.history) == cfg.max_epochs
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(final_lr, abs=1e-12)
+
+
+def test_embedding_l2_is_the_mean_squared_norm_of_the_rows_a_step_uses(tmp_path: Path) -> None:
+    splits, num_users = _splits(tmp_path)
+    cfg = PRESETS["single"].with_(**SMALL, embedding_l2=1e-3)
+    trainer = RetrievalTrainer(cfg, splits, num_users, seed=0, progress_bar=False)
+    encoder = trainer.model.tower("aa").encoder
+    with torch.no_grad():
+        encoder.user_emb.weight.fill_(0.5)
+        encoder.item_emb.weight.fill_(0.25)
+    batch = torch.from_numpy(splits["aa"].train[:10])
+    negatives = torch.arange(6)
+    norm = trainer._embedding_norm("aa", batch, negatives)
+    dim = cfg.dim
+    expected = (10 * dim * 0.25 + 10 * dim * 0.0625 + 6 * dim * 0.0625) / 10
+    assert float(norm) == pytest.approx(expected, rel=1e-6)
+    out = trainer.model.tower("aa")()
+    state = trainer.gen.get_state()
+    with_l2 = trainer._matching("aa", out, batch)
+    trainer.gen.set_state(state)
+    without = RetrievalTrainer(cfg.with_(embedding_l2=0.0), splits, num_users, seed=0,
+                               progress_bar=False)
+    without.model.load_state_dict(trainer.model.state_dict())
+    without.gen.set_state(state)
+    plain = without._matching("aa", without.model.tower("aa")(), batch)
+    drawn = torch.Generator().set_state(state)
+    negs = torch.randint(0, splits["aa"].num_items, (cfg.num_negatives,), generator=drawn)
+    # the same loss computed the same way, plus the term: one float32 rounding of the sum apart
+    rounding = torch.finfo(torch.float32).eps * abs(float(with_l2))
+    assert float(with_l2 - plain) == pytest.approx(
+        1e-3 * float(trainer._embedding_norm("aa", batch, negs)), abs=rounding)

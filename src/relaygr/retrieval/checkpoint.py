@@ -158,7 +158,9 @@ def load_splits(run_dir: Path, seed: int, domains: tuple[str, ...]) -> dict[str,
 
 def save_result(run_dir: Path, seed: int, result: TrainResult) -> None:
     out = seed_dir(run_dir, seed)
-    state = {k: v.detach().cpu().contiguous() for k, v in result.model.state_dict().items()}
+    # clones: a table the towers share (share_user_embedding) is one tensor under two keys,
+    # which safetensors refuses to write as such
+    state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
     _atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
     lines = "".join(json.dumps(h) + "\n" for h in result.history)
     _atomic(out / "metrics.jsonl", lambda p: p.write_text(lines))

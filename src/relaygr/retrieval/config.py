@@ -45,6 +45,11 @@ class Similarity(str, Enum):
     DOT = "dot"             # raw inner product / temperature (norms may carry popularity)
 
 
+class LRSchedule(str, Enum):
+    CONSTANT = "constant"   # learning_rate throughout
+    COSINE = "cosine"       # cosine decay per epoch from learning_rate to 0 at max_epochs
+
+
 class MatchingLoss(str, Enum):
     SOFTMAX = "softmax"     # sampled softmax over uniform negatives shared by the batch
     BPR = "bpr"             # pairwise BPR with one uniform negative per positive
@@ -57,6 +62,9 @@ class SCCDRConfig:
     encoder: Encoder = Encoder.SAGE
     dim: int = 64
     num_layers: int = 2
+    # one layer-0 user embedding table for both towers (users are shared): the towers then
+    # differ only in their item embeddings and layers; off keeps each domain's tower separate
+    share_user_embedding: bool = False
     # matching (recommendation) loss
     matching_loss: MatchingLoss = MatchingLoss.SOFTMAX
     similarity: Similarity = Similarity.COSINE
@@ -90,14 +98,19 @@ class SCCDRConfig:
     batch_size: int = 8192          # a step costs a full-graph pass: few, large batches
     learning_rate: float = 1e-2
     weight_decay: float = 0.0
-    max_epochs: int = 12            # the 30-minute budget per pair on 2 shared cores
+    lr_schedule: LRSchedule = LRSchedule.CONSTANT
+    # L2 on the layer-0 embeddings a step uses (its users, positives and negatives), per row:
+    # unlike weight decay it leaves the embeddings of items a batch never touches alone
+    embedding_l2: float = 0.0
+    # 20 by validation: at 12 every run was still rising; past ~20 it is flat (docs/retrieval.md)
+    max_epochs: int = 20
     patience: int = 3               # validations without a better score before stopping
     valid_share: float = 0.25       # share of users who give one training item to validation
 
     def __post_init__(self) -> None:
         for name, kind in (("encoder", Encoder), ("stop_gradient", StopGradient),
                            ("pacing", Pacing), ("matching_loss", MatchingLoss),
-                           ("similarity", Similarity)):
+                           ("similarity", Similarity), ("lr_schedule", LRSchedule)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, kind(value))
@@ -113,7 +126,7 @@ class SCCDRConfig:
                      "katz_beta"):
             if not float(getattr(self, name)) > 0:
                 raise ConfigError(f"{name} must be > 0; got {getattr(self, name)}")
-        for name in ("lambda_intra", "lambda_inter", "weight_decay"):
+        for name in ("lambda_intra", "lambda_inter", "weight_decay", "embedding_l2"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {getattr(self, name)}")
         for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share"):

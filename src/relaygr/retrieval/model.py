@@ -81,6 +81,9 @@ class RetrievalModel(nn.Module):
         self.cfg = cfg
         self.domains = list(graphs)
         self.towers = nn.ModuleDict({name: DomainTower(g, cfg) for name, g in graphs.items()})
+        if cfg.share_user_embedding and len(self.domains) == 2:
+            first, second = (self.tower(d).encoder for d in self.domains)
+            second.user_emb = first.user_emb    # one parameter: both towers train it
         self._cache: dict[str, TowerOutput] = {}
 
     def tower(self, domain: str) -> DomainTower:

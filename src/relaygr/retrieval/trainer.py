@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from relaygr.retrieval import losses
-from relaygr.retrieval.config import MatchingLoss, Pacing, SCCDRConfig, StopGradient
+from relaygr.retrieval.config import LRSchedule, MatchingLoss, Pacing, SCCDRConfig, StopGradient
 from relaygr.retrieval.curriculum import NegativeSampler, difficulty_pools
 from relaygr.retrieval.encoders import TowerOutput
 from relaygr.retrieval.evaluate import VectorScorer, hr_ndcg, sampled_ranks
@@ -81,6 +82,9 @@ class RetrievalTrainer:
         self.sampler = self._sampler(num_users)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           weight_decay=cfg.weight_decay)
+        self.scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer,
+                                                                     cfg.max_epochs)
+                          if cfg.lr_schedule is LRSchedule.COSINE else None)
 
     def _sampler(self, num_users: int) -> NegativeSampler | None:
         if not self.cfg.uses_inter or len(self.splits) < 2:
@@ -111,9 +115,23 @@ class RetrievalTrainer:
                             generator=self.gen)
         loss = losses.bpr_matching if bpr else losses.softmax_matching
         if bias is None:
-            return loss(users, items, out.items[neg], self.cfg.temperature)
-        return loss(users, items, out.items[neg], self.cfg.temperature, bias[batch[:, 1]],
-                    bias[neg])
+            match = loss(users, items, out.items[neg], self.cfg.temperature)
+        else:
+            match = loss(users, items, out.items[neg], self.cfg.temperature,
+                         bias[batch[:, 1]], bias[neg])
+        if self.cfg.embedding_l2 > 0:
+            match = match + self.cfg.embedding_l2 * self._embedding_norm(domain, batch, neg)
+        return match
+
+    def _embedding_norm(self, domain: str, batch: torch.Tensor,
+                        negatives: torch.Tensor) -> torch.Tensor:
+        """Mean squared L2 norm of the layer-0 rows a matching step uses (users, positives,
+        negatives), each row counted once per use."""
+        encoder = self.model.tower(domain).encoder
+        users, items = encoder.user_emb, encoder.item_emb
+        assert isinstance(users, nn.Embedding) and isinstance(items, nn.Embedding)
+        rows = (users.weight[batch[:, 0]], items.weight[batch[:, 1]], items.weight[negatives])
+        return sum((r.pow(2).sum(-1).sum() for r in rows), torch.zeros(())) / len(batch)
 
     def _intra(self, domain: str, views: tuple[torch.Tensor, torch.Tensor],
                batch: torch.Tensor) -> torch.Tensor:
@@ -193,6 +211,8 @@ class RetrievalTrainer:
         for epoch in range(cfg.max_epochs):
             self.model.train()
             train_loss = self._epoch(epoch)
+            if self.scheduler is not None:
+                self.scheduler.step()
             valid = validate(self.model, self.splits)
             score = float(np.mean([m["ndcg@10"] for m in valid.values()]))
             history.append({"epoch": epoch + 1, "loss": train_loss, "valid": valid,
