@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,22 @@ def test_run_directory_round_trip(tmp_path: Path, shared: bool) -> None:
         read_result(run, 2)
     with pytest.raises(CheckpointError):
         read_run_info(tmp_path)
+
+
+def test_a_bad_run_json_is_refused_naming_the_field(tmp_path: Path) -> None:
+    cfg = PRESETS["sccdr"].with_(**SMALL)
+    info = RunInfo("aa_bb", ("aa", "bb"), 10, SplitKind.CVGAE, "sccdr", cfg, (1,), {"x": 1})
+    assert RunInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+    for change, named in [({"split": "holdout"}, "RunInfo.split"),
+                          ({"seeds": "one"}, "RunInfo.seeds"),
+                          ({"extra": 1}, "extra"),
+                          ({"config": {**cfg.to_dict(), "tau": 0.5}}, "tau")]:
+        with pytest.raises(CheckpointError, match=named):
+            RunInfo.from_dict({**info.to_dict(), **change})
+    with pytest.raises(CheckpointError, match="not a retrieval run"):
+        RunInfo.from_dict({**info.to_dict(), "format": "something else"})
+    with pytest.raises(CheckpointError, match="not a retrieval run"):
+        RunInfo.from_dict([])   # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("schedule", "final_lr"), [("constant", 1e-2), ("cosine", 0.0)])

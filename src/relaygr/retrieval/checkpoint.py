@@ -36,6 +36,7 @@ from relaygr.retrieval.graph import BipartiteGraph
 from relaygr.retrieval.model import RetrievalModel
 from relaygr.retrieval.splits import DomainSplit, SplitKind
 from relaygr.retrieval.trainer import TrainResult
+from relaygr.settings import load
 
 RUN_FORMAT = "relaygr-retrieval-run/1"
 
@@ -60,13 +61,12 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunInfo:
-        if d.get("format") != RUN_FORMAT:
-            raise CheckpointError(f"not a retrieval run (format {d.get('format')!r})")
+        if not isinstance(d, dict) or d.get("format") != RUN_FORMAT:
+            found = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise CheckpointError(f"not a retrieval run (format {found!r})")
         try:
-            return cls(d["pair"], tuple(d["domains"]), int(d["num_users"]), SplitKind(d["split"]),
-                       d["preset"], SCCDRConfig.from_dict(d["config"]), tuple(d["seeds"]),
-                       d["data"])
-        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            return load(cls, {k: v for k, v in d.items() if k != "format"})
+        except ConfigError as exc:
             raise CheckpointError(f"invalid run.json: {exc}") from None
 
 
