@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from relaygr.errors import ConfigError
-from relaygr.settings import changed, load
+from relaygr.settings import changed, load, require_positive_ints
 
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
@@ -70,13 +70,9 @@ class HSTUConfig:
     rank_score: str = "state"
 
     def __post_init__(self) -> None:
-        positive = ("num_items", "dim", "num_layers", "num_heads", "max_seq_len",
-                    "num_time_buckets", "query_block", "score_block_elems", "candidate_block",
-                    "attention_tile_elems")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"HSTUConfig.{name} must be a positive int, got {value!r}")
+        require_positive_ints(self, "num_items", "dim", "num_layers", "num_heads", "max_seq_len",
+                              "num_time_buckets", "query_block", "score_block_elems",
+                              "candidate_block", "attention_tile_elems")
         if self.dim % self.num_heads:
             raise ConfigError(
                 f"HSTUConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"

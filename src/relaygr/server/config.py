@@ -14,7 +14,7 @@ from typing import Any
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.redis_store import check_store_url
 from relaygr.errors import ConfigError
-from relaygr.settings import load
+from relaygr.settings import load, require_positive_ints
 
 KiB = 1 << 10
 
@@ -51,11 +51,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"ServerConfig.port must be in 0..65535, got {self.port!r}")
-        for name in ("max_body_bytes", "max_candidates", "max_events_per_request",
-                     "max_in_flight"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"ServerConfig.{name} must be a positive int, got {value!r}")
+        require_positive_ints(self, "max_body_bytes", "max_candidates", "max_events_per_request",
+                              "max_in_flight")
         if self.max_candidates > MAX_LIST_ITEMS or self.max_events_per_request > MAX_LIST_ITEMS:
             raise ConfigError(f"ServerConfig list limits must be <= {MAX_LIST_ITEMS}")
         if not self.drain_timeout_s >= 0 or not self.retry_after_s > 0:
@@ -102,10 +99,8 @@ class ModelSource:
     retrieval_run: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_items", "max_seq_len", "num_users", "min_events", "max_events"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"ModelSource.{name} must be a positive int, got {value!r}")
+        require_positive_ints(self, "num_items", "max_seq_len", "num_users", "min_events",
+                              "max_events")
         if not self.min_events <= self.max_events <= self.max_seq_len:
             raise ConfigError("ModelSource needs min_events <= max_events <= max_seq_len")
         if (self.dataset is None) != (self.data_dir is None):

@@ -16,7 +16,7 @@ from typing import Any
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
 from relaygr.model.config import RANK_SCORES
-from relaygr.settings import changed, load
+from relaygr.settings import changed, load, require_positive_ints
 
 NEGATIVE_SHARING = ("position", "sequence", "catalogue")
 BATCH_ORDERS = ("random", "length_buckets")
@@ -111,14 +111,10 @@ class TrainConfig:
     use_timestamps: bool = False
 
     def __post_init__(self) -> None:
-        positive_ints = ("dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
-                         "num_negatives", "rank_users", "rank_negatives", "max_epochs",
-                         "rank_phase_users",
-                         "eval_every_epochs", "patience", "lr_decay_patience")
-        for name in positive_ints:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"TrainConfig.{name} must be a positive int, got {value!r}")
+        require_positive_ints(self, "dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
+                              "num_negatives", "rank_users", "rank_negatives", "max_epochs",
+                              "rank_phase_users", "eval_every_epochs", "patience",
+                              "lr_decay_patience")
         for name in ("learning_rate", "temperature", "rank_temperature", "time_budget_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"TrainConfig.{name} must be > 0")
