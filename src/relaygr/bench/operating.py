@@ -38,9 +38,9 @@ than the serving one only when it is more than ``tolerance`` ahead of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from relaygr.errors import ConfigError
 
@@ -102,6 +102,11 @@ class BatchSample:
 
     batch: int
     cost_ms: float
+
+    @property
+    def requests_per_s(self) -> float:
+        """Requests a second of this call's compute."""
+        return self.batch / self.cost_ms * 1e3
 
 
 @dataclass(frozen=True)
@@ -261,11 +266,7 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
             and batches[-1].cost_ms <= slo_ms:
         batches.append(BatchSample(size, probe.full_rank_ms(chosen.prefix_tokens, suffix_tokens,
                                                             candidates, batch=size)))
-    best = batches[0]
-    for b in batches[1:]:
-        if b.cost_ms <= slo_ms and \
-                b.batch / b.cost_ms > (1 + search.tolerance) * best.batch / best.cost_ms:
-            best = b
+    best = _most_served(batches, slo_ms, search.tolerance)
     layouts, layout = _layouts(probe, chosen.prefix_tokens, suffix_tokens, candidates,
                                best, slo_ms, search.tolerance)
     return OperatingPoint(chosen.prefix_tokens, slo_ms, slo_share, target, chosen.cost_ms,
@@ -287,9 +288,19 @@ def _layouts(probe: CostProbe, prefix_tokens: int, suffix_tokens: int, candidate
                              probe.layout_rank_ms(other, prefix_tokens, suffix_tokens,
                                                   candidates, batch.batch))
                 for other in serving.splits() if other != serving]
+    return tuple(samples), _most_served(samples, slo_ms, tolerance).layout
+
+
+Served = TypeVar("Served", BatchSample, LayoutSample)
+
+
+def _most_served(samples: Sequence[Served], slo_ms: float, tolerance: float) -> Served:
+    """The sample serving the most requests per second of compute among those whose call fits
+    within the SLO; a later sample replaces an earlier one only when more than ``tolerance``
+    ahead of it (the first is the default: one request a call, the serving layout)."""
     best = samples[0]
     for sample in samples[1:]:
         if sample.cost_ms <= slo_ms and \
                 sample.requests_per_s > (1 + tolerance) * best.requests_per_s:
             best = sample
-    return tuple(samples), best.layout
+    return best
