@@ -56,7 +56,7 @@ from relaygr.relay.measure import fit_on_model
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure relay against baseline, reactive and ablations",
                        description=__doc__)
-    p.add_argument("--quick", action="store_true", help="a smoke run (minutes, not an hour)")
+    p.add_argument("--quick", action="store_true", help="a smoke run (minutes, not hours)")
     p.add_argument("--profile", choices=sorted(PROFILES), default=None,
                    help="default: dlrmv3 on CUDA, cpu otherwise")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
