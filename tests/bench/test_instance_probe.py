@@ -6,6 +6,7 @@ measured (positive), never against a speed."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -30,12 +31,16 @@ def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
         assert all(math.isfinite(v) and v > 0 for v in (ms, other, cached))
         groups = probe._groups
         assert set(groups) == {Layout(2, 1), Layout(1, 2), Layout(1, 1)}
-        assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0))) == 3
+        assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0, 0.0))) == 3
+        # paced: each timed pass after its idle gap (a lower bound: the sleeps alone)
+        started = time.monotonic()
+        assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 2, 0, 0.2))) == 2
+        assert time.monotonic() - started >= 0.4
         # the worker thread of each process computes on its layout's threads
         assert groups[Layout(2, 1)].worker_threads == [1, 1]
         assert groups[Layout(1, 2)].worker_threads == [2]
         # each instance's passes: 2 processes x 2 repeats
-        assert len(groups[Layout(2, 1)].time(("full", 32, 2, 8, 1, 2, 0))) == 4
+        assert len(groups[Layout(2, 1)].time(("full", 32, 2, 8, 1, 2, 0, 0.0))) == 4
         procs = [p for g in groups.values() for p in g.procs]
     finally:
         probe.close()
@@ -46,3 +51,5 @@ def test_bad_settings_are_refused() -> None:
     model = HSTU(HSTUConfig(num_items=50, dim=16, num_layers=1, num_heads=1)).eval()
     with pytest.raises(ConfigError):
         InstanceCostProbe(model, Layout(1, 1), repeats=0)
+    with pytest.raises(ConfigError):
+        InstanceCostProbe(model, Layout(1, 1), limit_pace_s=-1.0)

@@ -16,7 +16,14 @@ excluded). The answer is the median over all processes' passes.
 It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` times on the layout the modes
 serve on (``layout``), ``layout_rank_ms`` on any other (the search over threads per instance).
 It is also the physical limit's ``LimitProbe``: ``cached_rank_ms`` times a cached pass in one
-such process computing alone, where the relay's low-load requests compute.
+such process computing alone, where the relay's low-load requests compute, and as they arrive:
+each timed pass after ``limit_pace_s`` of idling. A pass that follows an idle gap is slower than
+one straight after another (caches, TLB and the core's own state go cold): on the 2-core AMD
+EPYC box, the cpu profile's 2,049-token cached pass, interleaved, P50 9.6 ms back to back, 10.3
+after 10 ms idle, 10.75 after 100 ms and 10.7 after 1 s. The relay's limit point sends a request
+a second, so its compute pays that; a denominator timed back to back would charge the machine's
+cold pass to the relay's overhead. 0.1 s of idling already costs what a second does there, for a
+tenth of the probe's time (2.5 s for the 25 timed passes).
 Processes are spawned per layout on first use (a few seconds each: interpreter, torch, the
 model's weights) and ended by ``close``; a probe process that does not answer within
 ``timeout_s`` is a ``BenchProtocolError``.
@@ -74,22 +81,25 @@ def _probe_main(conn: Connection, weights: _Weights, threads: int, barrier: Barr
     # the threads the worker computes on, as the parent's check of the set-up
     conn.send(asyncio.run(executor.run(torch.get_num_threads)))
     while (call := conn.recv()) is not None:
-        kind, prefix, suffix, candidates, batch, repeats, warmup = call
+        kind, prefix, suffix, candidates, batch, repeats, warmup, pace_s = call
         if kind == "cached":
             timed = inputs.cached_pass(prefix, suffix, candidates)
         else:
             requests = inputs.full_pass_inputs(prefix, suffix, candidates, batch)
             timed = partial(inputs.model.rank_batch_outputs, requests)
-        conn.send(asyncio.run(_passes(executor, timed, barrier, repeats, warmup)))
+        conn.send(asyncio.run(_passes(executor, timed, barrier, repeats, warmup, pace_s)))
     executor.shutdown()
 
 
 async def _passes(executor: ComputeExecutor, call: Callable[[], object], barrier: Barrier,
-                  repeats: int, warmup: int) -> list[float]:
+                  repeats: int, warmup: int, pace_s: float = 0.0) -> list[float]:
     """ms of each of ``repeats`` calls after ``warmup``, each started with the other
-    instances' (the worker's compute seconds, as the instance's scheduler times a batch)."""
+    instances' (the worker's compute seconds, as the instance's scheduler times a batch), each
+    timed call after ``pace_s`` of idling."""
     ms = []
     for i in range(warmup + repeats):
+        if i >= warmup and pace_s > 0:
+            await asyncio.sleep(pace_s)
         barrier.wait()
         _, seconds = await executor.run_timed(call)
         if i >= warmup:
@@ -121,7 +131,7 @@ class _Group:
                                      f"within {self.timeout_s:g} s")
         return conn.recv()
 
-    def time(self, call: tuple[str | int, ...]) -> list[float]:
+    def time(self, call: tuple[str | int | float, ...]) -> list[float]:
         for conn in self.conns:
             conn.send(call)
         return [ms for conn in self.conns for ms in self._recv(conn)]
@@ -139,17 +149,19 @@ class InstanceCostProbe:
     """Times full passes in processes set up as the baseline's instances (module docstring)."""
 
     def __init__(self, model: HSTU, layout: Layout, repeats: int = 9, warmup: int = 2,
-                 seed: int = 0, timeout_s: float = 120.0, limit_repeats: int = 25) -> None:
+                 seed: int = 0, timeout_s: float = 120.0, limit_repeats: int = 25,
+                 limit_pace_s: float = 0.1) -> None:
         """``limit_repeats``: calls of ``cached_rank_ms`` (the ratio it divides needs a steady
-        denominator: 25 calls, as ``ModelLimitProbe``'s)."""
+        denominator: 25 calls, as ``ModelLimitProbe``'s), each after ``limit_pace_s`` of idling
+        (module docstring)."""
         if model.device.type != "cpu":
             raise ConfigError("InstanceCostProbe times CPU instances (a GPU instance is a "
                               "worker thread of the serving process: time it there)")
-        if repeats < 1 or limit_repeats < 1 or warmup < 0:
+        if repeats < 1 or limit_repeats < 1 or warmup < 0 or limit_pace_s < 0:
             raise ConfigError("InstanceCostProbe needs repeats, limit_repeats >= 1 and "
-                              "warmup >= 0")
+                              "warmup, limit_pace_s >= 0")
         self.layout, self.repeats, self.warmup = layout, repeats, warmup
-        self.limit_repeats = limit_repeats
+        self.limit_repeats, self.limit_pace_s = limit_repeats, limit_pace_s
         self.seed, self.timeout_s = seed, timeout_s
         self._weights = _Weights.of(model)
         self._groups: dict[Layout, _Group] = {}
@@ -164,16 +176,18 @@ class InstanceCostProbe:
         """Median ms of one instance's model call of ``batch`` full passes, with every
         instance of ``layout`` computing the same at once."""
         call = ("full", prefix_tokens, suffix_tokens, candidates, batch, self.repeats,
-                self.warmup)
+                self.warmup, 0.0)
         return statistics.median(self._group(layout).time(call))
 
     def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
         """Median ms of one cached ranking pass in one instance-like process computing alone
         (a ``LimitProbe``: the relay's low-load latency is set against it, so the overhead
         counts the relay's own cost, not the difference between this process and an
-        instance's). The prefix K/V is computed first, outside the timed calls."""
+        instance's, nor a warm pass against a cold one: each timed pass follows
+        ``limit_pace_s`` of idling, as a low-load request does). The prefix K/V is computed
+        first, outside the timed calls."""
         call = ("cached", prefix_tokens, suffix_tokens, candidates, 1, self.limit_repeats,
-                self.warmup)
+                self.warmup, self.limit_pace_s)
         return statistics.median(self._group(Layout(1, self.layout.threads)).time(call))
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
