@@ -35,14 +35,17 @@ class Timing:
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
-              warmup: int = 1) -> Timing:
-    """Median wall time of ``fn`` over ``repeats`` calls, synchronising the device each time."""
+              warmup: int = 1, pace_s: float = 0.0) -> Timing:
+    """Median wall time of ``fn`` over ``repeats`` calls, synchronising the device each time;
+    each timed call after ``pace_s`` of idling (0: back to back)."""
     for _ in range(warmup):
         fn()
     synchronize(device)
     samples = []
     faults_before = _minor_faults()
     for _ in range(repeats):
+        if pace_s > 0:
+            time.sleep(pace_s)
         start = time.perf_counter()
         fn()
         synchronize(device)

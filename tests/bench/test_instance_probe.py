@@ -5,12 +5,14 @@ measured (positive), never against a speed."""
 
 from __future__ import annotations
 
+import asyncio
 import math
-import time
+import threading
 
 import pytest
 import torch
 
+from relaygr.bench import instance_probe
 from relaygr.bench.instance_probe import InstanceCostProbe
 from relaygr.bench.limit import LimitProbe
 from relaygr.bench.operating import Layout, LayoutProbe
@@ -32,10 +34,6 @@ def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
         groups = probe._groups
         assert set(groups) == {Layout(2, 1), Layout(1, 2), Layout(1, 1)}
         assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0, 0.0))) == 3
-        # paced: each timed pass after its idle gap (a lower bound: the sleeps alone)
-        started = time.monotonic()
-        assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 2, 0, 0.2))) == 2
-        assert time.monotonic() - started >= 0.4
         # the worker thread of each process computes on its layout's threads
         assert groups[Layout(2, 1)].worker_threads == [1, 1]
         assert groups[Layout(1, 2)].worker_threads == [2]
@@ -53,3 +51,24 @@ def test_bad_settings_are_refused() -> None:
         InstanceCostProbe(model, Layout(1, 1), repeats=0)
     with pytest.raises(ConfigError):
         InstanceCostProbe(model, Layout(1, 1), limit_pace_s=-1.0)
+
+
+def test_a_paced_call_idles_before_each_timed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe process's loop, run here: which sleeps it asks for, recorded, not waited
+    slept: list[float] = []
+
+    async def record(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(instance_probe.asyncio, "sleep", record)
+    executor = instance_probe.ComputeExecutor("probe", torch.device("cpu"))
+    calls: list[int] = []
+    try:
+        ms = asyncio.run(instance_probe._passes(executor, lambda: calls.append(1),
+                                                threading.Barrier(1), 2, 1, 0.2))
+        assert (len(ms), len(calls), slept) == (2, 3, [0.2, 0.2])   # none before the warm-up
+        slept.clear()
+        asyncio.run(instance_probe._passes(executor, lambda: None, threading.Barrier(1), 2, 1))
+        assert slept == []
+    finally:
+        executor.shutdown()

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from relaygr import timing
 from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig, WorkloadPhaseConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
-from relaygr.bench.limit import ModelLimitProbe, describe_overhead, limit_report
+from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe, describe_overhead, limit_report
 from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
@@ -62,6 +63,22 @@ def test_model_probe_times_cached_and_full_ranking() -> None:
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=0, candidates=8)):
         assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
+
+
+def test_the_limit_probe_times_each_cached_pass_after_an_idle_gap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(timing.time, "sleep", slept.append)   # recorded, not waited
+    cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
+    model = HSTU(cfg).eval()
+    ModelLimitProbe(model, repeats=3).cached_rank_ms(prefix_tokens=32, suffix_tokens=2,
+                                                      candidates=8)
+    assert slept == [LIMIT_PACE_S] * 3             # before each timed pass, none in warm-up
+    slept.clear()
+    probe = ModelLimitProbe(model, repeats=3, full_repeats=2, pace_s=0.0)
+    probe.cached_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
+    probe.full_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
+    assert slept == []                              # back to back, and the cost curve always
 
 
 def _low_load_point() -> RunResult:

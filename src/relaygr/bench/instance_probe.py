@@ -16,14 +16,8 @@ excluded). The answer is the median over all processes' passes.
 It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` times on the layout the modes
 serve on (``layout``), ``layout_rank_ms`` on any other (the search over threads per instance).
 It is also the physical limit's ``LimitProbe``: ``cached_rank_ms`` times a cached pass in one
-such process computing alone, where the relay's low-load requests compute, and as they arrive:
-each timed pass after ``limit_pace_s`` of idling. A pass that follows an idle gap is slower than
-one straight after another (caches, TLB and the core's own state go cold): on the 2-core AMD
-EPYC box, the cpu profile's 2,049-token cached pass, interleaved, P50 9.6 ms back to back, 10.3
-after 10 ms idle, 10.75 after 100 ms and 10.7 after 1 s. The relay's limit point sends a request
-a second, so its compute pays that; a denominator timed back to back would charge the machine's
-cold pass to the relay's overhead. 0.1 s of idling already costs what a second does there, for a
-tenth of the probe's time (2.5 s for the 25 timed passes).
+such process computing alone, where the relay's low-load requests compute, and as they arrive
+(each timed pass after ``limit_pace_s`` of idling, ``relaygr.bench.limit.LIMIT_PACE_S``).
 Processes are spawned per layout on first use (a few seconds each: interpreter, torch, the
 model's weights) and ended by ``close``; a probe process that does not answer within
 ``timeout_s`` is a ``BenchProtocolError``.
@@ -44,7 +38,7 @@ from typing import Any
 
 import torch
 
-from relaygr.bench.limit import ModelLimitProbe
+from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe
 from relaygr.bench.operating import Layout
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.hostmem import tune_host_allocator
@@ -150,10 +144,10 @@ class InstanceCostProbe:
 
     def __init__(self, model: HSTU, layout: Layout, repeats: int = 9, warmup: int = 2,
                  seed: int = 0, timeout_s: float = 120.0, limit_repeats: int = 25,
-                 limit_pace_s: float = 0.1) -> None:
+                 limit_pace_s: float = LIMIT_PACE_S) -> None:
         """``limit_repeats``: calls of ``cached_rank_ms`` (the ratio it divides needs a steady
         denominator: 25 calls, as ``ModelLimitProbe``'s), each after ``limit_pace_s`` of idling
-        (module docstring)."""
+        (``relaygr.bench.limit``)."""
         if model.device.type != "cpu":
             raise ConfigError("InstanceCostProbe times CPU instances (a GPU instance is a "
                               "worker thread of the serving process: time it there)")

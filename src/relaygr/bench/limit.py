@@ -4,6 +4,15 @@ A ``LimitProbe`` (supplied by whoever owns the model, e.g. the profiler) times t
 ranking pass in isolation: no queueing, no cache bookkeeping, no event loop. The benchmark sets
 the relay's low-load P50 ranking latency against it (``relay_overhead_ratio``), and turns it into
 achieved FLOP/s with ``relaygr.model.flops.rank_flops`` against the measured matmul peak.
+
+Every ``LimitProbe`` times the pass as the relay's low-load requests arrive: each timed pass
+after ``LIMIT_PACE_S`` of idling. A pass that follows an idle gap is slower than one straight
+after another (caches, TLB and the core's own state go cold): on the 2-core AMD EPYC box, the
+cpu profile's 2,049-token cached pass, gaps interleaved, P50 9.6 ms back to back, 10.3 after
+10 ms idle, 10.75 after 100 ms, 10.7 after 1 s. The limit point sends one request a second, so
+the relay's compute pays that; a denominator timed back to back would charge the machine's cold
+pass to the relay's overhead. 0.1 s already costs what a second does there, for a tenth of the
+probe's time (2.5 s for 25 timed passes).
 """
 
 from __future__ import annotations
@@ -21,12 +30,15 @@ from relaygr.model.flops import rank_flops
 from relaygr.model.inputs import RankInput
 from relaygr.timing import time_call
 
+LIMIT_PACE_S = 0.1
+
 
 class LimitProbe(Protocol):
     """Times the model alone."""
 
     def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """Median ms of one cached ranking pass (prefix K/V given; suffix + candidates computed)."""
+        """Median ms of one cached ranking pass (prefix K/V given; suffix + candidates computed),
+        each timed pass after an idle gap (module docstring)."""
         ...
 
 
@@ -43,8 +55,8 @@ class ModelLimitProbe:
     # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
     # the shared 2-core box; the ratio it divides needs a steadier denominator (25 calls: 0.4 s).
     def __init__(self, model: HSTU, repeats: int = 25, seed: int = 0, timed: bool = True,
-                 full_repeats: int = 9) -> None:
-        self.model, self.repeats, self.timed = model, repeats, timed
+                 full_repeats: int = 9, pace_s: float = LIMIT_PACE_S) -> None:
+        self.model, self.repeats, self.timed, self.pace_s = model, repeats, timed, pace_s
         # the cost curve's points: a few calls each (tens of ms each near the operating point)
         self.full_repeats = full_repeats
         self._gen = torch.Generator().manual_seed(seed)
@@ -68,7 +80,8 @@ class ModelLimitProbe:
 
     def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
         call = self.cached_pass(prefix_tokens, suffix_tokens, candidates)
-        return time_call(call, self.model.device, repeats=self.repeats).median_ms
+        return time_call(call, self.model.device, repeats=self.repeats,
+                         pace_s=self.pace_s).median_ms
 
     def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                          batch: int = 1) -> list[RankInput]:
