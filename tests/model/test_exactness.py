@@ -15,6 +15,9 @@ configs = st.fixed_dictionaries({
     "num_heads": st.sampled_from([1, 2, 4]),
     "query_block": st.sampled_from([32, 64, 256]),
     "candidate_block": st.sampled_from([7, 64, 512]),
+    # key tiles of 16 keys a score row or more: tiny tiles split every segment, the default
+    # almost never does
+    "attention_tile_elems": st.sampled_from([64, 4096, 1 << 19]),
     "final_norm": st.booleans(),
     "rank_score": st.sampled_from(["state", "retrieval_residual"]),
     "retrieval_similarity": st.sampled_from(["dot", "cosine"]),
@@ -47,13 +50,15 @@ def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: in
 @settings(max_examples=15, deadline=None)
 @given(length=st.integers(1, 300), num_candidates=st.integers(1, 30), timed=st.booleans(),
        final_norm=st.booleans(), rank_score=st.sampled_from(["state", "retrieval_residual"]),
-       seed=st.integers(0, 2**16))
+       tile_elems=st.sampled_from([64, 1 << 19]), seed=st.integers(0, 2**16))
 def test_serving_path_equals_dense_reference(length: int, num_candidates: int, timed: bool,
-                                             final_norm: bool, rank_score: str, seed: int) -> None:
+                                             final_norm: bool, rank_score: str, tile_elems: int,
+                                             seed: int) -> None:
     """The chunked serving pass computes the paper's masked dense attention, and the ranking
     head (with or without the retrieval logit) reads the same states in both paths."""
     model = make_model(seed, query_block=32, final_norm=final_norm, rank_score=rank_score,
-                       retrieval_similarity="cosine", retrieval_temperature=0.05)
+                       retrieval_similarity="cosine", retrieval_temperature=0.05,
+                       attention_tile_elems=tile_elems)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, length, 500, timed)
     cands = torch.randint(1, 501, (num_candidates,), generator=gen)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from relaygr.errors import ConfigError
-from relaygr.model import HSTUConfig
+from relaygr.model import HSTUConfig, PrefillInput
 from relaygr.model import fused as fused_module
 from relaygr.model.fused import EagerAttention, FusedAttention
 from tests.model.helpers import assert_close, make_model, random_history
@@ -71,7 +71,8 @@ def test_where_compilation_fails_the_kernel_runs_eager_and_says_why_once(
     fused, eager = _pair()
     cpu = torch.device("cpu")
     with caplog.at_level(logging.WARNING, logger="relaygr.model.fused"):
-        assert fused.attention_kernel.score_budget(1, cpu, timed_history=False) == 1
+        # the eager fallback tiles keys too, so blocks still need no bound on a CPU
+        assert fused.attention_kernel.score_budget(1, cpu, timed_history=False) > 1 << 40
         items, cands = torch.arange(1, 150), torch.arange(1, 20)
         assert_close(fused.rank(cands, prefix_items=items), eager.rank(cands, prefix_items=items))
         fused.rank(cands, prefix_items=items)
@@ -80,14 +81,55 @@ def test_where_compilation_fails_the_kernel_runs_eager_and_says_why_once(
         "fused attention unavailable, running eager: RuntimeError: no C++ compiler"]
 
 
-def test_the_fused_kernel_is_cpu_only_and_bounds_blocks_only_where_it_runs_eager() -> None:
-    kernel, cuda = FusedAttention(TINY_TILES), torch.device("cuda")
+def test_blocks_are_bounded_only_where_keys_are_not_tiled() -> None:
+    """On a CPU both kernels tile keys, so blocks need no bound; on a GPU the eager kernel takes
+    whole segments and blocks keep the configured one."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    kernel = FusedAttention(TINY_TILES)
     assert kernel.describe(cuda) == "eager (the fused kernel is CPU-only; cuda runs eager)"
     assert kernel.score_budget(4096, cuda, timed_history=False) == 4096
-    cpu = torch.device("cpu")
-    assert kernel.score_budget(4096, cpu, timed_history=True) == 4096
-    assert kernel.score_budget(4096, cpu, timed_history=False) > 1 << 40
-    assert EagerAttention().score_budget(4096, cpu, timed_history=False) == 4096
+    for timed in (False, True):
+        assert kernel.score_budget(4096, cpu, timed_history=timed) > 1 << 40
+        assert EagerAttention(TINY_TILES).score_budget(4096, cpu, timed_history=timed) > 1 << 40
+        assert EagerAttention(TINY_TILES).score_budget(4096, cuda, timed_history=timed) == 4096
+        assert EagerAttention().score_budget(4096, cpu, timed_history=timed) == 4096
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_eager_key_tiles_compute_what_whole_segments_do(timed: bool) -> None:
+    """The eager kernel's tiles (64 keys here) change only the order of the key sum."""
+    tiled = make_model(attention_tile_elems=TINY_TILES, num_heads=2)
+    whole = make_model(num_heads=2)
+    whole.load_state_dict(tiled.state_dict())
+    whole.use_attention_kernel(EagerAttention())
+    gen = torch.Generator().manual_seed(7)
+    items, ts = random_history(gen, 410, 500, timed)
+    cands = torch.randint(1, 501, (33,), generator=gen)
+    query_ts = None if ts is None else int(ts[-1]) + 60
+    kv_tiled, kv_whole = tiled.prefill(items, ts), whole.prefill(items, ts)
+    assert_close(kv_tiled.k, kv_whole.k)
+    assert_close(kv_tiled.v, kv_whole.v)
+    assert_close(tiled.rank(cands, prefix=kv_tiled, query_timestamp=query_ts),
+                 whole.rank(cands, prefix=kv_whole, query_timestamp=query_ts))
+
+
+def test_a_resumable_prefill_bounds_its_chunks_and_a_whole_one_does_not() -> None:
+    """``prefill_job`` (the scheduler's pre-infer unit) keeps each history chunk within
+    ``score_block_elems`` scores; ``prefill`` runs full ``query_block`` chunks, with the same
+    keys and values."""
+    model = make_model(num_heads=2, query_block=64, score_block_elems=2 * 64 * 96)
+    items = torch.arange(1, 301)
+    job = model.prefill_job([PrefillInput(items)])
+    chunks = []
+    with torch.inference_mode():
+        while not job.done:
+            before = job.tracks[0].done_tokens
+            job.step()
+            chunks.append(job.tracks[0].done_tokens - before)
+    assert chunks[0] == 64 and max(chunks[1:]) < 64 and sum(chunks) == 300
+    whole = model.prefill(items)
+    assert_close(job.tracks[0].prefix().k, whole.k)
+    assert_close(job.tracks[0].prefix().v, whole.v)
 
 
 def test_the_kernel_is_chosen_by_name_and_an_unknown_one_is_refused() -> None:

@@ -14,16 +14,23 @@ reverse order, ``T`` has stride +1 along both axes, so it costs no memory and no
 causal mask rides in the same view: future keys read ``MASKED`` (-1e30) and ``SiLU(-1e30 + x)`` is
 exactly ``-0.0`` in float32 and bfloat16, so masking costs no pass either (float16, whose range
 stops at 65504, is not supported).
+
+On a CPU the serving path also splits keys into tiles (``key_tiles``) of a fixed number of
+scores, so a tile's scores are still in cache when SiLU reads them and ``S V`` multiplies them,
+and a block or micro-batch need not shrink at long prefixes to keep them there.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from relaygr.model.layers import table_lookup
 
 # Time buckets: floor(log_{1.5}(1 + |dt| seconds)), so gaps from a second to decades each get
 # a bucket of roughly constant relative width. Computed exactly, in integers: bucket b starts at
@@ -107,48 +114,76 @@ def toeplitz_reversed(pos_w_padded_rev: Tensor, query_start: int, num_queries: i
                                        pos_w_padded_rev.storage_offset() + offset)
 
 
+def tile_width(tile_elems: int, rows: int) -> int:
+    """Keys per tile for ``rows`` (heads x queries) score rows, so a tile holds about
+    ``tile_elems`` scores: a multiple of 16 (one AVX-512 vector of float32), at least 64 so the
+    matmuls stay efficient."""
+    width = tile_elems // max(rows, 1)
+    return max(64, width - width % 16)
+
+
+def key_tiles(segments: list[tuple[Tensor, Tensor]],
+              width: int | None) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """``(first key position, K, V)`` of consecutive key tiles covering ``segments`` in order,
+    at most ``width`` keys each (``None``: one tile per segment). Tiles are views."""
+    col = 0
+    for k, v in segments:
+        m = k.shape[1]
+        step = m if width is None else width
+        for start in range(0, m, max(step, 1)):
+            n = min(step, m - start)
+            yield col + start, k.narrow(1, start, n), v.narrow(1, start, n)
+        col += m
+
+
 def block_attention(q_rev: Tensor, segments: list[tuple[Tensor, Tensor]], bias_rev: Tensor,
-                    normalizer: float) -> Tensor:
+                    normalizer: float, tile_keys: int | None = None,
+                    time_bias: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Causal SiLU attention of one query block over keys split into consecutive segments.
 
     ``q_rev``: ``[H, n, dh]`` queries in *reverse* order (the block's last token first); they sit
     at the last ``n`` key positions. ``segments``: ``(K, V)`` pairs ``[H, m, dh]`` covering key
     positions ``0 .. e-1`` in order; the last segment holds the block's own keys at its end.
     ``bias_rev``: ``[n, e]`` (rows reversed like the queries), ``MASKED`` on future keys.
-    Returns ``[H, n, dh]`` in the original (forward) query order.
+    ``tile_keys``: keys per tile (``key_tiles``), so that a tile's scores stay in cache between
+    the two matmuls however long the prefix is; ``None``: whole segments. ``time_bias``:
+    ``(table, buckets)``, rab^t as ``table[buckets]`` (``[n, e]`` int32 buckets, rows reversed),
+    added to the bias a tile at a time. Returns ``[H, n, dh]`` in the original (forward) query
+    order.
     """
     out: Tensor | None = None
-    col = 0
-    for k, v in segments:
-        m = k.shape[1]
-        scores = torch.baddbmm(bias_rev[:, col:col + m].unsqueeze(0), q_rev, k.transpose(1, 2))
+    end = 0
+    for col, k, v in key_tiles(segments, tile_keys):
+        end = col + k.shape[1]
+        bias = bias_rev[:, col:end]
+        if time_bias is not None:
+            table, buckets = time_bias
+            bias = table_lookup(table, buckets[:, col:end]).add_(bias)
+        scores = torch.baddbmm(bias.unsqueeze(0), q_rev, k.transpose(1, 2))
         F.silu(scores, inplace=True)
         out = torch.bmm(scores, v) if out is None else out.baddbmm_(scores, v)
-        col += m
-    assert out is not None and col == bias_rev.shape[1], "segments must cover the bias columns"
+    assert out is not None and end == bias_rev.shape[1], "segments must cover the bias columns"
     return out.flip(1).div_(normalizer)
 
 
 def candidate_attention(q: Tensor, k_self: Tensor, v_self: Tensor,
                         segments: list[tuple[Tensor, Tensor]], bias: Tensor, self_bias: Tensor,
-                        normalizer: float) -> Tensor:
+                        normalizer: float, tile_keys: int | None = None) -> Tensor:
     """Candidates attend to every history key and to themselves, never to each other.
 
     ``q``, ``k_self``, ``v_self``: ``[H, C, dh]``; ``segments``: history ``(K, V)`` pairs
     ``[H, m, dh]`` covering positions ``0 .. e-1``; ``bias``: ``[e]`` (every candidate sits at
-    the same position, so one row serves all); ``self_bias``: scalar tensor. Returns
-    ``[H, C, dh]``. Each candidate's row depends only on itself and the history, which is why
-    scores do not depend on candidate order or micro-batching.
+    the same position, so one row serves all); ``self_bias``: scalar tensor; ``tile_keys`` as
+    in ``block_attention``. Returns ``[H, C, dh]``. Each candidate's row depends only on itself
+    and the history, which is why scores do not depend on candidate order or micro-batching.
     """
     self_scores = (q * k_self).sum(-1, keepdim=True).add_(self_bias)
     out = F.silu(self_scores) * v_self
-    col = 0
-    for k, v in segments:
+    for col, k, v in key_tiles(segments, tile_keys):
         m = k.shape[1]
         scores = torch.baddbmm(bias[col:col + m].view(1, 1, m), q, k.transpose(1, 2))
         F.silu(scores, inplace=True)
         out.baddbmm_(scores, v)
-        col += m
     return out.div_(normalizer)
 
 

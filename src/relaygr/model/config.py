@@ -39,11 +39,14 @@ class HSTUConfig:
     final_norm: bool = True
     # Most tokens per query block in the history pass (large enough to keep matmuls efficient).
     query_block: int = 256
-    # Blocks shrink so a block's score matrix (heads x block x keys) stays within this many
-    # elements (4 MB in float32): it then stays in cache at long prefixes.
+    # Most scores (heads x block x keys) of a history chunk in a resumable prefill
+    # (HSTU.prefill_job): the unit of pre-infer work the instance scheduler interleaves with
+    # ranking, so chunks shrink at long prefixes and a ranking request waits behind at most one
+    # bounded chunk. Where the attention kernel does not tile keys (eager on a GPU), every block
+    # and candidate micro-batch also keeps its score matrix within this bound (4 MB in float32).
     score_block_elems: int = 1 << 20
-    # Most candidates per micro-batch in the candidate pass; at long prefixes the pass takes fewer,
-    # so that their score matrix (heads x candidates x keys) also fits score_block_elems.
+    # Most candidates per micro-batch in the candidate pass (fewer at long prefixes only where
+    # the kernel does not tile keys, see score_block_elems).
     candidate_block: int = 512
     # How the serving passes compute attention (model/fused.py): "eager", the reference, or
     # "fused", which tiles the keys and does each tile's bias, SiLU and mask in one compiled pass
@@ -52,9 +55,10 @@ class HSTUConfig:
     # pass 1.08-1.29x faster without timestamps (0.91x with) and prefill and full no faster, for
     # a compilation of 10-30 s per process (docs/runs/2026-11-27-fused-attention.md).
     attention: str = "eager"
-    # Scores per fused tile (heads x queries x keys): 512 Ki float32 = 2 MiB, which two threads
-    # split by heads into one 1 MiB L2 each on the machine measured; 128 Ki measured slower
-    # (more tiles, each a compiled call), 2 Mi no faster (docs/runs/2026-11-27-fused-attention.md).
+    # Scores per key tile on a CPU, eager or fused (heads x queries x keys): 512 Ki float32 =
+    # 2 MiB, which two threads split by heads into one 1 MiB L2 each on the machine measured;
+    # fused, 128 Ki measured slower (more tiles, each a compiled call) and 2 Mi no faster
+    # (docs/runs/2026-11-27-fused-attention.md); eager, 128 Ki to 1 Mi within 10 %.
     attention_tile_elems: int = 1 << 19
     # Retrieval head: "dot" scores the raw inner product of user representation and item
     # embedding; "cosine" L2-normalises both first (the open-source HSTU recipe). Either is

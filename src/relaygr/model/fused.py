@@ -1,14 +1,16 @@
 """The serving attention with its element-wise work fused: ``AttentionKernel`` and its two forms.
 
-``EagerAttention`` is ``attention.block_attention`` / ``candidate_attention`` as they stand: the
-reference, and what runs where compilation is unavailable. ``FusedAttention`` computes the same
-function key tile by key tile: for each tile ``S = Q Kᵀ`` (a matmul), then one compiled pass adds
+``EagerAttention`` is ``attention.block_attention`` / ``candidate_attention``: the reference, and
+what runs where compilation is unavailable; on a CPU it already splits keys into tiles, with eager
+ops per tile (the bias written into the score tile, then SiLU in place: two element-wise passes).
+``FusedAttention`` computes the same function over the same tiles: for each tile ``S = Q Kᵀ`` (a
+matmul), then one compiled pass adds
 the bias (the position bias read from the Toeplitz view, ``MASKED`` on future keys; for candidates
 the bias row, time bias included), applies SiLU and writes the tile back, which the second matmul
 ``S V`` reads while it is still in cache. No full score matrix, bias matrix or copy of either is
 made: a tile holds about ``tile_elems`` scores whatever the prefix length, so query blocks and
 candidate micro-batches need not shrink at long prefixes. History blocks with a time bias (a
-``[n, e]`` gather) run eagerly: fused, that gather measured slower than the eager passes.
+gather per tile) run eagerly: fused, that gather measured slower than the eager passes.
 
 The compiled part is ``torch.compile`` (inductor's CPU backend) of one small function with
 dynamic shapes, so one graph serves every block and tile size (and a handful of graphs every input
@@ -30,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relaygr.model.attention import block_attention, candidate_attention
-from relaygr.model.layers import table_lookup
+from relaygr.model.attention import block_attention, candidate_attention, tile_width
 
 log = logging.getLogger("relaygr.model.fused")
 
@@ -72,26 +73,47 @@ class AttentionKernel(Protocol):
 
 
 class EagerAttention:
-    """The reference kernel: one matmul, bias add and SiLU pass per key segment."""
+    """The reference kernel: per key tile (``attention.key_tiles``) one matmul with the bias,
+    one SiLU pass and one matmul, in eager ops.
+
+    On a CPU keys go in tiles of about ``tile_elems`` scores, so blocks need no bound of their
+    own (``score_budget``); elsewhere (a GPU, whose kernels want few large operations, or
+    ``tile_elems=None``) each key segment is one tile and blocks keep the configured bound.
+    """
+
+    def __init__(self, tile_elems: int | None = None) -> None:
+        if tile_elems is not None and tile_elems <= 0:
+            raise ValueError(f"tile_elems must be positive, got {tile_elems}")
+        self.tile_elems = tile_elems
 
     def history(self, q_rev: Tensor, segments: list[tuple[Tensor, Tensor]], position_bias: Tensor,
                 time_bias: TimeBias | None, normalizer: float) -> Tensor:
-        bias = position_bias
-        if time_bias is not None:
-            bias = table_lookup(time_bias.table, time_bias.buckets).add_(position_bias)
-        return block_attention(q_rev, segments, bias, normalizer)
+        time = None if time_bias is None else (time_bias.table, time_bias.buckets)
+        width = self._width(q_rev.device, q_rev.shape[0] * q_rev.shape[1])
+        return block_attention(q_rev, segments, position_bias, normalizer, width, time)
 
     def candidates(self, q: Tensor, k_self: Tensor, v_self: Tensor,
                    segments: list[tuple[Tensor, Tensor]], bias: Tensor, self_bias: Tensor,
                    normalizer: float) -> Tensor:
-        return candidate_attention(q, k_self, v_self, segments, bias, self_bias, normalizer)
+        width = self._width(q.device, q.shape[0] * q.shape[1])
+        return candidate_attention(q, k_self, v_self, segments, bias, self_bias, normalizer,
+                                   width)
 
     def describe(self, device: torch.device) -> str:
         return "eager"
 
     def score_budget(self, configured: int, device: torch.device, timed_history: bool) -> int:
-        """The configured bound: every block's scores are made whole."""
-        return configured
+        """Tiles keep the scores in cache where they run; elsewhere the configured bound."""
+        return _UNBOUNDED if self._tiles(device) else configured
+
+    def _tiles(self, device: torch.device) -> bool:
+        return self.tile_elems is not None and device.type == "cpu"
+
+    def _width(self, device: torch.device, rows: int) -> int | None:
+        if not self._tiles(device):
+            return None
+        assert self.tile_elems is not None
+        return tile_width(self.tile_elems, rows)
 
 
 def _columns(bias: Tensor, start: int, m: int) -> Tensor:
@@ -144,7 +166,7 @@ class FusedAttention:
         if tile_elems <= 0:
             raise ValueError(f"tile_elems must be positive, got {tile_elems}")
         self.tile_elems = tile_elems
-        self._eager = EagerAttention()
+        self._eager = EagerAttention(tile_elems)
 
     def ready(self, device: torch.device) -> bool:
         """Whether the fused form runs on ``device``; compiles it on the first CPU call."""
@@ -158,10 +180,9 @@ class FusedAttention:
         return f"eager (fused unavailable: {_COMPILED.failure})"
 
     def score_budget(self, configured: int, device: torch.device, timed_history: bool) -> int:
-        """Tiles bound the scores in memory, so the blocks this kernel fuses need no bound of
-        their own; those it runs eagerly (a history block with a time bias) keep the
-        configured one."""
-        return configured if timed_history or not self.ready(device) else _UNBOUNDED
+        """Tiles bound the scores in memory on a CPU, fused or (a history block with a time bias,
+        or where compilation failed) eager; elsewhere the eager kernel's configured bound."""
+        return self._eager.score_budget(configured, device, timed_history)
 
     # ---- the kernel ----------------------------------------------------------------------
 
@@ -175,7 +196,7 @@ class FusedAttention:
         q_rev = q_rev.contiguous()   # one layout for every call (q_rev is a flipped copy already)
         out = torch.zeros_like(q_rev)
         _run_tiles(tile, out, q_rev, segments, position_bias,
-                   self._tile_width(q_rev.shape[0] * q_rev.shape[1]))
+                   tile_width(self.tile_elems, q_rev.shape[0] * q_rev.shape[1]))
         return out.flip(1).div_(normalizer)
 
     def candidates(self, q: Tensor, k_self: Tensor, v_self: Tensor,
@@ -190,14 +211,9 @@ class FusedAttention:
         out = F.silu(self_scores) * v_self                                    # [H, C, dh]
         # the bias row repeated over the candidates, a [C, e] view: a block's shape, no 1 in it
         rows = bias.as_strided((q.shape[1], bias.shape[0]), (0, 1))
-        _run_tiles(tile, out, q, segments, rows, self._tile_width(q.shape[0] * q.shape[1]))
+        _run_tiles(tile, out, q, segments, rows,
+                   tile_width(self.tile_elems, q.shape[0] * q.shape[1]))
         return out.div_(normalizer)
-
-    def _tile_width(self, rows: int) -> int:
-        """Keys per tile for ``rows`` (heads x queries) score rows: a multiple of 16 (one
-        AVX-512 vector of float32), at least 64 so the matmuls stay efficient."""
-        width = self.tile_elems // max(rows, 1)
-        return max(64, width - width % 16)
 
 
 class _CompiledTiles:
@@ -277,4 +293,4 @@ def attention_kernel(name: str, tile_elems: int) -> AttentionKernel:
     if name == "fused":
         return FusedAttention(tile_elems)
     assert name == "eager", f"unknown attention kernel {name!r}"
-    return EagerAttention()
+    return EagerAttention(tile_elems)

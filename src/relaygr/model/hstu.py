@@ -194,16 +194,20 @@ class HSTU(nn.Module):
 
     @torch.inference_mode()
     def prefill_batch(self, requests: Sequence[PrefillInput]) -> list[PrefixKV]:
-        job = self.prefill_job(requests)
+        """Per-layer K/V of each request, computed in one pass run whole (full query blocks)."""
+        histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
+        job = Pass(self, [Track(h) for h in histories])
         job.run()
         return [t.prefix() for t in job.tracks]
 
     def prefill_job(self, requests: Sequence[PrefillInput]) -> Pass:
         """A resumable prefill: ``step()`` computes one chunk round (the scheduler's unit of
-        pre-infer work); when ``done``, ``[t.prefix() for t in job.tracks]`` are the results.
-        Call ``step`` under ``torch.inference_mode()``."""
+        pre-infer work, at most ``cfg.score_block_elems`` scores a history chunk, so that a
+        ranking request queued behind it waits a bounded time); when ``done``,
+        ``[t.prefix() for t in job.tracks]`` are the results. Call ``step`` under
+        ``torch.inference_mode()``."""
         histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
-        return Pass(self, [Track(h) for h in histories])
+        return Pass(self, [Track(h) for h in histories], round_scores=self.cfg.score_block_elems)
 
     @torch.inference_mode()
     def rank(self, candidates: IntSeq, prefix: PrefixKV | None = None,

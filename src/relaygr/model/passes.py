@@ -2,13 +2,16 @@
 
 A ``Pass`` advances in *rounds*. In one round every user with work left contributes its next
 history chunk (at most ``query_block`` tokens) and, once its history is complete, a micro-batch of
-at most ``candidate_block`` candidates; where the attention kernel makes a block's scores whole,
-both shrink at long histories so that no score matrix of a round exceeds ``score_block_elems``
-elements (the fused kernel tiles the keys instead: ``fused.FusedAttention``). All tokens of a
-round go through each layer's dense parts (norms, projections) as one jagged batch; attention runs
-per user over that user's key segments: its cached past (read-only) and the buffer this pass
-fills. A round is also the unit of work the instance scheduler interleaves with ranking, which is
-how pre-inference is chunked.
+at most ``candidate_block`` candidates. On a CPU the attention kernels split keys into tiles that
+stay in cache (``attention.key_tiles``); where a kernel makes a block's scores whole instead (the
+eager kernel on a GPU), both shrink at long histories so that no score matrix of a round exceeds
+``score_block_elems`` elements. All tokens of a round go through each layer's dense parts (norms,
+projections) as one jagged batch; attention runs per user over that user's key segments: its
+cached past (read-only) and the buffer this pass fills. A round is also the unit of work the
+instance scheduler interleaves with ranking, which is how pre-inference is chunked: a pass built
+with ``round_scores`` (``HSTU.prefill_job``) keeps each history chunk within that many scores,
+so a chunk's work stays bounded at long prefixes; a pass run whole (a ranking batch, a prefill
+that nothing waits behind) takes full ``query_block`` chunks.
 
 Invariants: a history token at position p is embedded and attended identically whichever round,
 batch or pass computes it, so a prefix computed here and reused later gives the same keys and
@@ -157,9 +160,11 @@ class _Piece:
 class Pass:
     """Drives a set of tracks through the model round by round (see the module docstring)."""
 
-    def __init__(self, model: PassModel, tracks: list[Track]) -> None:
+    def __init__(self, model: PassModel, tracks: list[Track],
+                 round_scores: int | None = None) -> None:
         self.model = model
         self.tracks = tracks
+        self.round_scores = round_scores   # most scores of a history chunk (None: no bound)
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass
         cfg = model.cfg
         param = next(model.parameters())
@@ -223,16 +228,21 @@ class Pass:
 
     def _block_size(self, start: int, timed: bool) -> int:
         """Query block for a chunk starting at ``start``: its scores fit ``score_block_elems``
-        where the kernel makes them whole (``AttentionKernel.score_budget``)."""
+        where the kernel makes them whole (``AttentionKernel.score_budget``), and the pass's
+        ``round_scores`` where it has one."""
         cfg = self.model.cfg
-        fit = self._budgets[timed] // (cfg.num_heads * (start + cfg.query_block))
+        budget = self._budgets[timed]
+        if self.round_scores is not None:
+            budget = min(budget, self.round_scores)
+        fit = budget // (cfg.num_heads * (start + cfg.query_block))
         return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
 
     def _candidate_block_size(self, keys: int) -> int:
         """Candidates per micro-batch against ``keys`` history keys: at most ``candidate_block``,
-        and few enough that their scores (heads x candidates x keys) fit ``score_block_elems``,
-        the bound every query block already keeps. A larger score matrix leaves the cache and,
-        past the allocator's mmap threshold, is mapped and faulted in afresh on every layer."""
+        and, where the kernel makes their scores whole, few enough that those (heads x
+        candidates x keys) fit ``score_block_elems``. A larger score matrix leaves the cache and,
+        past the allocator's mmap threshold, is mapped and faulted in afresh on every layer.
+        (A ranking batch runs whole, so ``round_scores`` does not apply.)"""
         cfg = self.model.cfg
         fit = self._budgets[False] // (cfg.num_heads * max(keys, 1))
         return max(1, min(cfg.candidate_block, fit))
