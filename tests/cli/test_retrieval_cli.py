@@ -41,3 +41,31 @@ def test_train_then_eval_with_a_baseline(tmp_path: Path,
                  "--json", str(full)]) == 0
     hits = json.loads(full.read_text())["model"]["aa"]
     assert hits["hit@50"] <= hits["hit@100"] <= hits["hit@200"]
+
+
+def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pair(tmp_path / "data", items=(150, 120))
+    common = ["train-retrieval", "--pair", "aa_bb", "--data-dir", str(data), "--no-progress",
+              *FAST]
+    assert main([*common, "--out", str(tmp_path / "once"), "--seeds", "0", "1"]) == 0
+    grown = tmp_path / "grown"
+    assert main([*common, "--out", str(grown), "--seeds", "0"]) == 0
+    assert main([*common, "--out", str(grown), "--seeds", "1", "--add-seeds"]) == 0
+    assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]
+    reports = {}
+    for name in ("once", "grown"):
+        out = tmp_path / f"{name}.json"
+        assert main(["eval-retrieval", "--checkpoint", str(tmp_path / name), "--protocol",
+                     "cvgae", "--json", str(out)]) == 0
+        reports[name] = json.loads(out.read_text())
+    assert reports["grown"]["seeds"] == [0, 1]
+    assert reports["grown"]["per_seed"] == reports["once"]["per_seed"]
+    # a seed the run holds, or another config, is refused and leaves run.json as it was
+    capsys.readouterr()
+    assert main([*common, "--out", str(grown), "--seeds", "1", "--add-seeds"]) == 2
+    assert "already holds seed(s) [1]" in capsys.readouterr().err
+    assert main([*common, "--out", str(grown), "--seeds", "2", "--add-seeds",
+                 "--set", "temperature=0.3"]) == 2
+    assert "another config" in capsys.readouterr().err
+    assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]

@@ -2,7 +2,7 @@
 
     relaygr train-retrieval --pair sport_cloth --data-dir DIR --out RUN
                             [--preset sccdr|mixed|single|lightgcn] [--split cvgae|disencdr]
-                            [--seeds 0 1 2] [--set key=value ...] [--threads N]
+                            [--seeds 0 1 2] [--add-seeds] [--set key=value ...] [--threads N]
     relaygr eval-retrieval --checkpoint RUN --protocol cvgae|disencdr|full --json PATH
                            [--baseline NAME=RUN ...]
 
@@ -10,7 +10,8 @@
 (leave-one-out; use ``--preset single --set lambda_intra=0.1`` for intra-CL + matching loss).
 
 ``--pair a_b`` names the target domain's folder; its partner ``b_a`` is read beside it. Each seed
-gets its own split (fixed-seed negatives, written to ``RUN/seed-<s>/split``) and model. The
+gets its own split (fixed-seed negatives, written to ``RUN/seed-<s>/split``) and model;
+``--add-seeds`` trains further seeds into an existing run of the same data, preset and config. The
 ``full`` protocol ranks a run's own test rows (either split) against the whole catalogue.
 """
 
@@ -32,6 +33,7 @@ from relaygr.retrieval.checkpoint import (
     save_catalogue,
     save_result,
     save_splits,
+    with_added_seeds,
     write_run_info,
 )
 from relaygr.retrieval.config import PRESETS, SCCDRConfig, preset
@@ -55,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--preset", default="sccdr", choices=sorted(PRESETS))
     train.add_argument("--split", default="cvgae", choices=[k.value for k in SplitKind])
     train.add_argument("--seeds", type=int, nargs="+", default=[0])
+    train.add_argument("--add-seeds", action="store_true",
+                       help="add --seeds to the run already at --out (same pair, split, preset, "
+                            "config and data; its seeds are kept)")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override an SCCDRConfig field (repeatable)")
     train.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -99,6 +104,8 @@ def run_train(args: argparse.Namespace) -> int:
     names = tuple(d.name for d in domains)
     info = RunInfo(name, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
                    {"data_dir": str(args.data_dir), **pair.summary()})
+    if args.add_seeds:
+        info = with_added_seeds(args.out, info)
     write_run_info(args.out, info)
     save_catalogue(args.out, pair, names)
     print(f"{name}: {pair.num_users} users; " + "; ".join(

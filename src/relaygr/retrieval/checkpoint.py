@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,22 @@ def seed_dir(run_dir: Path, seed: int) -> Path:
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
     _atomic(Path(run_dir) / RUN_INFO_FILE,
             lambda p: p.write_text(json.dumps(info.to_dict(), indent=2)))
+
+
+def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
+    """The run at ``run_dir`` with ``new``'s seeds appended: ``new`` must record the same pair,
+    split, preset, config and data (file digests) as its ``run.json``, and none of its seeds;
+    ``CheckpointError`` otherwise. The run's report then covers the old and the new seeds."""
+    old = read_run_info(run_dir)
+    a, b = old.to_dict(), json.loads(json.dumps(new.to_dict()))   # as run.json would hold it
+    differ = sorted(k for k in a if k != "seeds" and a[k] != b[k])
+    if differ:
+        raise CheckpointError(f"{run_dir} records another {', '.join(differ)} than this "
+                              "training; train into a new run directory")
+    again = sorted(set(old.seeds) & set(new.seeds))
+    if again:
+        raise CheckpointError(f"{run_dir} already holds seed(s) {again}")
+    return replace(new, seeds=old.seeds + new.seeds)
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
