@@ -5,4 +5,19 @@ per-layer K/V stays resident on the ranking device, and the ranking pass compute
 suffix and the candidates against it. See docs/architecture.md for the map of the package.
 """
 
+import os
+
 __version__ = "0.1.0"
+
+# OpenMP threads that stop spinning soon. libgomp (PyTorch's and FAISS's CPU thread pools) by
+# default keeps a thread that finished its share of a parallel operation spinning for the next one
+# (GOMP_SPINCOUNT, 300,000 iterations); where another process keeps a core busy (the serving
+# parent, an instance beside it, Redis, a neighbour), the spinner holds the core a late thread or
+# a woken process needs, and every operation waits about a scheduler slice. 1,000 iterations (what
+# libgomp itself uses when it has more threads than cores) keeps most of the spinning's gain on an
+# idle machine and loses the collapse (docs/runs/2026-11-27-openmp-spinning.md). Set here, before
+# anything imports torch, so that every relaygr process and the instance processes it spawns
+# inherit it; a wait policy or spin count the user set is kept, and a process that imported
+# torch before relaygr keeps what it had.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
