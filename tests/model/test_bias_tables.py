@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from relaygr.model.attention import time_buckets, time_buckets_sorted
 from relaygr.model.layers import table_lookup
 from tests.tolerance import reorder_tolerance
 
@@ -26,3 +27,20 @@ def test_table_lookup_equals_indexing_and_its_gradient_sums_the_same_terms() -> 
                           for n, s in zip(counts, abs_sums, strict=True)])
     assert ((grad - reference).abs() <= bound).all()
     assert torch.equal(counts > 0, grad != 0)
+
+
+def test_sorted_time_buckets_equal_the_per_pair_search_on_every_causal_pair() -> None:
+    """``time_buckets_sorted`` (a cumulative sum over crossings) and ``time_buckets`` (one search
+    per pair) agree wherever a key is not later than its query, gaps from 0 to decades."""
+    gen = torch.Generator().manual_seed(3)
+    for num_buckets in (2, 16, 64):
+        gaps = torch.randint(0, 10, (300,), generator=gen) ** torch.randint(0, 9, (300,),
+                                                                           generator=gen)
+        key_ts = 1_000_000 + torch.cumsum(gaps, 0)
+        query_ts = torch.cat([key_ts[::7].flip(0), key_ts[-1:] + 5])
+        fast = time_buckets_sorted(query_ts, key_ts, num_buckets)
+        exact = time_buckets(query_ts, key_ts, num_buckets)
+        causal = key_ts[None, :] <= query_ts[:, None]
+        assert fast.dtype == exact.dtype == torch.int32
+        assert torch.equal(fast[causal], exact[causal])
+        assert int(exact.max()) == num_buckets - 1 or num_buckets == 64

@@ -62,18 +62,19 @@ def time_buckets_sorted(query_ts: Tensor, key_ts: Tensor, num_buckets: int) -> T
     Exact wherever a key is not later than the query (``key_ts[j] <= query_ts[i]``: every pair
     a causal history with non-decreasing timestamps attends to); other entries are 0, which is
     fine for keys a query cannot see. Row i's bucket falls by one at each key where the gap
-    crosses a bucket start, so the row is a reversed cumulative sum of those crossings, found by
-    binary search over the sorted keys (``searchsorted``) instead of one search per pair.
+    crosses a bucket start, so the row is a cumulative sum that starts at the top bucket and
+    steps down at those crossings, found by binary search over the sorted keys
+    (``searchsorted``) instead of one search per pair.
     """
     starts = _bucket_starts(num_buckets, key_ts.device)
     n, e = query_ts.shape[0], key_ts.shape[0]
-    # crossing[i, b]: keys with key_ts <= query_ts[i] - starts[b] have a gap >= starts[b]
+    # crossing[i, b]: keys with key_ts <= query_ts[i] - starts[b] have a gap >= starts[b], so
+    # key j's bucket is the number of b with crossing[i, b] > j
     crossing = torch.searchsorted(key_ts, query_ts[:, None] - starts, right=True)
     steps = torch.zeros(n, e + 1, dtype=torch.int32, device=key_ts.device)
-    steps.scatter_add_(1, crossing, torch.ones_like(crossing, dtype=torch.int32))
-    # column 0 counts crossings at key index 0 (none for column 1 onward): dropping it first
-    # leaves the same sums in a tensor of its own
-    return steps[:, 1:].flip(1).cumsum(1, dtype=torch.int32).flip(1)
+    steps[:, 0] = starts.numel()
+    steps.scatter_add_(1, crossing, torch.full_like(crossing, -1, dtype=torch.int32))
+    return steps[:, :e].cumsum(1, dtype=torch.int32)
 
 
 def is_time_ordered(ts: Tensor) -> bool:
