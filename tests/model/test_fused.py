@@ -72,7 +72,7 @@ def test_where_compilation_fails_the_kernel_runs_eager_and_says_why_once(
     cpu = torch.device("cpu")
     with caplog.at_level(logging.WARNING, logger="relaygr.model.fused"):
         # the eager fallback tiles keys too, so blocks still need no bound on a CPU
-        assert fused.attention_kernel.score_budget(1, cpu, timed_history=False) > 1 << 40
+        assert fused.attention_kernel.score_budget(1, cpu) > 1 << 40
         items, cands = torch.arange(1, 150), torch.arange(1, 20)
         assert_close(fused.rank(cands, prefix_items=items), eager.rank(cands, prefix_items=items))
         fused.rank(cands, prefix_items=items)
@@ -87,12 +87,11 @@ def test_blocks_are_bounded_only_where_keys_are_not_tiled() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     kernel = FusedAttention(TINY_TILES)
     assert kernel.describe(cuda) == "eager (the fused kernel is CPU-only; cuda runs eager)"
-    assert kernel.score_budget(4096, cuda, timed_history=False) == 4096
-    for timed in (False, True):
-        assert kernel.score_budget(4096, cpu, timed_history=timed) > 1 << 40
-        assert EagerAttention(TINY_TILES).score_budget(4096, cpu, timed_history=timed) > 1 << 40
-        assert EagerAttention(TINY_TILES).score_budget(4096, cuda, timed_history=timed) == 4096
-        assert EagerAttention().score_budget(4096, cpu, timed_history=timed) == 4096
+    assert kernel.score_budget(4096, cuda) == 4096
+    assert kernel.score_budget(4096, cpu) > 1 << 40
+    assert EagerAttention(TINY_TILES).score_budget(4096, cpu) > 1 << 40
+    assert EagerAttention(TINY_TILES).score_budget(4096, cuda) == 4096
+    assert EagerAttention().score_budget(4096, cpu) == 4096
 
 
 @pytest.mark.parametrize("timed", [False, True])

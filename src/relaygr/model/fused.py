@@ -65,10 +65,9 @@ class AttentionKernel(Protocol):
         """What runs on ``device``: the kernel's name, and why it fell back if it did."""
         ...
 
-    def score_budget(self, configured: int, device: torch.device, timed_history: bool) -> int:
-        """Most scores a pass's query block (``timed_history``: a history block with a time
-        bias) or candidate micro-batch may span on ``device``, given the configured
-        ``score_block_elems``."""
+    def score_budget(self, configured: int, device: torch.device) -> int:
+        """Most scores a pass's query block or candidate micro-batch may span on ``device``,
+        given the configured ``score_block_elems``."""
         ...
 
 
@@ -102,7 +101,7 @@ class EagerAttention:
     def describe(self, device: torch.device) -> str:
         return "eager"
 
-    def score_budget(self, configured: int, device: torch.device, timed_history: bool) -> int:
+    def score_budget(self, configured: int, device: torch.device) -> int:
         """Tiles keep the scores in cache where they run; elsewhere the configured bound."""
         return _UNBOUNDED if self._tiles(device) else configured
 
@@ -163,10 +162,8 @@ class FusedAttention:
     """
 
     def __init__(self, tile_elems: int) -> None:
-        if tile_elems <= 0:
-            raise ValueError(f"tile_elems must be positive, got {tile_elems}")
+        self._eager = EagerAttention(tile_elems)   # checks tile_elems
         self.tile_elems = tile_elems
-        self._eager = EagerAttention(tile_elems)
 
     def ready(self, device: torch.device) -> bool:
         """Whether the fused form runs on ``device``; compiles it on the first CPU call."""
@@ -179,10 +176,10 @@ class FusedAttention:
             return "fused (torch.compile, inductor CPU)"
         return f"eager (fused unavailable: {_COMPILED.failure})"
 
-    def score_budget(self, configured: int, device: torch.device, timed_history: bool) -> int:
+    def score_budget(self, configured: int, device: torch.device) -> int:
         """Tiles bound the scores in memory on a CPU, fused or (a history block with a time bias,
         or where compilation failed) eager; elsewhere the eager kernel's configured bound."""
-        return self._eager.score_budget(configured, device, timed_history)
+        return self._eager.score_budget(configured, device)
 
     # ---- the kernel ----------------------------------------------------------------------
 

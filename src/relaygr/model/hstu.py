@@ -195,8 +195,7 @@ class HSTU(nn.Module):
     @torch.inference_mode()
     def prefill_batch(self, requests: Sequence[PrefillInput]) -> list[PrefixKV]:
         """Per-layer K/V of each request, computed in one pass run whole (full query blocks)."""
-        histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
-        job = Pass(self, [Track(h) for h in histories])
+        job = self._prefill_pass(requests, round_scores=None)
         job.run()
         return [t.prefix() for t in job.tracks]
 
@@ -206,8 +205,11 @@ class HSTU(nn.Module):
         ranking request queued behind it waits a bounded time); when ``done``,
         ``[t.prefix() for t in job.tracks]`` are the results. Call ``step`` under
         ``torch.inference_mode()``."""
+        return self._prefill_pass(requests, round_scores=self.cfg.score_block_elems)
+
+    def _prefill_pass(self, requests: Sequence[PrefillInput], round_scores: int | None) -> Pass:
         histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
-        return Pass(self, [Track(h) for h in histories], round_scores=self.cfg.score_block_elems)
+        return Pass(self, [Track(h) for h in histories], round_scores)
 
     @torch.inference_mode()
     def rank(self, candidates: IntSeq, prefix: PrefixKV | None = None,

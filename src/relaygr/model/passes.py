@@ -164,14 +164,15 @@ class Pass:
                  round_scores: int | None = None) -> None:
         self.model = model
         self.tracks = tracks
-        self.round_scores = round_scores   # most scores of a history chunk (None: no bound)
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass
         cfg = model.cfg
         param = next(model.parameters())
         self.kernel = model.attention_kernel
-        self._budgets = {timed: self.kernel.score_budget(cfg.score_block_elems, param.device,
-                                                         timed_history=timed)
-                         for timed in (False, True)}
+        # most scores of a candidate micro-batch, and of a history chunk (round_scores: the
+        # bound of a resumable pass's rounds, None for a pass run whole)
+        self._candidate_budget = self.kernel.score_budget(cfg.score_block_elems, param.device)
+        self._block_budget = (self._candidate_budget if round_scores is None
+                              else min(self._candidate_budget, round_scores))
         for t in tracks:
             shape = (cfg.num_layers, cfg.num_heads, t.new_tokens, cfg.head_dim)
             t.k = torch.empty(shape, device=param.device, dtype=param.dtype)
@@ -203,8 +204,7 @@ class Pass:
 
     def _plan(self, t: Track) -> _Piece | None:
         cfg = self.model.cfg
-        hist_len = min(self._block_size(t.history.past_tokens + t.done_tokens,
-                                        t.key_ts is not None),
+        hist_len = min(self._block_size(t.history.past_tokens + t.done_tokens),
                        t.new_tokens - t.done_tokens)
         cand_len = 0
         if t.candidates is not None and t.done_tokens + hist_len == t.new_tokens:
@@ -226,15 +226,12 @@ class Pass:
                 piece.cand_buckets = bucket(q, t.key_ts, cfg.num_time_buckets)[0]
         return piece
 
-    def _block_size(self, start: int, timed: bool) -> int:
+    def _block_size(self, start: int) -> int:
         """Query block for a chunk starting at ``start``: its scores fit ``score_block_elems``
         where the kernel makes them whole (``AttentionKernel.score_budget``), and the pass's
         ``round_scores`` where it has one."""
         cfg = self.model.cfg
-        budget = self._budgets[timed]
-        if self.round_scores is not None:
-            budget = min(budget, self.round_scores)
-        fit = budget // (cfg.num_heads * (start + cfg.query_block))
+        fit = self._block_budget // (cfg.num_heads * (start + cfg.query_block))
         return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
 
     def _candidate_block_size(self, keys: int) -> int:
@@ -244,7 +241,7 @@ class Pass:
         past the allocator's mmap threshold, is mapped and faulted in afresh on every layer.
         (A ranking batch runs whole, so ``round_scores`` does not apply.)"""
         cfg = self.model.cfg
-        fit = self._budgets[False] // (cfg.num_heads * max(keys, 1))
+        fit = self._candidate_budget // (cfg.num_heads * max(keys, 1))
         return max(1, min(cfg.candidate_block, fit))
 
     def _embed(self, pieces: list[_Piece]) -> Tensor:
