@@ -12,6 +12,7 @@ from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.types import PrefixSpec, PreinferAction, RankJob, RankPath
+from relaygr.errors import ConfigError
 from relaygr.kvcache import EntryState, PrefixId
 from relaygr.model import HSTU
 from relaygr.relay.trigger import TriggerConfig, TriggerReason, make_trigger
@@ -266,3 +267,38 @@ def test_without_cross_request_reuse_a_prefix_serves_only_its_own_request() -> N
         assert_close(again.scores, first.scores)
 
     run(scenario, inst)
+
+
+def test_short_cached_batches_on_the_loop_thread_score_as_on_the_worker() -> None:
+    # An instance told to run short ranking batches on its loop's thread (as an instance
+    # process does) gives the same scores, bit for bit, as one computing everything on its
+    # worker, on the cached path and on a full pass (which stays on the worker).
+    model = make_model(3)
+    store = store_with({1: 300, 2: 200})
+    cached, missed = spec_from_store(store, 1), spec_from_store(store, 2)
+
+    def serve(on_loop: bool) -> tuple[list[torch.Tensor], dict[str, float]]:
+        inst = make_instance(model)
+        if on_loop:
+            inst.rank_short_on_loop(1 << 21)
+        out: list[torch.Tensor] = []
+
+        async def scenario(inst: RankingInstance) -> None:
+            inst.preinfer(cached, 0, len(CANDIDATES))
+            await idle(inst)
+            first = await inst.rank(RankJob(cached, CANDIDATES))
+            full = await inst.rank(RankJob(missed, CANDIDATES))
+            assert (first.path, full.path) == (RankPath.DEVICE_HIT, RankPath.FULL)
+            out.extend([first.scores, full.scores])
+
+        run(scenario, inst)
+        return out, inst.snapshot().compute
+
+    here, here_compute = serve(True)
+    worker, worker_compute = serve(False)
+    for a, b in zip(here, worker, strict=True):
+        assert torch.equal(a, b)
+    assert here_compute["rank_batches_on_loop"] == 1 and here_compute["rank_batches"] == 2
+    assert worker_compute["rank_batches_on_loop"] == 0
+    with pytest.raises(ConfigError):
+        make_instance(model).rank_short_on_loop(-1)

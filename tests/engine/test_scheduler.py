@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 
 import pytest
@@ -263,3 +264,55 @@ def test_rank_busy_counts_ranking_batches_only() -> None:
     idle, busy_s = asyncio.run(scenario())
     assert idle == 0.0
     assert busy_s == pytest.approx(0.03, abs=1e-12)
+
+
+def test_short_known_batches_run_on_the_loop_thread_and_the_rest_on_the_worker() -> None:
+    # With a bound of 100 scores, batches of known size within it compute on the loop's own
+    # thread; one over it, one of unknown size (a full pass) and every pre-infer round go to
+    # the worker. Order, results and accounting are those of the worker path.
+    async def scenario() -> tuple[list[tuple[str, bool]], InstanceScheduler]:
+        loop_thread = threading.get_ident()
+        ran: list[tuple[str, bool]] = []
+
+        def run_batch(payloads: list[str]) -> list[str]:
+            ran.append((",".join(payloads), threading.get_ident() == loop_thread))
+            return [p.upper() for p in payloads]
+
+        def step() -> None:
+            ran.append(("prefill", threading.get_ident() == loop_thread))
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                                  BatchPolicy(max_requests=2), loop_rank_elems=100)
+        ranks = [sched.submit_rank("a", 1, elems=40), sched.submit_rank("b", 1, elems=60),
+                 sched.submit_rank("c", 1, elems=60), sched.submit_rank("d", 1, elems=50),
+                 sched.submit_rank("e", 1, elems=None)]
+        job = sched.submit_prefill(step, lambda: True, lambda: "p-done")
+        sched.start()
+        assert [await r for r in ranks] == ["A", "B", "C", "D", "E"]
+        assert await job.future == "p-done"
+        await sched.stop()
+        return ran, sched
+
+    ran, sched = asyncio.run(scenario())
+    assert ran == [("a,b", True), ("c,d", False), ("e", False), ("prefill", False)]
+    assert sched.stats.rank_batches == 3 and sched.stats.rank_batches_on_loop == 1
+    assert sched.stats.rank_requests == 5
+
+
+def test_no_batch_runs_on_the_loop_thread_without_a_bound() -> None:
+    async def scenario() -> bool:
+        loop_thread = threading.get_ident()
+        where: list[bool] = []
+
+        def run_batch(payloads: list[str]) -> list[str]:
+            where.append(threading.get_ident() == loop_thread)
+            return payloads
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch)
+        ranked = sched.submit_rank("a", 1, elems=1)
+        sched.start()
+        assert await ranked == "a"
+        await sched.stop()
+        return any(where)
+
+    assert asyncio.run(scenario()) is False

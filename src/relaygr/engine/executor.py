@@ -4,6 +4,12 @@ The asyncio loop owns all bookkeeping (cache states, queues, routing); tensor wo
 instance's single worker thread, so instances compute concurrently (PyTorch releases the GIL
 inside ops) while each instance's work stays strictly ordered. On CUDA the worker runs every call
 on the instance's own stream and waits for it, so a result handed back to the loop is complete.
+
+``run_here`` runs a call on the caller's thread instead: for short work in a process whose event
+loop serves nothing but its instances (``engine.transport.host``), where handing the call to the
+worker and the result back (two thread wake-ups, each a sleeping thread woken) costs a visible
+share of a short pass, and blocking the loop for the pass delays nothing that would not wait for
+the worker anyway.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ class ComputeExecutor:
                     result = fn()
                 self._stream.synchronize()
         return result, self.clock() - started
+
+    def run_here(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """``run_timed`` on the calling thread (see the module docstring), blocking it."""
+        return self._call(fn)
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the worker; exceptions propagate to the awaiting caller."""

@@ -101,6 +101,8 @@ class RankingInstance:
         self.paths: Counter[str] = Counter()
         self.preinfer_actions: Counter[str] = Counter()
         self.healthy = False
+        # 0: every ranking batch computes on the worker thread (``rank_short_on_loop``).
+        self.loop_rank_elems = 0
         self._build()
 
     def _build(self) -> None:
@@ -113,7 +115,8 @@ class RankingInstance:
         cfg = self.config
         executor = ComputeExecutor(self.name, self.device)
         copier = ComputeExecutor(f"{self.name}-copy", self.device)
-        scheduler = InstanceScheduler(executor, self.model.rank_batch_outputs, cfg.batch)
+        scheduler = InstanceScheduler(executor, self.model.rank_batch_outputs, cfg.batch,
+                                      self.loop_rank_elems)
         residency: Residency | None = None
         if cfg.device_budget_bytes:
             layout = KVLayout.for_model(self.model.cfg, self.model.dtype)
@@ -131,6 +134,15 @@ class RankingInstance:
     def _install(self, parts: tuple[ComputeExecutor, ComputeExecutor, InstanceScheduler,
                                     Residency | None]) -> None:
         self.executor, self.copier, self.scheduler, self.residency = parts
+
+    def rank_short_on_loop(self, max_elems: int) -> None:
+        """Run cached ranking batches of at most ``max_elems`` attention scores per layer on
+        the event loop's thread (``engine.scheduler``): only for a loop that serves nothing but
+        instances (``engine.transport.host``). Kept across ``restart``."""
+        if max_elems < 0:
+            raise ConfigError("the loop's ranking batch bound must be >= 0")
+        self.loop_rank_elems = max_elems
+        self.scheduler.loop_rank_elems = max_elems
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -180,6 +192,7 @@ class RankingInstance:
                             if isinstance(v, int)}
         sched = self.scheduler.stats
         compute = {"rank_batches": float(sched.rank_batches),
+                   "rank_batches_on_loop": float(sched.rank_batches_on_loop),
                    "rank_requests": float(sched.rank_requests),
                    "prefill_rounds": float(sched.prefill_rounds),
                    "rank_compute_s": sched.rank_compute_s,
@@ -258,12 +271,15 @@ class RankingInstance:
                                 suffix_timestamps=job.suffix_timestamps,
                                 query_timestamp=job.query_ts)
             cost = int(job.candidates.numel()) + job.suffix_tokens
+            # the candidates' scores against the prefix (and the suffix's own, far fewer)
+            elems: int | None = int(job.candidates.numel()) * (kv.num_tokens + job.suffix_tokens)
         else:
             request, path = self._uncached_request(job)
             cost = int(job.candidates.numel()) + job.suffix_tokens + job.prefix.num_tokens
+            elems = None
         batch = BatchTiming()
         try:
-            out: RankOutput = await self.scheduler.submit_rank(request, cost, batch)
+            out: RankOutput = await self.scheduler.submit_rank(request, cost, batch, elems)
         except BaseException:
             if kv is not None and res is not None and self.residency is res:
                 res.pool.release(job.prefix.pid)

@@ -10,6 +10,14 @@ this, steady ranking traffic would starve it and its waiting request without bou
 So a ranking request never waits behind more than one pre-infer chunk, whose size the model
 bounds (``HSTUConfig.query_block`` / ``score_block_elems``).
 
+Short ranking batches may run on the loop's own thread (``ComputeExecutor.run_here``): when
+``loop_rank_elems`` is set (by a process whose loop serves only its instances) and every request
+of the batch says how many attention scores its pass computes per layer (``RankWork.elems``: a
+cached pass, whose size is known), a batch of at most ``loop_rank_elems`` scores in all runs
+there, and the loop then yields once so the batch's replies go out before the next unit starts.
+Everything else (full passes, pre-infer rounds) runs on the worker, so the loop stays free to
+read and answer during long work.
+
 Invariants: futures are resolved only on the event loop; a failed batch fails exactly the
 futures of that batch; ``stop()`` fails every queued future with ``InstanceStoppedError``.
 """
@@ -44,13 +52,15 @@ class BatchTiming:
 
 @dataclass
 class RankWork:
-    """One ranking request queued for a batch; ``cost_tokens`` sizes batches."""
+    """One ranking request queued for a batch; ``cost_tokens`` sizes batches; ``elems``: the
+    attention scores per layer of its pass, where known (None: never run on the loop)."""
 
     payload: Any
     cost_tokens: int
     future: asyncio.Future[Any]
     submitted_s: float = 0.0
     timing: BatchTiming | None = None
+    elems: int | None = None
 
 
 @dataclass
@@ -139,6 +149,7 @@ class SchedulerStats:
     prefill_jobs_done: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
     rank_compute_s: float = 0.0       # worker seconds spent in ranking batches
+    rank_batches_on_loop: int = 0     # of rank_batches, run on the loop's thread
     prefill_compute_s: float = 0.0    # worker seconds spent in pre-infer rounds
 
 
@@ -146,8 +157,11 @@ class InstanceScheduler:
     """Orders one instance's compute (see the module docstring)."""
 
     def __init__(self, executor: ComputeExecutor, run_batch: Callable[[list[Any]], list[Any]],
-                 batch_policy: BatchPolicy | None = None) -> None:
+                 batch_policy: BatchPolicy | None = None, loop_rank_elems: int = 0) -> None:
+        """``loop_rank_elems``: the largest ranking batch (attention scores per layer) run on
+        the loop's thread; 0 runs every batch on the worker (see the module docstring)."""
         self.executor = executor
+        self.loop_rank_elems = loop_rank_elems
         self.run_batch = run_batch
         self.batch_policy = batch_policy or BatchPolicy()
         self.stats = SchedulerStats()
@@ -180,15 +194,16 @@ class InstanceScheduler:
         assert self._task is None, "scheduler already started"
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    def submit_rank(self, payload: Any, cost_tokens: int, timing: BatchTiming | None = None
-                    ) -> asyncio.Future[Any]:
-        """Queue one ranking request; ``timing``, when given, is filled in once it has run."""
+    def submit_rank(self, payload: Any, cost_tokens: int, timing: BatchTiming | None = None,
+                    elems: int | None = None) -> asyncio.Future[Any]:
+        """Queue one ranking request; ``timing``, when given, is filled in once it has run;
+        ``elems``: its pass's attention scores per layer, where known (``RankWork.elems``)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(InstanceStoppedError(f"{self.executor.name} is stopped"))
             return future
         self._rank_queue.append(RankWork(payload, cost_tokens, future, self.executor.clock(),
-                                         timing))
+                                         timing, elems))
         self._wakeup.set()
         return future
 
@@ -222,10 +237,15 @@ class InstanceScheduler:
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
         payloads = [w.payload for w in batch]
+        here = self._runs_here(batch)
         started = self.executor.clock()
         self.rank_busy.start()
         try:
-            results, seconds = await self.executor.run_timed(lambda: self.run_batch(payloads))
+            if here:
+                results, seconds = self.executor.run_here(lambda: self.run_batch(payloads))
+            else:
+                results, seconds = await self.executor.run_timed(
+                    lambda: self.run_batch(payloads))
         except Exception as exc:  # a failed batch fails its own requests, nothing else
             for w in batch:
                 if not w.future.done():
@@ -244,6 +264,14 @@ class InstanceScheduler:
         for w, result in zip(batch, results, strict=True):
             if not w.future.done():
                 w.future.set_result(result)
+        if here:
+            self.stats.rank_batches_on_loop += 1
+            await asyncio.sleep(0)      # the batch's waiters answer before the next unit
+
+    def _runs_here(self, batch: list[RankWork]) -> bool:
+        if not self.loop_rank_elems or any(w.elems is None for w in batch):
+            return False
+        return sum(w.elems or 0 for w in batch) <= self.loop_rank_elems
 
     def _next_prefill(self) -> PrefillWork:
         return min(self._prefills, key=lambda w: (w.waiters == 0, w.seq))

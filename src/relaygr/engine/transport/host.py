@@ -95,6 +95,12 @@ class HostSpec:
     torch_threads: int | None = 1
     # As often as the benchmark samples snapshots (``RunOptions.snapshot_interval_s``).
     push_interval_s: float = 0.25
+    # Cached ranking batches up to this many attention scores per layer compute on the host's
+    # event loop thread (``RankingInstance.rank_short_on_loop``): this loop serves only its
+    # instances, and the two thread hand-offs cost ~0.3-0.6 ms of a ~8 ms pass on the 2-vCPU box
+    # (docs/runs/2026-11-27-relay-overhead-taken-apart.md). 2 Mi scores: 256 candidates on an
+    # 8,192-token prefix, ~0.1 s on one slow core, well within push_interval_s x a few.
+    loop_rank_elems: int = 1 << 21
 
     @classmethod
     def of(cls, model: HSTU, cost_model: LatencyCostModel, build: InstanceBuilder,
@@ -183,6 +189,7 @@ class _Host:
         # The arenas (hundreds of MB of zeroed memory) are allocated off the loop.
         inst = await asyncio.to_thread(self.spec.build, msg.config, msg.name, msg.device, model,
                                        self.spec.cost_model)
+        inst.rank_short_on_loop(self.spec.loop_rank_elems)
         await inst.start()
         self.instances[msg.iid] = inst
         self.ends[msg.iid] = InstanceEnd(inst)   # the parent's InstanceFleet sheds
