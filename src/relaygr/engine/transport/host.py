@@ -9,8 +9,9 @@ The messages are the one set of every transport (``engine.transport.messages``: 
 ``PreinferCall``, ``RankCall``, ``ControlCall``; ``Reply`` wrapping ``PreinferReply`` or
 ``RankReply``; ``Push``). Frames are ``(seq, message)`` pairs, pickled and length-prefixed, over a
 socket pair. The parent numbers its calls; a reply carries its call's number; a snapshot push
-carries 0. Messages are read in order and a ``PreinferCall`` is decided as it is read, so a ranking
-request read after its pre-infer signal always finds the signal's effect. The loop writes at least
+carries 0. Messages are read in order and a ``PreinferCall`` is decided as it is read
+(``FrameProtocol`` hands each frame over in the loop's read callback), so a ranking request read
+after its pre-infer signal always finds the signal's effect. The loop writes at least
 one frame every ``push_interval_s`` (a ``Push`` per instance, or a ``Heartbeat``) and keeps slow
 work (building the model and the arenas) off itself, so a host whose loop runs is never judged
 silent by the parent (``engine.transport.liveness``). Each instance answers the legs through its
@@ -61,15 +62,41 @@ _HEADER_BYTES = 8
 InstanceBuilder = Callable[[Any, str, str, HSTU, LatencyCostModel], RankingInstance]
 
 
-def write_frame(writer: asyncio.StreamWriter, seq: int, message: object) -> None:
+def write_frame(transport: asyncio.WriteTransport, seq: int, message: object) -> None:
     data = pickle.dumps((seq, message), protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(len(data).to_bytes(_HEADER_BYTES, "little") + data)
+    transport.write(len(data).to_bytes(_HEADER_BYTES, "little") + data)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, object]:
-    size = int.from_bytes(await reader.readexactly(_HEADER_BYTES), "little")
-    seq, message = pickle.loads(await reader.readexactly(size))
-    return seq, message
+class FrameProtocol(asyncio.Protocol):
+    """The reading end of a frame connection: each ``(seq, message)`` frame is handed to
+    ``on_frame`` inside the loop's read callback, as soon as its last byte arrives. There is no
+    reader task to wake (a stream reader's readiness future, two reads and a task step per
+    frame, 0.1-0.2 ms each way on the 2-vCPU box when the loop wakes from idle:
+    docs/runs/2026-11-27-relay-overhead-taken-apart.md). ``closed`` resolves when the
+    connection ends; an exception in ``on_frame`` ends it."""
+
+    def __init__(self, on_frame: Callable[[int, object], None]) -> None:
+        self.on_frame = on_frame
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while len(buffer) - start >= _HEADER_BYTES:
+            body = start + _HEADER_BYTES
+            end = body + int.from_bytes(buffer[start:body], "little")
+            if len(buffer) < end:
+                break
+            seq, message = pickle.loads(buffer[body:end])
+            start = end
+            self.on_frame(seq, message)
+        del buffer[:start]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -121,7 +148,7 @@ class HostSpec:
 class _Host:
     """The host side: instances by id, each driven by this process's event loop."""
 
-    def __init__(self, spec: HostSpec, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, spec: HostSpec, writer: asyncio.WriteTransport) -> None:
         self.spec = spec
         self.writer = writer
         self.models: dict[str, HSTU] = {}
@@ -240,17 +267,19 @@ class _Host:
 
 
 async def _serve(sock: socket.socket, spec: HostSpec) -> None:
-    reader, writer = await asyncio.open_connection(sock=sock)
+    host: _Host | None = None
+
+    def on_frame(seq: int, msg: object) -> None:
+        assert host is not None, "the parent calls only after the ready frame"
+        host.handle(seq, msg)
+
+    frames = FrameProtocol(on_frame)
+    writer, _ = await asyncio.get_running_loop().create_connection(lambda: frames, sock=sock)
     host = _Host(spec, writer)
     pusher = asyncio.create_task(host.push())
     write_frame(writer, 0, Reply("ready"))
     try:
-        while True:
-            try:
-                seq, msg = await read_frame(reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return                      # the parent closed its end (or died)
-            host.handle(seq, msg)
+        await frames.closed             # the parent closed its end (or died)
     finally:
         pusher.cancel()
         await host.close()

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
-from relaygr.engine.transport.host import HostSpec, host_main, read_frame, write_frame
+from relaygr.engine.transport.host import FrameProtocol, HostSpec, host_main, write_frame
 from relaygr.engine.transport.liveness import HostLiveness, LivenessPolicy
 from relaygr.engine.transport.messages import Push, RankCall, Reply, RoutedCall
 from relaygr.errors import ConfigError
@@ -44,7 +44,7 @@ class HostLink:
         self.spec = spec
         self.start_timeout_s = start_timeout_s
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.writer: asyncio.WriteTransport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.alive = False
         self.calls: dict[int, asyncio.Future[Reply]] = {}
@@ -89,11 +89,19 @@ class HostLink:
         ctx = multiprocessing.get_context("spawn")
         self.process = ctx.Process(target=host_main, args=(child_end, self.spec), daemon=True,
                                    name=f"relaygr-instances-{self.index}")
+        ready: asyncio.Future[object] = loop.create_future()
+        frames = FrameProtocol(lambda seq, msg: self._on_frame(loop, ready, seq, msg))
         try:
             await asyncio.to_thread(self.process.start)
             child_end.close()
-            reader, self.writer = await asyncio.open_connection(sock=parent_end)
-            _, first = await asyncio.wait_for(read_frame(reader), self.start_timeout_s)
+            self.writer, _ = await loop.create_connection(lambda: frames, sock=parent_end)
+            await asyncio.wait((ready, frames.closed), timeout=self.start_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                raise ConfigError(f"instance process {self.index} "
+                                  + ("exited" if frames.closed.done() else "did not answer")
+                                  + " before it was ready")
+            first = ready.result()
             if not isinstance(first, Reply) or first.value != "ready":
                 raise ConfigError(f"instance process {self.index} did not start: {first!r}")
         except BaseException as exc:
@@ -104,25 +112,8 @@ class HostLink:
         self.liveness = HostLiveness(loop.time())
         self.alive = True
         self._starting.set_result(None)
-        await self._read_replies(reader, loop)
-
-    async def _read_replies(self, reader: asyncio.StreamReader,
-                            loop: asyncio.AbstractEventLoop) -> None:
         try:
-            while True:
-                seq, msg = await read_frame(reader)
-                self.liveness.heard(loop.time())
-                if isinstance(msg, Push):
-                    handle = self.handles.get(msg.iid)
-                    if handle is not None:
-                        handle.last = msg.snapshot
-                elif isinstance(msg, Reply):
-                    self.liveness.answered(seq)
-                    future = self.calls.pop(seq, None)
-                    if future is not None and not future.done():
-                        future.set_result(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
-            pass
+            await frames.closed
         finally:
             self.alive = False
             for future in self.calls.values():
@@ -130,6 +121,24 @@ class HostLink:
                     future.set_exception(InstanceStoppedError(
                         f"instance process {self.index} exited"))
             self.calls.clear()
+
+    def _on_frame(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[object],
+                  seq: int, msg: object) -> None:
+        """One frame from the host, in the loop's read callback: the first answers the start;
+        a reply resolves its call's future, a push updates its instance's handle."""
+        if not ready.done():
+            ready.set_result(msg)
+            return
+        self.liveness.heard(loop.time())
+        if isinstance(msg, Push):
+            handle = self.handles.get(msg.iid)
+            if handle is not None:
+                handle.last = msg.snapshot
+        elif isinstance(msg, Reply):
+            self.liveness.answered(seq)
+            future = self.calls.pop(seq, None)
+            if future is not None and not future.done():
+                future.set_result(msg)
 
     def call(self, message: RoutedCall) -> asyncio.Future[Reply]:
         """Send ``message``; the future resolves with its reply (or the host's exit)."""
