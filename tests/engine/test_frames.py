@@ -1,5 +1,6 @@
 """The frame connection between a parent and an instance process: frames come out whole and in
-order however the bytes are cut, each as soon as its last byte is in."""
+order however the bytes are cut, each as soon as its last byte is in; the ranking leg's
+messages cross in their wire form unchanged."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from relaygr.engine.transport.host import FrameProtocol, write_frame
+from relaygr.engine.transport.messages import RankCall, RankReply, Reply, RouteNote
+from relaygr.engine.transport.payload import PrefixPayload
+from relaygr.engine.types import RankPath, RankResult, RankTiming
+from relaygr.kvcache import PrefixId
 
 
 class _Sink:
@@ -75,3 +81,45 @@ def test_a_partial_frame_waits_for_its_last_byte() -> None:
         return got
 
     assert asyncio.run(main()) == ["x" * 100]
+
+
+def test_the_ranking_leg_crosses_the_wire_unchanged() -> None:
+    # The ranking call and its reply pickle as plain values and array bytes; what arrives is
+    # the same message, its arrays writable (torch.from_numpy takes them without a warning).
+    rng = np.random.default_rng(1)
+    note = RouteNote("rank-1", "affinity", True)
+    call = RankCall(request_id="r7", iid=3, user_id=42, follow=note, avoid=("rank-0",),
+                    target=None, note=note,
+                    prefix=PrefixPayload(PrefixId(42, 300, 987654321),
+                                         rng.integers(1, 500, 300), rng.integers(0, 1 << 40, 300),
+                                         window_start=12),
+                    candidates=rng.integers(1, 500, 64), suffix_items=rng.integers(1, 500, 3),
+                    suffix_timestamps=None, query_ts=1_700_000_000,
+                    grown=PrefixId(42, 303, 5))
+    got = pickle.loads(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+    assert isinstance(got, RankCall)
+    for name in ("request_id", "iid", "user_id", "follow", "avoid", "target", "note",
+                 "suffix_timestamps", "query_ts", "grown"):
+        assert getattr(got, name) == getattr(call, name), name
+    assert (got.prefix.pid, got.prefix.window_start) == (call.prefix.pid, 12)
+    for a, b in ((got.prefix.items, call.prefix.items),
+                 (got.prefix.timestamps, call.prefix.timestamps),
+                 (got.candidates, call.candidates), (got.suffix_items, call.suffix_items)):
+        assert _same(a, b) and a is not None and a.flags.writeable
+    job = got.to_job()
+    assert torch.equal(job.candidates, torch.from_numpy(call.candidates))
+
+    timing = RankTiming(0.001, 0.0, 0.007, 2, 0.0085)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        scores = torch.randn(64).to(dtype)
+        reply = Reply(RankReply.ranked(RankResult(scores, RankPath.HOST_HIT, "rank-1", timing),
+                                       None, note))
+        back = pickle.loads(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        assert isinstance(back, Reply) and isinstance(back.value, RankReply)
+        assert (back.error, back.snapshot) == (None, None)
+        value = back.value
+        assert (value.instance, value.path, value.timing, value.note) == (
+            "rank-1", RankPath.HOST_HIT, timing, note)
+        assert value.tensor().dtype == dtype and torch.equal(value.tensor(), scores)
+    shed = RankReply("rank-0", None, overloaded_retry_s=0.5, detail="queue full")
+    assert pickle.loads(pickle.dumps(shed)) == shed
