@@ -32,6 +32,7 @@ class Timing:
     # (what the host allocator's tuning and the score-block bound exist to avoid). 0 where the
     # platform does not count them.
     page_faults_per_call: float = 0.0
+    samples_ms: tuple[float, ...] = ()      # every timed call, in order
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
@@ -51,7 +52,8 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5,
         synchronize(device)
         samples.append((time.perf_counter() - start) * 1e3)
     faults = (_minor_faults() - faults_before) / repeats
-    return Timing(statistics.median(samples), min(samples), max(samples), repeats, faults)
+    return Timing(statistics.median(samples), min(samples), max(samples), repeats, faults,
+                  tuple(samples))
 
 
 def _minor_faults() -> int:

@@ -70,9 +70,10 @@ class CurveProbe:
         self.calls: list[tuple[int, int, int]] = []
         self.full_calls: list[tuple[int, int, int]] = []
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                               ) -> list[float]:
         self.calls.append((prefix_tokens, suffix_tokens, candidates))
-        return self.cached_ms
+        return [self.cached_ms] * 25
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:

@@ -12,7 +12,13 @@ from relaygr import timing
 from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig, WorkloadPhaseConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
-from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe, describe_overhead, limit_report
+from relaygr.bench.limit import (
+    LIMIT_PACE_S,
+    ModelLimitProbe,
+    describe_overhead,
+    limit_report,
+    median_interval,
+)
 from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
@@ -89,8 +95,9 @@ def _low_load_point() -> RunResult:
 
 
 class Probe:
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        return 2.0
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                               ) -> list[float]:
+        return [2.0] * 5
 
 
 def test_limit_report_math() -> None:
@@ -270,3 +277,29 @@ def test_the_parts_place_instances_on_a_layout() -> None:
     parts.close()
     assert parts.processes_on(Layout(1, 2)) is not other    # ended: a new one on next use
     parts.close()
+
+
+def test_the_overhead_ratio_comes_with_its_medians_order_statistic_interval() -> None:
+    # 20 relayed latencies 10.0..10.95 ms and 25 isolated passes 8.0..9.2 ms: each median's 95%
+    # interval is its 6th-15th (of 20) and 8th-18th (of 25) smallest samples, and the ratio's
+    # ends divide them crosswise.
+    lat = [10.0 + 0.05 * i for i in range(20)]
+    passes = [8.0 + 0.05 * i for i in range(25)]
+    assert median_interval(lat) == (lat[5], lat[14])
+    assert median_interval(passes) == (passes[7], passes[17])
+    assert median_interval([]) is None
+    assert median_interval([1.0, 2.0])[1] == math.inf        # two samples bound nothing above
+
+    class Passes:
+        def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,
+                                   candidates: int) -> list[float]:
+            return list(reversed(passes))
+
+    stats = point_stats(_low_load_point(), "relay", "limit", 1.0, 100)
+    report = limit_report(stats, Passes(), None, None, 100, 4, 8, relayed_latencies_ms=lat)
+    assert report.cached_rank_ms_isolated == pytest.approx(8.6)
+    assert report.isolated_passes == 25
+    assert report.relay_overhead_low == pytest.approx(lat[5] / passes[17])
+    assert report.relay_overhead_high == pytest.approx(lat[14] / passes[7])
+    no_latencies = limit_report(stats, Passes(), None, None, 100, 4, 8)
+    assert no_latencies.relay_overhead_low is None and no_latencies.relay_overhead_high is None

@@ -6,7 +6,7 @@ import math
 
 from relaygr.bench.decision import Verdict
 from relaygr.bench.qps_search import QpsSearchResult
-from relaygr.bench.report import ModeReport
+from relaygr.bench.report import LimitReport, ModeReport
 from relaygr.bench.search import LengthSweepResult, Trial
 from relaygr.bench.verdict import compute_checks, compute_ratios, compute_verdicts, ratio_interval
 
@@ -60,3 +60,17 @@ def test_targets_are_met_missed_or_undecided_by_their_whole_interval() -> None:
     checks = compute_checks(compute_verdicts(modes, compute_ratios(modes), None, None))
     assert checks["relay_vs_baseline_throughput_ge_4x"] is False
     assert checks["relay_vs_baseline_seq_len_ge_2x"] is None
+
+
+def test_the_overhead_is_met_missed_or_undecided_by_its_interval() -> None:
+    def status(low: float | None, high: float | None, value: float = 1.1) -> tuple:
+        limit = LimitReport("relay", 1.0, 100, 4, 8, 8.0, 8.8, 12.0, 1.0, value, None, None,
+                            None, relay_overhead_low=low, relay_overhead_high=high)
+        rows = compute_verdicts({}, {}, limit, None)
+        row = next(v for v in rows if v.name == "relay_overhead_within_1_15x")
+        return row.low, row.high, row.status
+
+    assert status(1.02, 1.14) == (1.02, 1.14, "met")
+    assert status(1.16, 1.30, 1.2) == (1.16, 1.30, "missed")
+    assert status(1.05, 1.25) == (1.05, 1.25, "undecided")
+    assert status(None, None) == (1.1, 1.1, "met")        # no interval: the figure alone

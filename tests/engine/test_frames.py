@@ -51,7 +51,8 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(seed: int)
         write_frame(wire, seq, message)     # type: ignore[arg-type]
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(wire.data)), 12)) if seed else []
-    chunks = [bytes(wire.data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(wire.data)])]
+    chunks = [bytes(wire.data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(wire.data)],
+                                                            strict=True)]
 
     async def main() -> list[tuple[int, object]]:
         got: list[tuple[int, object]] = []

@@ -11,11 +11,20 @@ from rich.table import Table
 
 from relaygr.bench.limit import describe_overhead
 from relaygr.bench.operating import OperatingPoint
-from relaygr.bench.report import BenchReport
+from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.stats import LATENCY_PARTS
 
 # A point whose dispatch lag P99 exceeds this share of the SLO is flagged on the console.
 LATE_DISPATCH_SHARE = 0.1
+
+
+def _within(lim: LimitReport) -> str:
+    """The overhead's interval as printed beside it (empty when there is none)."""
+    if lim.relay_overhead_low is None or lim.relay_overhead_high is None:
+        return ""
+    return (f", within [{lim.relay_overhead_low:.2f}, {lim.relay_overhead_high:.2f}]: "
+            f"{lim.ranking_parts.get('requests', '?')} relayed requests, "
+            f"{lim.isolated_passes} passes alone")
 
 
 def _fmt(value: float | int | None, spec: str = ".1f") -> str:
@@ -75,7 +84,8 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
         lim = report.limit
         console.print(f"limit: isolated cached ranking {_fmt(lim.cached_rank_ms_isolated, '.2f')}"
                       f" ms, {lim.mode} at {lim.qps:g} QPS P50 {lim.low_load_p50_ms:.2f} ms "
-                      f"(overhead {_fmt(lim.relay_overhead_ratio, '.2f')}x), matmul peak "
+                      f"(overhead {_fmt(lim.relay_overhead_ratio, '.2f')}x{_within(lim)}), "
+                      f"matmul peak "
                       f"{_fmt(lim.matmul_peak_gflops)} GFLOP/s, achieved "
                       f"{_fmt(lim.achieved_gflops)} GFLOP/s")
         overhead = describe_overhead(lim)

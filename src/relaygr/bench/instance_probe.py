@@ -15,8 +15,8 @@ excluded). The answer is the median over all processes' passes.
 
 It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` times on the layout the modes
 serve on (``layout``), ``layout_rank_ms`` on any other (the search over threads per instance).
-It is also the physical limit's ``LimitProbe``: ``cached_rank_ms`` times a cached pass in one
-such process computing alone, where the relay's low-load requests compute, and as they arrive
+It is also the physical limit's ``LimitProbe``: ``cached_rank_samples_ms`` times a cached pass in
+one such process computing alone, where the relay's low-load requests compute, and as they arrive
 (each timed pass after ``limit_pace_s`` of idling, ``relaygr.bench.limit.LIMIT_PACE_S``).
 Processes are spawned per layout on first use (a few seconds each: interpreter, torch, the
 model's weights) and ended by ``close``; a probe process that does not answer within
@@ -173,8 +173,9 @@ class InstanceCostProbe:
                 self.warmup, 0.0)
         return statistics.median(self._group(layout).time(call))
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """Median ms of one cached ranking pass in one instance-like process computing alone
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                               ) -> list[float]:
+        """Ms of each timed cached ranking pass in one instance-like process computing alone
         (a ``LimitProbe``: the relay's low-load latency is set against it, so the overhead
         counts the relay's own cost, not the difference between this process and an
         instance's, nor a warm pass against a cold one: each timed pass follows
@@ -182,7 +183,12 @@ class InstanceCostProbe:
         first, outside the timed calls."""
         call = ("cached", prefix_tokens, suffix_tokens, candidates, 1, self.limit_repeats,
                 self.warmup, self.limit_pace_s)
-        return statistics.median(self._group(Layout(1, self.layout.threads)).time(call))
+        return list(self._group(Layout(1, self.layout.threads)).time(call))
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        """The median of ``cached_rank_samples_ms``."""
+        return statistics.median(self.cached_rank_samples_ms(prefix_tokens, suffix_tokens,
+                                                             candidates))
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:

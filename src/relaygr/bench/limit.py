@@ -2,8 +2,16 @@
 
 A ``LimitProbe`` (supplied by whoever owns the model, e.g. the profiler) times the model's cached
 ranking pass in isolation: no queueing, no cache bookkeeping, no event loop. The benchmark sets
-the relay's low-load P50 ranking latency against it (``relay_overhead_ratio``), and turns it into
-achieved FLOP/s with ``relaygr.model.flops.rank_flops`` against the measured matmul peak.
+the relay's low-load P50 ranking latency against its median (``relay_overhead_ratio``), and turns
+it into achieved FLOP/s with ``relaygr.model.flops.rank_flops`` against the measured matmul peak.
+
+The ratio comes with an interval (``relay_overhead_low``/``_high``): each median's
+distribution-free 95% interval from order statistics (``stats.quantile_ci_ranks``; 20 relayed
+requests: the 6th to 15th smallest; 25 isolated passes: the 8th to 18th), the low end the
+latency's low over the pass's high, the high end the other way round (both hold together with
+probability at least 0.9). Both medians move between runs on a shared 2-vCPU VM (the isolated
+pass by up to 1.3x: docs/runs/2026-11-27-relay-overhead-taken-apart.md), so a verdict needs
+their spread, not one quotient of two medians.
 
 Every ``LimitProbe`` times the pass as the relay's low-load requests arrive: each timed pass
 after ``LIMIT_PACE_S`` of idling. A pass that follows an idle gap is slower than one straight
@@ -17,14 +25,16 @@ probe's time (2.5 s for 25 timed passes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import statistics
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
 import torch
 
 from relaygr.bench.report import LimitReport, ratio
-from relaygr.bench.stats import PointStats
+from relaygr.bench.stats import PointStats, quantile_ci_ranks
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.model.flops import rank_flops
 from relaygr.model.inputs import RankInput
@@ -36,10 +46,20 @@ LIMIT_PACE_S = 0.1
 class LimitProbe(Protocol):
     """Times the model alone."""
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """Median ms of one cached ranking pass (prefix K/V given; suffix + candidates computed),
-        each timed pass after an idle gap (module docstring)."""
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                               ) -> list[float]:
+        """Ms of each timed cached ranking pass (prefix K/V given; suffix + candidates
+        computed), each after an idle gap (module docstring)."""
         ...
+
+
+def median_interval(samples: Sequence[float]) -> tuple[float, float] | None:
+    """The median's distribution-free 95% interval (high inf: too few samples); None: none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    lo, hi = quantile_ci_ranks(len(ordered), 0.5)
+    return ordered[lo - 1], (math.inf if hi is None else ordered[hi - 1])
 
 
 class ModelLimitProbe:
@@ -78,10 +98,16 @@ class ModelLimitProbe:
         return partial(self.model.rank, self._items(candidates), prefix=kv,
                        suffix_items=suffix, suffix_timestamps=suffix_ts)
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
+                               ) -> list[float]:
         call = self.cached_pass(prefix_tokens, suffix_tokens, candidates)
-        return time_call(call, self.model.device, repeats=self.repeats,
-                         pace_s=self.pace_s).median_ms
+        return list(time_call(call, self.model.device, repeats=self.repeats,
+                              pace_s=self.pace_s).samples_ms)
+
+    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
+        """The median of ``cached_rank_samples_ms``."""
+        return statistics.median(self.cached_rank_samples_ms(prefix_tokens, suffix_tokens,
+                                                             candidates))
 
     def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                          batch: int = 1) -> list[RankInput]:
@@ -104,18 +130,25 @@ class ModelLimitProbe:
 def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,
                  peak_gflops: float | None, prefix_len: int, suffix_tokens: int,
                  candidates: int, relayed_parts: dict[str, object] | None = None,
-                 compute_by_path: dict[str, dict[str, float]] | None = None) -> LimitReport:
+                 compute_by_path: dict[str, dict[str, float]] | None = None,
+                 relayed_latencies_ms: Sequence[float] = ()) -> LimitReport:
     """Combine the low-load point, the isolated timing and the FLOP count.
 
     The low-load latency is over the requests that took the relay path (ranked from a cached
     prefix), the path the isolated pass measures; the point's other requests (a prefix the
     trigger left to the full pass) are in ``low_load_p99_ms``, which covers the whole point.
     ``relayed_parts`` is ``stats.latency_parts`` over those same relayed requests, and
-    ``compute_by_path`` their ``stats.compute_by_path``."""
-    isolated_ms = (None if probe is None
-                   else probe.cached_rank_ms(prefix_len, suffix_tokens, candidates))
+    ``compute_by_path`` their ``stats.compute_by_path``; ``relayed_latencies_ms`` their ranking
+    latencies (the overhead's interval; none: no interval)."""
+    samples = ([] if probe is None
+               else probe.cached_rank_samples_ms(prefix_len, suffix_tokens, candidates))
+    isolated_ms = statistics.median(samples) if samples else None
     relayed = low_load.ranking_relayed
     p50_ms = relayed.p50_ms if relayed.count else low_load.ranking.p50_ms
+    low = high = None
+    latency, isolated = median_interval(relayed_latencies_ms), median_interval(samples)
+    if latency is not None and isolated is not None and isolated[0] > 0:
+        low, high = latency[0] / isolated[1], latency[1] / isolated[0]
     achieved = None
     if model is not None and isolated_ms is not None and isolated_ms > 0:
         flops = rank_flops(model, candidates, prefix_len, suffix_tokens, cached=True)
@@ -126,7 +159,8 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
         cached_rank_ms_isolated=isolated_ms, low_load_p50_ms=p50_ms,
         low_load_p99_ms=low_load.ranking.p99_ms,
         low_load_relayed_share=relayed.count / max(low_load.completed, 1),
-        relay_overhead_ratio=ratio(p50_ms, isolated_ms),
+        relay_overhead_ratio=ratio(p50_ms, isolated_ms), relay_overhead_low=low,
+        relay_overhead_high=high, isolated_passes=len(samples),
         matmul_peak_gflops=peak_gflops, achieved_gflops=achieved,
         achieved_fraction_of_peak=ratio(achieved, peak_gflops),
         ranking_parts=dict(relayed_parts or {}), path_counts=dict(low_load.path_counts),

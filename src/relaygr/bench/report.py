@@ -66,6 +66,11 @@ class LimitReport:
     reload_copies: float = 0.0            # host -> device reloads during the point
     # The model compute of those requests per ranking path (``stats.compute_by_path``).
     compute_by_path: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The ratio's interval (``bench.limit``: both medians' 95% order-statistic intervals; None:
+    # not computed) and the isolated passes timed.
+    relay_overhead_low: float | None = None
+    relay_overhead_high: float | None = None
+    isolated_passes: int = 0
 
 
 @dataclass(frozen=True)

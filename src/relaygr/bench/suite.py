@@ -230,7 +230,8 @@ class BenchSuite:
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
                             round(stats.candidates_mean), latency_parts(relayed),
-                            compute_by_path(relayed))
+                            compute_by_path(relayed),
+                            [1e3 * r.ranking_latency_s for r in relayed])
 
     async def exactness(self, builder: WorkloadBuilder) -> ExactnessReport | None:
         cfg = self.config.exactness

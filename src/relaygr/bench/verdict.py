@@ -11,7 +11,9 @@ bracket its search left: the longest passing grid length up to the longest grid 
 the first failing one above it, and the highest passing QPS up to the lowest failing QPS above
 it (exclusive; unbounded where nothing failed). The ratio of two answers is then known within
 [low_a / high_b, high_a / low_b], and a target is met only when the whole interval meets it,
-missed when none of it does. ``checks`` keeps the same names: true (met), false (missed), null.
+missed when none of it does. The overhead is known within the interval ``bench.limit`` gives
+it (both medians' order-statistic intervals). ``checks`` keeps the same names: true (met),
+false (missed), null.
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ def _versus(name: str, value: float | None, interval: Interval | None, target: f
     return TargetVerdict(name, value, low, high, target, status)
 
 
+def _within(name: str, value: float | None, interval: Interval, target: float
+            ) -> TargetVerdict:
+    """A figure that must not exceed ``target``, known within ``interval``."""
+    low, high = interval
+    status = "met" if high <= target else "missed" if low > target else "undecided"
+    return TargetVerdict(name, value, low, high, target, status)
+
+
 def _at_most(name: str, value: float | None, target: float) -> TargetVerdict:
     if value is None:
         return TargetVerdict(name, None, None, None, target, "not measured")
@@ -124,8 +134,13 @@ def compute_verdicts(modes: Mapping[str, ModeReport], ratios: Mapping[str, float
     highs = [v.high for v in measured if v.high is not None]
     rows.append(TargetVerdict("relay_not_behind_ablations", None, min(lows, default=None),
                               min(highs, default=None), 1.0, status))
-    overhead = None if limit is None else limit.relay_overhead_ratio
-    rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET))
+    if limit is None or limit.relay_overhead_low is None or limit.relay_overhead_high is None:
+        overhead = None if limit is None else limit.relay_overhead_ratio
+        rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET))
+    else:
+        rows.append(_within("relay_overhead_within_1_15x", limit.relay_overhead_ratio,
+                            (limit.relay_overhead_low, limit.relay_overhead_high),
+                            OVERHEAD_TARGET))
     exact = (None if exactness is None or not exactness.requests_compared
              else exactness.max_abs_score_diff)
     rows.append(_at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET))
