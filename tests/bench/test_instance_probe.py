@@ -29,8 +29,9 @@ def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
     try:
         ms = probe.full_rank_ms(32, 2, 8)
         other = probe.layout_rank_ms(Layout(1, 2), 32, 2, 8, batch=2)
-        cached = limit.cached_rank_ms(32, 2, 8)        # one process of 1 thread, alone
-        assert all(math.isfinite(v) and v > 0 for v in (ms, other, cached))
+        cached = limit.cached_rank_samples_ms(32, 2, 8)   # one process of 1 thread, alone
+        assert len(cached) == 3
+        assert all(math.isfinite(v) and v > 0 for v in (ms, other, *cached))
         groups = probe._groups
         assert set(groups) == {Layout(2, 1), Layout(1, 2), Layout(1, 1)}
         assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0, 0.0))) == 3

@@ -65,7 +65,9 @@ def test_model_probe_times_cached_and_full_ranking() -> None:
     cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
     torch.manual_seed(0)
     probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2, full_repeats=2)
-    for ms in (probe.cached_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
+    cached = probe.cached_rank_samples_ms(prefix_tokens=64, suffix_tokens=4, candidates=8)
+    assert len(cached) == 2
+    for ms in (*cached,
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=0, candidates=8)):
         assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
@@ -77,12 +79,12 @@ def test_the_limit_probe_times_each_cached_pass_after_an_idle_gap(
     monkeypatch.setattr(timing.time, "sleep", slept.append)   # recorded, not waited
     cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
     model = HSTU(cfg).eval()
-    ModelLimitProbe(model, repeats=3).cached_rank_ms(prefix_tokens=32, suffix_tokens=2,
-                                                      candidates=8)
+    ModelLimitProbe(model, repeats=3).cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2,
+                                                              candidates=8)
     assert slept == [LIMIT_PACE_S] * 3             # before each timed pass, none in warm-up
     slept.clear()
     probe = ModelLimitProbe(model, repeats=3, full_repeats=2, pace_s=0.0)
-    probe.cached_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
+    probe.cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
     probe.full_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
     assert slept == []                              # back to back, and the cost curve always
 
@@ -288,7 +290,8 @@ def test_the_overhead_ratio_comes_with_its_medians_order_statistic_interval() ->
     assert median_interval(lat) == (lat[5], lat[14])
     assert median_interval(passes) == (passes[7], passes[17])
     assert median_interval([]) is None
-    assert median_interval([1.0, 2.0])[1] == math.inf        # two samples bound nothing above
+    two = median_interval([1.0, 2.0])
+    assert two is not None and two[1] == math.inf            # two samples bound nothing above
 
     class Passes:
         def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,

@@ -1,6 +1,6 @@
 """The frame connection between a parent and an instance process: frames come out whole and in
 order however the bytes are cut, each as soon as its last byte is in; the ranking leg's
-messages cross in their wire form unchanged."""
+messages cross a frame unchanged."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_a_partial_frame_waits_for_its_last_byte() -> None:
 
 
 def test_the_ranking_leg_crosses_the_wire_unchanged() -> None:
-    # The ranking call and its reply pickle as plain values and array bytes; what arrives is
-    # the same message, its arrays writable (torch.from_numpy takes them without a warning).
+    # What arrives of a ranking call and its reply is the same message, its arrays writable
+    # (torch.from_numpy takes them without a warning), the scores bit-exact in every dtype.
     rng = np.random.default_rng(1)
     note = RouteNote("rank-1", "affinity", True)
     call = RankCall(request_id="r7", iid=3, user_id=42, follow=note, avoid=("rank-0",),

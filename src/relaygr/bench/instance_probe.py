@@ -185,11 +185,6 @@ class InstanceCostProbe:
                 self.warmup, self.limit_pace_s)
         return list(self._group(Layout(1, self.layout.threads)).time(call))
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """The median of ``cached_rank_samples_ms``."""
-        return statistics.median(self.cached_rank_samples_ms(prefix_tokens, suffix_tokens,
-                                                             candidates))
-
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:
         return self.layout_rank_ms(self.layout, prefix_tokens, suffix_tokens, candidates, batch)

@@ -104,11 +104,6 @@ class ModelLimitProbe:
         return list(time_call(call, self.model.device, repeats=self.repeats,
                               pace_s=self.pace_s).samples_ms)
 
-    def cached_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int) -> float:
-        """The median of ``cached_rank_samples_ms``."""
-        return statistics.median(self.cached_rank_samples_ms(prefix_tokens, suffix_tokens,
-                                                             candidates))
-
     def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                          batch: int = 1) -> list[RankInput]:
         """``batch`` users' full ranking passes on random items (one model call's input)."""

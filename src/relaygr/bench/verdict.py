@@ -94,19 +94,14 @@ def _versus(name: str, value: float | None, interval: Interval | None, target: f
     return TargetVerdict(name, value, low, high, target, status)
 
 
-def _within(name: str, value: float | None, interval: Interval, target: float
-            ) -> TargetVerdict:
-    """A figure that must not exceed ``target``, known within ``interval``."""
-    low, high = interval
-    status = "met" if high <= target else "missed" if low > target else "undecided"
-    return TargetVerdict(name, value, low, high, target, status)
-
-
-def _at_most(name: str, value: float | None, target: float) -> TargetVerdict:
+def _at_most(name: str, value: float | None, target: float,
+             interval: Interval | None = None) -> TargetVerdict:
+    """A figure that must not exceed ``target``, known within ``interval`` (None: exactly)."""
     if value is None:
         return TargetVerdict(name, None, None, None, target, "not measured")
-    return TargetVerdict(name, value, value, value, target,
-                         "met" if value <= target else "missed")
+    low, high = (value, value) if interval is None else interval
+    status = "met" if high <= target else "missed" if low > target else "undecided"
+    return TargetVerdict(name, value, low, high, target, status)
 
 
 def compute_verdicts(modes: Mapping[str, ModeReport], ratios: Mapping[str, float | None],
@@ -134,13 +129,11 @@ def compute_verdicts(modes: Mapping[str, ModeReport], ratios: Mapping[str, float
     highs = [v.high for v in measured if v.high is not None]
     rows.append(TargetVerdict("relay_not_behind_ablations", None, min(lows, default=None),
                               min(highs, default=None), 1.0, status))
-    if limit is None or limit.relay_overhead_low is None or limit.relay_overhead_high is None:
-        overhead = None if limit is None else limit.relay_overhead_ratio
-        rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET))
-    else:
-        rows.append(_within("relay_overhead_within_1_15x", limit.relay_overhead_ratio,
-                            (limit.relay_overhead_low, limit.relay_overhead_high),
-                            OVERHEAD_TARGET))
+    overhead = None if limit is None else limit.relay_overhead_ratio
+    known = (None if limit is None or limit.relay_overhead_low is None
+             or limit.relay_overhead_high is None
+             else (limit.relay_overhead_low, limit.relay_overhead_high))
+    rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET, known))
     exact = (None if exactness is None or not exactness.requests_compared
              else exactness.max_abs_score_diff)
     rows.append(_at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET))

@@ -124,9 +124,10 @@ class HostSpec:
     push_interval_s: float = 0.25
     # Cached ranking batches up to this many attention scores per layer compute on the host's
     # event loop thread (``RankingInstance.rank_short_on_loop``): this loop serves only its
-    # instances, and the two thread hand-offs cost ~0.3-0.6 ms of a ~8 ms pass on the 2-vCPU box
-    # (docs/runs/2026-11-27-relay-overhead-taken-apart.md). 2 Mi scores: 256 candidates on an
-    # 8,192-token prefix, ~0.1 s on one slow core, well within push_interval_s x a few.
+    # instances, and the two thread hand-offs (~0.3 ms each when the threads sleep) cost ~0.6 ms
+    # of a ~8 ms pass on the 2-vCPU box (docs/runs/2026-11-27-relay-overhead-taken-apart.md).
+    # 2 Mi scores: 256 candidates on an 8,192-token prefix, a 46 ms pass at two threads there
+    # (docs/runs/2026-11-27-key-tiles.md), so about 0.1 s at one: under push_interval_s.
     loop_rank_elems: int = 1 << 21
 
     @classmethod

@@ -25,12 +25,8 @@ identity, which is how tests compare the router's belief with where a leg really
 
 A prefix travels as its events (``PrefixPayload``): the receiver rebuilds the ``PrefixSpec``
 the instance wants, deriving ``version_at`` from the events with the history store's hash
-(``engine.versions``), and checks it against the version sent. Tensors travel as numpy arrays;
-scores come back bit-exact (the model's dtype travels with them). The ranking leg's two messages
-(``RankCall``, ``RankReply``) pickle as plain values and raw array bytes, rebuilt by one call
-on the other side (``_to_wire``): they cross on the critical path, each unpickled by a process
-just woken from idle, where a generic object graph (nested dataclasses, numpy's array and dtype
-reconstruction, an enum's lookup) costs several times its warm time.
+(``engine.versions``), and checks it against the version sent. Tensors travel as numpy arrays
+(they pickle cheaply); scores come back bit-exact (the model's dtype travels with them).
 
 The messages sit in the engine's transport layer, below the cascade, so that every transport and
 the request path above them speak one set. Their routing and shed fields are plain data: the
@@ -66,25 +62,6 @@ class RouteNote:
     instance_id: str
     reason: str
     spilled: bool
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return RouteNote, (self.instance_id, self.reason, self.spilled)
-
-
-# An array on the wire: its bytes, dtype and shape (None for no array).
-_WireArray = tuple[bytes, str, tuple[int, ...]] | None
-
-
-def _to_wire(a: np.ndarray | None) -> _WireArray:
-    return None if a is None else (np.ascontiguousarray(a).tobytes(), a.dtype.str, a.shape)
-
-
-def _from_wire(w: _WireArray) -> np.ndarray | None:
-    """The array again, writable (its own copy of the bytes), as ``torch.from_numpy`` wants."""
-    if w is None:
-        return None
-    data, dtype, shape = w
-    return np.frombuffer(bytearray(data), np.dtype(dtype)).reshape(shape)
 
 
 @dataclass(kw_only=True)
@@ -149,33 +126,6 @@ class RankCall(RoutedCall):
                        _tensor(self.suffix_items), _tensor(self.suffix_timestamps),
                        self.query_ts, self.grown)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Plain values and raw array bytes (see the module docstring)."""
-        p = self.prefix
-        return _rank_call, (
-            (self.request_id, self.iid, self.user_id, self.follow, self.avoid, self.target,
-             self.note),
-            (p.pid.user_id, p.pid.num_tokens, p.pid.version), _to_wire(p.items),
-            _to_wire(p.timestamps), p.window_start, _to_wire(self.candidates),
-            _to_wire(self.suffix_items), _to_wire(self.suffix_timestamps), self.query_ts,
-            self.grown)
-
-
-def _rank_call(routed: tuple[Any, ...], pid: tuple[int, int, int], items: _WireArray,
-               timestamps: _WireArray, window_start: int, candidates: _WireArray,
-               suffix_items: _WireArray, suffix_timestamps: _WireArray, query_ts: int | None,
-               grown: PrefixId | None) -> RankCall:
-    request_id, iid, user_id, follow, avoid, target, note = routed
-    prefix_items, array = _from_wire(items), _from_wire(candidates)
-    assert prefix_items is not None and array is not None
-    return RankCall(request_id=request_id, iid=iid, user_id=user_id, follow=follow, avoid=avoid,
-                    target=target, note=note,
-                    prefix=PrefixPayload(PrefixId(*pid), prefix_items, _from_wire(timestamps),
-                                         window_start),
-                    candidates=array, suffix_items=_from_wire(suffix_items),
-                    suffix_timestamps=_from_wire(suffix_timestamps), query_ts=query_ts,
-                    grown=grown)
-
 
 @dataclass(kw_only=True)
 class ControlCall(RoutedCall):
@@ -221,24 +171,6 @@ class RankReply:
         assert self.scores is not None, "a shed leg has no scores"
         return torch.from_numpy(self.scores).to(getattr(torch, self.dtype))
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Plain values and raw array bytes (see the module docstring)."""
-        t = self.timing
-        timing = None if t is None else (t.lookup_s, t.queue_s, t.compute_s, t.batch_size,
-                                         t.total_s, t.transport_s)
-        return _rank_reply, (self.instance, _to_wire(self.scores), self.dtype,
-                             None if self.path is None else self.path.value, timing,
-                             self.snapshot, self.note, self.overloaded_retry_s, self.detail)
-
-
-def _rank_reply(instance: str, scores: _WireArray, dtype: str, path: str | None,
-                timing: tuple[float, float, float, int, float, float] | None,
-                snapshot: InstanceSnapshot | None, note: RouteNote | None,
-                overloaded_retry_s: float | None, detail: str) -> RankReply:
-    return RankReply(instance, _from_wire(scores), dtype, None if path is None else RankPath(path),
-                     None if timing is None else RankTiming(*timing), snapshot, note,
-                     overloaded_retry_s, detail)
-
 
 @dataclass(frozen=True)
 class ReplicaState:
@@ -257,9 +189,6 @@ class Reply:
     value: Any = None
     error: BaseException | None = None
     snapshot: InstanceSnapshot | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Reply, (self.value, self.error, self.snapshot)
 
 
 @dataclass(frozen=True)
