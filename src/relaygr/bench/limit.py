@@ -10,7 +10,7 @@ distribution-free 95% interval from order statistics (``stats.quantile_ci_ranks`
 requests: the 6th to 15th smallest; 25 isolated passes: the 8th to 18th), the low end the
 latency's low over the pass's high, the high end the other way round (both hold together with
 probability at least 0.9). Both medians move between runs on a shared 2-vCPU VM (the isolated
-pass by up to 1.3x: docs/runs/2026-11-27-relay-overhead-taken-apart.md), so a verdict needs
+pass by up to 1.5x: docs/runs/2026-11-27-relay-overhead-taken-apart.md), so a verdict needs
 their spread, not one quotient of two medians.
 
 Every ``LimitProbe`` times the pass as the relay's low-load requests arrive: each timed pass
