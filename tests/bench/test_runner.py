@@ -21,6 +21,7 @@ from relaygr.bench.runner import (
     run_point,
 )
 from relaygr.bench.stats import point_stats
+from relaygr.bench.workload import StageDelays
 from relaygr.errors import BenchProtocolError, ConfigError
 from tests.bench.fakes import (
     HoldingServer,
@@ -194,17 +195,51 @@ def test_a_decided_pass_stops_the_point() -> None:
     assert result.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
 
 
-def test_requests_in_flight_count_as_misses_until_they_finish() -> None:
-    """A pass is judged as if every request still in flight missed: with requests queued
-    behind a slow one, the run cannot stop on a pass while they are out."""
+def test_a_pass_is_judged_on_the_known_run_from_the_first_request() -> None:
+    """A pass counts only requests whose outcomes, and all their predecessors', are known: a
+    slow request holds it however many requests after it are done; once it is done, the pass
+    stands at the first n that decides it and the requests still in flight are drained outside
+    that sample."""
     workload = tiny_workload([0.001 * i for i in range(300)])
     # request 250 stalls 30 ms (within the 50 ms SLO): at 280 ms, when it is done, 251-280
-    # wait behind it and take 0.1 ms each; the backlog is gone when 283 completes at ~283 ms,
-    # and only then does the pass (270 requests without overage) stand: 284 sent.
+    # wait behind it and then take 0.1 ms each, so the known run from the first reaches 270
+    # (a pass: 270 requests without overage) just after 280 ms, with 281 already sent.
     result = run(run_point(lambda ctx: SpikyServer(ctx, 0.0001, {250}, 0.030), workload,
                            judged(50.0, 0.9)))
-    assert result.decision == P99Decision(Verdict.PASS, 284, 0, 0.9)
-    assert result.completed == result.sent == 284   # drained, not cancelled
+    assert result.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
+    assert result.sent > 270 and result.completed == result.sent   # drained, not cancelled
+
+
+def test_a_pass_does_not_wait_for_a_lull_in_the_stages_before_ranking() -> None:
+    """Requests spend 200 ms in the stages before ranking, so at 100 QPS about 20 are always
+    in flight; a pass must not wait for none to be (it would run the whole point)."""
+    workload = tiny_workload([0.01 * i for i in range(400)])
+    workload = replace(workload, stage_delays=StageDelays(0.12, 0.08))
+    result = run(run_point(lambda ctx: SimulatedServer(ctx, service_time(0.001, 0.0)),
+                           workload, judged(50.0, 0.9)))
+    assert result.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
+    assert result.stopped_early and result.not_sent > 100
+
+
+def test_a_miss_after_a_decided_pass_does_not_undo_it() -> None:
+    """The pass is decided on a prefix of the schedule; a request in flight then is recorded
+    but is not part of that sample. Request 269 stalls 30 ms (done at 299 ms), 270 and 271
+    queue behind it, and 272 then takes 60 ms: the first 270 decide a pass at 299 ms, and 272,
+    done at 359 ms (87 ms after its send), and those queued behind it miss outside the
+    sample."""
+    workload = tiny_workload([0.001 * i for i in range(300)])
+
+    class Stalls(SimulatedServer):
+        async def handle(self, request: BenchRequest) -> RequestRecord:
+            cost = {269: 0.030, 272: 0.060}.get(request.request_id, 0.0001)
+            self.service_s = service_time(cost, 0.0)
+            return await super().handle(request)
+
+    result = run(run_point(lambda ctx: Stalls(ctx, service_time(0.0001, 0.0)), workload,
+                           judged(50.0, 0.9)))
+    assert result.decision == P99Decision(Verdict.PASS, 270, 0, 0.9)
+    late = [r.request_id for r in result.records if r.ranking_latency_s > 0.050]
+    assert late and min(late) == 272 and result.completed == result.sent   # 273-: behind it
 
 
 def test_inconsistent_records_raise() -> None:

@@ -111,6 +111,25 @@ def drive(sweep: LengthSweep, rounds: dict[int, list[float]], slo_ms: float = 50
         sweep.record(length, judged(p99, slo_ms))
 
 
+def test_a_sweep_stops_when_its_budget_is_spent_and_says_so() -> None:
+    """Each point's cost counts against the budget; the point that crosses it still counts,
+    nothing more is proposed, and the result keeps what was decided with an open bracket."""
+    grid = (256, 512, 1024, 2048, 4096)
+    sweep = LengthSweep(grid, start=512, budget_s=30.0)
+    for length, seconds in [(512, 17.0), (1024, 17.0)]:
+        assert sweep.next_point() == length
+        sweep.record(length, Outcome(20.0, Verdict.PASS, seconds))
+    assert sweep.next_point() is None
+    result = sweep.result()
+    assert (result.stopped_by, result.spent_s) == ("budget", 34.0)
+    assert result.max_seq_len == 1024 and result.answer_interval == (1024.0, float("inf"))
+    done = LengthSweep(grid, start=4096, budget_s=30.0)
+    done.record(4096, Outcome(20.0, Verdict.PASS, 17.0))
+    assert done.next_point() is None and done.result().stopped_by == "answer"
+    with pytest.raises(ConfigError):
+        LengthSweep(grid, budget_s=0.0)
+
+
 def test_a_miss_that_does_not_repeat_lets_the_sweep_walk_on() -> None:
     """The fifth full run's case: relay's 1,024-token point missed once at P99 96 ms while the
     same point measured alone gave 26.5 and 42.2 ms. Measured again, it passes, and the sweep

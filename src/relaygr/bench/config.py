@@ -96,6 +96,7 @@ class SweepConfig:
     Every mode's sweep starts at ``start`` (None: the shortest length; see ``LengthSweep``).
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
     ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
+    ``budget_s``: seconds of measuring each mode's sweep may spend (``LengthSweep``).
     """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
@@ -103,12 +104,15 @@ class SweepConfig:
     start: int | None = None
     coarse_modes: tuple[str, ...] = ()
     coarse_stride: int = 2
+    budget_s: float = math.inf
 
     def __post_init__(self) -> None:
         if self.start is not None and self.start not in self.lengths:
             raise ConfigError(f"sweep start {self.start} is not on the grid {self.lengths}")
         if self.coarse_stride < 1:
             raise ConfigError("coarse_stride must be >= 1")
+        if not self.budget_s > 0:
+            raise ConfigError(f"sweep budget_s must be > 0, got {self.budget_s}")
 
     def grid(self, mode: str) -> tuple[int, ...]:
         """The lengths ``mode`` is swept over."""

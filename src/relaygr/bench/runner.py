@@ -12,10 +12,15 @@ Rules of one run:
   counted as timed out. Dropped, failed and timed-out requests count as infinite latency.
 - With ``slo_ms`` and a ``rule`` (``relaygr.bench.decision``), the run's P99 verdict is judged
   after every outcome, sequentially (the rule's ``sequential`` levels for the run's size), and
-  the result carries it (``RunResult.decision``). With ``stop_when_decided`` the run stops as
-  soon as the verdict is reached, sending nothing further: on a fail the requests in flight are
-  cancelled (they count as misses, which cannot undo a fail); on a pass they are drained (each
-  was already counted as a miss when the pass was judged, so their outcome cannot undo it).
+  the result carries it (``RunResult.decision``). A fail is judged on every due request (those
+  without an outcome yet count as served in time, which only delays a fail); a pass on the
+  longest run of requests from the first measured one, in schedule order, whose outcomes are
+  all known (the stages before ranking keep a few requests in flight at any time, so a pass
+  that waited for none to be in flight would wait for a lull). With ``stop_when_decided`` the
+  run stops as soon as the verdict is reached, sending nothing further: on a fail the requests
+  in flight are cancelled (they count as misses, which cannot undo a fail); on a pass they are
+  drained and recorded, outside the sample that decided it (the test looked at a prefix of the
+  schedule and stopped there; what came after is not part of it).
 """
 
 from __future__ import annotations
@@ -127,6 +132,12 @@ class _Run:
         self.due = 0        # measured requests whose send time came (sent or dropped)
         self.outcomes = 0   # measured requests with an outcome
         self.misses = 0     # ... of which over the SLO (unserved ones included)
+        # per measured request in schedule order: None until its outcome, then whether it missed
+        self.missed: list[bool | None] = [None] * self.measured
+        self.slot = {r.request_id: k for k, r in enumerate(requests[self.measured_from:])}
+        self.known = 0          # measured requests from the first whose outcomes are all known
+        self.known_misses = 0   # ... of which over the SLO
+        self.judged: P99Decision | None = None   # the verdict the run stopped on
         self.stop = asyncio.Event()
         self.stopped_on: Verdict | None = None
         rule = options.rule
@@ -139,29 +150,35 @@ class _Run:
         self.accounted.add(request.request_id)
         if self._is_measured(request):
             self.counts[outcome] += 1
-            self.outcomes += 1
-            self.misses += 1
-            self._judge()
+            self._outcome(request, missed=True)
+
+    def _outcome(self, request: BenchRequest, missed: bool) -> None:
+        self.outcomes += 1
+        self.misses += missed
+        self.missed[self.slot[request.request_id]] = missed
+        while self.known < self.measured and self.missed[self.known] is not None:
+            self.known_misses += bool(self.missed[self.known])
+            self.known += 1
+        self._judge()
 
     def _judge(self) -> None:
         """Stop once the sample decides the P99 verdict (module docstring): a fail on the
-        misses known, a pass even were every request still in flight to miss."""
+        misses among the due requests, a pass on the known run from the first."""
         if self.rule is None or not self.options.stop_when_decided or self.stop.is_set():
             return
-        n, misses = self.due, self.misses
-        in_flight = self.due - self.outcomes
-        if self.rule.verdict(n, misses) is Verdict.FAIL:
-            self.stopped_on = Verdict.FAIL
-        elif self.rule.verdict(n, misses + in_flight) is Verdict.PASS:
-            self.stopped_on = Verdict.PASS
+        if self.rule.verdict(self.due, self.misses) is Verdict.FAIL:
+            self.judged = P99Decision.of(self.rule, self.due, self.misses)
+        elif self.rule.verdict(self.known, self.known_misses) is Verdict.PASS:
+            self.judged = P99Decision.of(self.rule, self.known, self.known_misses)
         else:
             return
+        self.stopped_on = self.judged.verdict
         self.stop.set()
 
     def decision(self) -> P99Decision | None:
         if self.rule is None:
             return None
-        return P99Decision.of(self.rule, self.due, self.misses)
+        return self.judged or P99Decision.of(self.rule, self.due, self.misses)
 
     async def dispatch(self) -> None:
         for index, request in enumerate(self.requests):
@@ -203,11 +220,8 @@ class _Run:
         if not self._is_measured(request):
             return
         self.records[request.request_id] = record
-        self.outcomes += 1
         slo_ms = self.options.slo_ms
-        if slo_ms is not None and record.ranking_latency_s * 1e3 > slo_ms:
-            self.misses += 1
-        self._judge()
+        self._outcome(request, slo_ms is not None and record.ranking_latency_s * 1e3 > slo_ms)
 
     async def drain(self) -> None:
         # a fail is decided: what is in flight cannot change it (a pass waits for its requests)

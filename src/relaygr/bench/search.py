@@ -18,7 +18,9 @@ seldom two in a row; a real limit fails both.
   P99 verdict is a pass. It starts at ``start`` (default: the shortest length) and walks up the
   grid, past undecided lengths (they bound nothing); when the start does not pass it walks down
   until a length passes. It stops at a fail above a pass once that fail has been re-measured
-  and failed again; a re-measure that passes (or is undecided) lets it walk on up.
+  and failed again; a re-measure that passes (or is undecided) lets it walk on up. Like the
+  QPS search, it proposes nothing once ``budget_s`` seconds of measuring are spent (the
+  result then says so): what it has decided stands, the rest is an open bracket.
 - ``QpsSearch`` (``relaygr.bench.qps_search``): the highest SLO-compliant Poisson QPS, by the
   same rule.
 
@@ -119,6 +121,8 @@ class LengthSweepResult:
     failing_above_len: int | None = None
     undecided_lens: tuple[int, ...] = ()
     lengths: tuple[int, ...] = ()       # the grid swept
+    stopped_by: str = "answer"          # or "budget": the sweep's measuring time ran out first
+    spent_s: float = 0.0
 
     @property
     def answer_interval(self) -> tuple[float, float]:
@@ -137,16 +141,24 @@ class LengthSweepResult:
 class LengthSweep:
     """Longest passing length of an ascending grid (see the module docstring)."""
 
-    def __init__(self, lengths: tuple[int, ...], start: int | None = None) -> None:
+    def __init__(self, lengths: tuple[int, ...], start: int | None = None,
+                 budget_s: float = math.inf) -> None:
         if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1:
             raise ConfigError(f"length grid must be ascending, distinct and >= 1: {lengths}")
         if start is not None and start not in lengths:
             raise ConfigError(f"sweep start {start} is not on the length grid {lengths}")
+        if not budget_s > 0:
+            raise ConfigError(f"LengthSweep needs budget_s > 0, got {budget_s}")
         self._lengths = lengths
         self._start = 0 if start is None else lengths.index(start)
         self._standing: Standing[int] = Standing()
+        self._budget_s, self._spent_s = budget_s, 0.0
 
     def next_point(self) -> int | None:
+        return self._plan() if self._spent_s < self._budget_s else None
+
+    def _plan(self) -> int | None:
+        """The next length by the walk alone (the budget aside); None: the walk is done."""
         standing = self._standing
         if not standing.latest:
             return self._lengths[self._start]
@@ -164,10 +176,12 @@ class LengthSweep:
     def record(self, point: int, outcome: Outcome) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
         self._standing.record(point, outcome)
+        self._spent_s += outcome.duration_s
 
     def result(self) -> LengthSweepResult:
         standing = self._standing
         return LengthSweepResult(standing.highest_pass() or 0,
                                  min(standing.points(Verdict.FAIL), default=None),
                                  tuple(standing.trials), standing.deciding_fail(),
-                                 tuple(standing.points(Verdict.UNDECIDED)), self._lengths)
+                                 tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
+                                 "answer" if self._plan() is None else "budget", self._spent_s)

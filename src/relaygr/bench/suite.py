@@ -151,7 +151,7 @@ class BenchSuite:
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
         assert cfg is not None
-        searches = {m: LengthSweep(cfg.grid(m), cfg.start) for m in self.systems}
+        searches = {m: LengthSweep(cfg.grid(m), cfg.start, cfg.budget_s) for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
         async def measure(mode: str, length: int) -> Outcome:

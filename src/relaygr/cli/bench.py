@@ -228,8 +228,9 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
     measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
     modes, every other length from the second, sweep and searches at 4x the profile's sweep
-    load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), searches of 30 s
-    of measuring per mode down to a quarter of that load and none on the mixed workload (it
+    load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), sweeps of 45 s
+    and searches of 30 s of measuring per mode, the searches down to a quarter of that load and
+    none on the mixed workload (it
     serves the exactness replay, 60 requests at 8 QPS), one re-measure of a point under noise, a
     20-request limit point, no extra workloads: a smoke figure of the same shape. Both compare
     throughput at this machine's operating point (``relaygr.bench.operating``, ``slo_share``).
@@ -248,7 +249,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         # half the SLO, and a search that stops above its answer bounds no ratio over it
         search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 4)
         lengths = profile.sweep_lengths[1::2]
-        sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)])
+        # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
+        # its re-measure; a sweep that needs more stops there with what it has decided
+        sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)],
+                            budget_s=45.0)
         mixed_search = None
     else:
         budget = PointBudget(measured_requests=1024, min_measured_requests=540,
