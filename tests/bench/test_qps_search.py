@@ -116,6 +116,11 @@ def test_the_time_budget_ends_the_search_and_says_so() -> None:
     assert len(trials) == 3 and result.spent_s == 6.0      # the third started within budget
     assert result.stopped_by == "budget" and not result.converged
     assert result.best_qps == 16.0 and math.isinf(result.interval[1])
+    # spent between a fail and its re-measure: that fail bounds nothing until it is believed
+    cut = QpsSearch(4.0, budget_s=5.0)
+    cut.record(4.0, Outcome(10.0, Verdict.PASS, 3.0))
+    cut.record(8.0, Outcome(90.0, Verdict.FAIL, 3.0))
+    assert cut.next_point() is None and cut.result().interval == (4.0, math.inf)
 
 
 def test_bounds_end_the_search() -> None:

@@ -210,6 +210,25 @@ def test_a_pass_is_judged_on_the_known_run_from_the_first_request() -> None:
     assert result.sent > 270 and result.completed == result.sent   # drained, not cancelled
 
 
+def test_a_slow_request_still_out_holds_the_pass_however_many_after_it_are_done() -> None:
+    """Requests served in parallel (no queue), request 100 taking 200 ms against a 50 ms SLO:
+    the 270 after it are done long before it, but a pass counted over all the finished ones
+    would ignore a certain miss; judged on the run from the first, the point cannot pass."""
+
+    class Parallel(SimulatedServer):
+        async def handle(self, request: BenchRequest) -> RequestRecord:
+            self.free_at_s = 0.0
+            cost = 0.200 if request.request_id == 100 else 0.0001
+            self.service_s = service_time(cost, 0.0)
+            return await super().handle(request)
+
+    workload = tiny_workload([0.001 * i for i in range(400)])
+    result = run(run_point(lambda ctx: Parallel(ctx, service_time(0.0001, 0.0)), workload,
+                           judged(50.0, 0.9)))
+    assert result.decision == P99Decision(Verdict.UNDECIDED, 400, 1, 0.9)
+    assert not result.stopped_early and result.misses(50.0) == 1
+
+
 def test_a_pass_does_not_wait_for_a_lull_in_the_stages_before_ranking() -> None:
     """Requests spend 200 ms in the stages before ranking, so at 100 QPS about 20 are always
     in flight; a pass must not wait for none to be (it would run the whole point)."""

@@ -123,9 +123,19 @@ def test_a_sweep_stops_when_its_budget_is_spent_and_says_so() -> None:
     result = sweep.result()
     assert (result.stopped_by, result.spent_s) == ("budget", 34.0)
     assert result.max_seq_len == 1024 and result.answer_interval == (1024.0, float("inf"))
-    done = LengthSweep(grid, start=4096, budget_s=30.0)
-    done.record(4096, Outcome(20.0, Verdict.PASS, 17.0))
-    assert done.next_point() is None and done.result().stopped_by == "answer"
+    done = LengthSweep(grid, start=4096, budget_s=30.0)   # the walk ends on the point that
+    done.record(4096, Outcome(20.0, Verdict.PASS, 40.0))   # overspends: the answer stopped it
+    assert done.next_point() is None
+    assert (done.result().stopped_by, done.result().spent_s) == ("answer", 40.0)
+    # the budget runs out between a fail and its re-measure: that fail is not believed yet,
+    # so it bounds nothing (the bracket stays open above)
+    cut = LengthSweep(grid, start=256, budget_s=30.0)
+    cut.record(256, Outcome(20.0, Verdict.PASS, 17.0))
+    cut.record(512, Outcome(90.0, Verdict.FAIL, 14.0))
+    assert cut.next_point() is None
+    result = cut.result()
+    assert (result.stopped_by, result.failing_above_len) == ("budget", None)
+    assert result.answer_interval == (256.0, float("inf"))
     with pytest.raises(ConfigError):
         LengthSweep(grid, budget_s=0.0)
 

@@ -65,8 +65,10 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
     point = phases.operating_point
     workload: dict[str, Any] = {
         "population": config.population.describe(),
+        # budget_s: seconds of measuring each mode's sweep may spend (null: unbounded)
         "sweep": None if config.sweep is None else {"qps": config.sweep.qps,
-                                                    "lengths": config.sweep.lengths},
+                                                    "lengths": config.sweep.lengths,
+                                                    "budget_s": config.sweep.budget_s},
         "throughput": {"prefix_len": phases.prefix_len, "chosen_by": phases.chosen_by,
                        "operating_point": None if point is None else {
                            **asdict(point), "reason": point.reason}},

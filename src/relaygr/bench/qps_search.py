@@ -126,6 +126,6 @@ class QpsSearch:
         standing = self._standing
         return QpsSearchResult(
             best_qps=standing.highest_pass() or 0.0,
-            lowest_failing_qps=standing.deciding_fail(), converged=point is None,
+            lowest_failing_qps=standing.believed_fail(), converged=point is None,
             trials=tuple(standing.trials), stopped_by="budget" if point is not None else why,
             spent_s=self._spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))

@@ -92,7 +92,10 @@ class RunResult:
     duration_s: float
     stopped_early: bool
     send_s: dict[int, float]     # measured request id -> scheduled send time
-    # The P99 verdict over the sent measured requests; None without an SLO.
+    # The P99 verdict: the one the run stopped on (a pass: over the run of measured requests
+    # from the first whose outcomes decided it; a fail: over the requests due then), else over
+    # every due measured request; None without an SLO. The point's latency statistics cover
+    # every record, those drained after a pass included.
     decision: P99Decision | None = None
 
     @property
@@ -132,9 +135,10 @@ class _Run:
         self.due = 0        # measured requests whose send time came (sent or dropped)
         self.outcomes = 0   # measured requests with an outcome
         self.misses = 0     # ... of which over the SLO (unserved ones included)
+        assert all(r.request_id == i for i, r in enumerate(requests)), \
+            "request ids must be their positions in the schedule"
         # per measured request in schedule order: None until its outcome, then whether it missed
         self.missed: list[bool | None] = [None] * self.measured
-        self.slot = {r.request_id: k for k, r in enumerate(requests[self.measured_from:])}
         self.known = 0          # measured requests from the first whose outcomes are all known
         self.known_misses = 0   # ... of which over the SLO
         self.judged: P99Decision | None = None   # the verdict the run stopped on
@@ -155,7 +159,7 @@ class _Run:
     def _outcome(self, request: BenchRequest, missed: bool) -> None:
         self.outcomes += 1
         self.misses += missed
-        self.missed[self.slot[request.request_id]] = missed
+        self.missed[request.request_id - self.measured_from] = missed
         while self.known < self.measured and self.missed[self.known] is not None:
             self.known_misses += bool(self.missed[self.known])
             self.known += 1

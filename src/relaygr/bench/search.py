@@ -102,6 +102,12 @@ class Standing(Generic[Q]):
         return min((p for p in self.points(Verdict.FAIL) if highest is None or p > highest),
                    default=None)
 
+    def believed_fail(self) -> Q | None:
+        """The deciding fail once the rule believes it (re-measured, or with no pass below
+        it): what a result may bound its answer with. A search stopped by its budget between a
+        fail and its re-measure leaves its bracket open above."""
+        return self.deciding_fail() if self.recheck() is None else None
+
     def recheck(self) -> Q | None:
         """The deciding fail, when a pass lies below it and it was measured once: to be
         measured again, afresh, its second verdict standing."""
@@ -182,6 +188,6 @@ class LengthSweep:
         standing = self._standing
         return LengthSweepResult(standing.highest_pass() or 0,
                                  min(standing.points(Verdict.FAIL), default=None),
-                                 tuple(standing.trials), standing.deciding_fail(),
+                                 tuple(standing.trials), standing.believed_fail(),
                                  tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
                                  "answer" if self._plan() is None else "budget", self._spent_s)

@@ -230,10 +230,10 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     modes, every other length from the second, sweep and searches at 4x the profile's sweep
     load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), sweeps of 45 s
     and searches of 30 s of measuring per mode, the searches down to a quarter of that load and
-    none on the mixed workload (it
-    serves the exactness replay, 60 requests at 8 QPS), one re-measure of a point under noise, a
-    20-request limit point, no extra workloads: a smoke figure of the same shape. Both compare
-    throughput at this machine's operating point (``relaygr.bench.operating``, ``slo_share``).
+    none on the mixed workload (it serves the exactness replay, 60 requests at 8 QPS), one
+    re-measure of a point under noise, a 20-request limit point, no extra workloads: a smoke
+    figure of the same shape. Both compare throughput at this machine's operating point
+    (``relaygr.bench.operating``, ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
