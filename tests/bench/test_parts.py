@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -59,6 +60,20 @@ def test_compare_records() -> None:
     assert report.candidate_paths == {"device_hit": 1, "host_hit": 1}
     with pytest.raises(BenchProtocolError):
         compare_records((rec(0, (1.0,)),), (rec(0, (1.0, 2.0)),), "baseline", "relay")
+
+
+def test_requests_after_a_user_request_only_one_run_answered_are_not_compared() -> None:
+    """User 7's request 10 failed in the candidate run, so its events never reached that
+    run's history: requests 11 and 12 then rank a different input and are skipped (counted),
+    while another user's requests are still compared."""
+    def visit(i: int, user: int, scores: tuple[float, ...]) -> RequestRecord:
+        return replace(rec(i, scores), user_id=user)
+
+    ref = (visit(10, 7, (1.0,)), visit(11, 7, (2.0,)), visit(12, 7, (3.0,)), visit(13, 8, (4.0,)))
+    cand = (visit(11, 7, (2.8,)), visit(12, 7, (3.0,)), visit(13, 8, (4.0,)))
+    report = compare_records(ref, cand, "baseline", "relay")
+    assert (report.requests_compared, report.requests_skipped) == (1, 2)
+    assert report.max_abs_score_diff == 0.0
 
 
 def test_model_probe_times_cached_and_full_ranking() -> None:

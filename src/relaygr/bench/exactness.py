@@ -34,17 +34,37 @@ class ExactnessReport:
     scores_compared: int
     max_abs_score_diff: float
     candidate_paths: dict[str, int]
+    # requests answered by both whose inputs differ between the runs: an earlier request of the
+    # same user was answered in one run only, so its events are in one history and not the other
+    requests_skipped: int = 0
+
+
+def _diverged(reference: tuple[RequestRecord, ...], candidate: tuple[RequestRecord, ...]
+              ) -> dict[int, int]:
+    """Per user, the first request id answered in one run and not the other (a user's events
+    are appended after each answered request, so from there on the two histories differ)."""
+    answered: dict[int, list[set[int]]] = {}
+    for side, records in enumerate((reference, candidate)):
+        for r in records:
+            answered.setdefault(r.user_id, [set(), set()])[side].add(r.request_id)
+    return {user: min(a ^ b) for user, (a, b) in answered.items() if a ^ b}
 
 
 def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[RequestRecord, ...],
                     reference_mode: str, candidate_mode: str) -> ExactnessReport:
-    """Compare scores of requests present with scores in both; lengths must agree."""
+    """Compare scores of requests present with scores in both; lengths must agree. A request
+    after one of its user's that only one run answered is skipped and counted (its history
+    differs between the runs: not the same input)."""
     by_id = {r.request_id: r for r in reference if r.scores is not None}
-    worst, requests, scores = 0.0, 0, 0
+    diverged = _diverged(reference, candidate)
+    worst, requests, scores, skipped = 0.0, 0, 0, 0
     paths: Counter[str] = Counter()
     for record in candidate:
         ref = by_id.get(record.request_id)
         if ref is None or record.scores is None or ref.scores is None:
+            continue
+        if record.request_id > diverged.get(record.user_id, record.request_id):
+            skipped += 1
             continue
         if len(ref.scores) != len(record.scores):
             raise BenchProtocolError(
@@ -57,7 +77,7 @@ def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[Reque
         scores += len(diff)
         paths[record.path] += 1
     return ExactnessReport(reference_mode, candidate_mode, requests, scores, worst,
-                           dict(sorted(paths.items())))
+                           dict(sorted(paths.items())), skipped)
 
 
 async def replay_exactness(reference: SystemFactory, candidate: SystemFactory,
