@@ -80,7 +80,6 @@ class QpsSearch:
         self._start, self._growth, self._tol = start_qps, growth, rel_tol
         self._budget_s, self._min, self._max = budget_s, min_qps, max_qps
         self._standing: Standing[float] = Standing()
-        self._spent_s = 0.0
 
     def _open_gap(self, lo: float, hi: float) -> float | None:
         """Midpoint of the bracket's lower gap (``lo`` to the next rate measured above it) or
@@ -115,11 +114,10 @@ class QpsSearch:
 
     def next_point(self) -> float | None:
         point, _ = self._plan()
-        return point if point is not None and self._spent_s < self._budget_s else None
+        return point if point is not None and self._standing.spent_s < self._budget_s else None
 
     def record(self, point: float, outcome: Outcome) -> None:
         self._standing.record(point, outcome)
-        self._spent_s += outcome.duration_s
 
     def result(self) -> QpsSearchResult:
         point, why = self._plan()
@@ -128,4 +126,4 @@ class QpsSearch:
             best_qps=standing.highest_pass() or 0.0,
             lowest_failing_qps=standing.believed_fail(), converged=point is None,
             trials=tuple(standing.trials), stopped_by="budget" if point is not None else why,
-            spent_s=self._spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))
+            spent_s=standing.spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))

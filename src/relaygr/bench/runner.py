@@ -133,7 +133,6 @@ class _Run:
         self.sent: list[BenchRequest] = []
         self.accounted: set[int] = set()   # request ids with an outcome
         self.due = 0        # measured requests whose send time came (sent or dropped)
-        self.outcomes = 0   # measured requests with an outcome
         self.misses = 0     # ... of which over the SLO (unserved ones included)
         assert all(r.request_id == i for i, r in enumerate(requests)), \
             "request ids must be their positions in the schedule"
@@ -143,7 +142,6 @@ class _Run:
         self.known_misses = 0   # ... of which over the SLO
         self.judged: P99Decision | None = None   # the verdict the run stopped on
         self.stop = asyncio.Event()
-        self.stopped_on: Verdict | None = None
         rule = options.rule
         self.rule = None if rule is None else rule.sequential(self.measured)
 
@@ -157,7 +155,6 @@ class _Run:
             self._outcome(request, missed=True)
 
     def _outcome(self, request: BenchRequest, missed: bool) -> None:
-        self.outcomes += 1
         self.misses += missed
         self.missed[request.request_id - self.measured_from] = missed
         while self.known < self.measured and self.missed[self.known] is not None:
@@ -176,7 +173,6 @@ class _Run:
             self.judged = P99Decision.of(self.rule, self.known, self.known_misses)
         else:
             return
-        self.stopped_on = self.judged.verdict
         self.stop.set()
 
     def decision(self) -> P99Decision | None:
@@ -229,7 +225,8 @@ class _Run:
 
     async def drain(self) -> None:
         # a fail is decided: what is in flight cannot change it (a pass waits for its requests)
-        timeout = 0.0 if self.stopped_on is Verdict.FAIL else self.options.drain_timeout_s
+        failed = self.judged is not None and self.judged.verdict is Verdict.FAIL
+        timeout = 0.0 if failed else self.options.drain_timeout_s
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=timeout)
         for task in list(self.in_flight):

@@ -80,6 +80,7 @@ class Standing(Generic[Q]):
     def __init__(self) -> None:
         self.trials: list[Trial[Q]] = []       # in the order measured, second rounds included
         self.latest: dict[Q, Trial[Q]] = {}
+        self.spent_s = 0.0                      # seconds of measuring, every outcome's cost
 
     def record(self, point: Q, outcome: Outcome) -> None:
         previous = self.latest.get(point)
@@ -87,6 +88,7 @@ class Standing(Generic[Q]):
                       1 if previous is None else previous.round + 1)
         self.trials.append(trial)
         self.latest[point] = trial
+        self.spent_s += outcome.duration_s
 
     def points(self, verdict: Verdict | None = None) -> list[Q]:
         """The points measured (with ``verdict``, if given), ascending."""
@@ -158,10 +160,10 @@ class LengthSweep:
         self._lengths = lengths
         self._start = 0 if start is None else lengths.index(start)
         self._standing: Standing[int] = Standing()
-        self._budget_s, self._spent_s = budget_s, 0.0
+        self._budget_s = budget_s
 
     def next_point(self) -> int | None:
-        return self._plan() if self._spent_s < self._budget_s else None
+        return self._plan() if self._standing.spent_s < self._budget_s else None
 
     def _plan(self) -> int | None:
         """The next length by the walk alone (the budget aside); None: the walk is done."""
@@ -182,7 +184,6 @@ class LengthSweep:
     def record(self, point: int, outcome: Outcome) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
         self._standing.record(point, outcome)
-        self._spent_s += outcome.duration_s
 
     def result(self) -> LengthSweepResult:
         standing = self._standing
@@ -190,4 +191,4 @@ class LengthSweep:
                                  min(standing.points(Verdict.FAIL), default=None),
                                  tuple(standing.trials), standing.believed_fail(),
                                  tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
-                                 "answer" if self._plan() is None else "budget", self._spent_s)
+                                 "answer" if self._plan() is None else "budget", standing.spent_s)
