@@ -22,6 +22,7 @@ from relaygr.bench.config import (
     QpsSearchConfig,
 )
 from relaygr.bench.decision import P99Rule, Verdict
+from relaygr.bench.journal import JOURNAL_NAME, read_journal
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.qps_search import QpsSearch
 from relaygr.bench.report import BenchReport
@@ -205,6 +206,42 @@ def test_plots_and_console(bench: Bench) -> None:
     for mode in SERVICE:
         assert mode in printed
     assert "ratios:" in printed and "exactness: 12 requests" in printed
+
+
+def test_the_journal_holds_every_point_and_phase_as_they_finished(bench: Bench) -> None:
+    """``points.jsonl``: the start with the config, then every point of ``bench.json`` in the
+    order measured, each phase's answer after its last point, the clock never going back."""
+    _, out, _, _ = bench
+    events = read_journal(out / JOURNAL_NAME)
+    assert events[0]["event"] == "start" and events[0]["config"]["seed"] == CONFIG.seed
+    data = json.loads((out / "bench.json").read_text())
+    points = [e["point"] for e in events if e["event"] == "point"]
+    assert points == data["points"]
+    phases = [e["phase"] for e in events if e["event"] == "phase"]
+    assert phases == ["operating_point", "sweep", "throughput", "mixed", "limit", "exactness"]
+    # each phase line comes after the last point it covers
+    last_seen: dict[str, int] = {}
+    for i, e in enumerate(events):
+        if e["event"] == "point":
+            last_seen[e["point"]["phase"]] = i
+    for i, e in enumerate(events):
+        if e["event"] == "phase" and e["phase"] in last_seen:
+            assert i > last_seen[e["phase"]]
+    sweep = next(e["result"] for e in events if e.get("phase") == "sweep")
+    for mode in SERVICE:
+        assert sweep[mode]["max_seq_len"] == data["modes"][mode]["max_seq_len_under_slo"]
+    times = [e["at_s"] for e in events]
+    assert times == sorted(times)
+
+
+def test_a_journal_cut_off_mid_line_reads_up_to_its_last_whole_event(tmp_path: Path) -> None:
+    path = tmp_path / JOURNAL_NAME
+    path.write_text('{"event": "start", "at_s": 0.0}\n{"event": "point", "at_s": 1.5}\n'
+                    '{"event": "poi')
+    assert [e["at_s"] for e in read_journal(path)] == [0.0, 1.5]
+    path.write_text('{"event": "start"}\n{"eve\n{"event": "point"}\n')
+    with pytest.raises(json.JSONDecodeError):      # damage before the end is not a cut-off
+        read_journal(path)
 
 
 def test_extra_workload_phase_measures_named_systems(tmp_path: Path) -> None:

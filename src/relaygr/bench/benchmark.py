@@ -4,7 +4,8 @@
 ``relay-no-affinity``, ``relay-no-expander``, or any other) to a factory that builds a fresh
 ``RankingSystem`` from a ``SystemContext`` (the point's workload, the run clock). Modes are
 measured in the order given, alternating point by point. Writes ``bench.json`` (or
-``json_path``) and three PNG plots into ``out_dir`` and prints the console table.
+``json_path``) and three PNG plots into ``out_dir`` and prints the console table; while it runs,
+``points.jsonl`` there records each point and phase as it finishes (``relaygr.bench.journal``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.console import Console
 from relaygr.bench.config import BenchConfig
 from relaygr.bench.console import print_report
 from relaygr.bench.hardware import matmul_peak_gflops
+from relaygr.bench.journal import JOURNAL_NAME, Journal
 from relaygr.bench.limit import LimitProbe
 from relaygr.bench.operating import CostProbe
 from relaygr.bench.plots import write_plots
@@ -47,13 +49,15 @@ def run_benchmark(systems: Mapping[str, SystemFactory], config: BenchConfig, out
     console = console or Console()
     peak = matmul_peak_gflops(config.device) if config.measure_matmul_peak else None
     with contextlib.ExitStack() as stack:
+        journal = Journal(out_dir / JOURNAL_NAME, config)
+        stack.callback(journal.close)
         progress: Progress = NullProgress()
         if show_progress:
             progress = stack.enter_context(RichProgress(console=console))
         suite = BenchSuite(systems, config, probe, progress, peak_gflops=peak,
-                           extra_systems=extra_systems, cost_probe=cost_probe)
+                           extra_systems=extra_systems, cost_probe=cost_probe,
+                           journal=journal)
         report = asyncio.run(suite.run())
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(report, json_path or out_dir / "bench.json")
     write_plots(report, out_dir)
     print_report(report, console)

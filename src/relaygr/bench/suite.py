@@ -27,6 +27,7 @@ from relaygr.bench.assemble import Phases, assemble
 from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
+from relaygr.bench.journal import Journal
 from relaygr.bench.limit import LimitProbe, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
 from relaygr.bench.operating import CostProbe, Layout, OperatingPoint, operating_point
@@ -54,7 +55,7 @@ class BenchSuite:
                  probe: LimitProbe | None = None, progress: Progress | None = None,
                  peak_gflops: float | None = None,
                  extra_systems: Mapping[str, SystemFactory] | None = None,
-                 cost_probe: CostProbe | None = None) -> None:
+                 cost_probe: CostProbe | None = None, journal: Journal | None = None) -> None:
         if not systems:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
@@ -70,6 +71,7 @@ class BenchSuite:
                 raise ConfigError(f"workload phase {phase.name!r} names unknown systems "
                                   f"{sorted(unknown)}")
         self.progress = progress or NullProgress()
+        self.journal = journal
         self.peak_gflops = peak_gflops
         self.points: list[PointStats] = []
         self.summaries: dict[str, dict[str, object]] = {}
@@ -139,8 +141,17 @@ class BenchSuite:
         """Too much noise during the point to believe that it did not pass (``noise``)."""
         return self.noise.too_noisy(stats.steal_fraction, stats.calibration_ms)
 
-    def _record(self, stats: PointStats, label: str) -> None:
+    def _add_point(self, stats: PointStats) -> None:
         self.points.append(stats)
+        if self.journal is not None:
+            self.journal.point(stats)
+
+    def _finished(self, phase: str, result: object) -> None:
+        if self.journal is not None and result is not None:
+            self.journal.phase(phase, result)
+
+    def _record(self, stats: PointStats, label: str) -> None:
+        self._add_point(stats)
         decision = stats.decision
         evidence = "" if decision is None else \
             f" ({decision.overages} over the SLO in {decision.samples})"
@@ -225,7 +236,7 @@ class BenchSuite:
         result = await run_point(self.systems[cfg.mode], workload, options, self.progress)
         self.progress.end_point()
         stats = point_stats(result, cfg.mode, "limit", cfg.qps, prefix_len)
-        self.points.append(stats)
+        self._add_point(stats)
         relayed = [r for r in result.records if r.path in RELAYED_PATHS]
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
@@ -245,7 +256,9 @@ class BenchSuite:
         started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         cfg = self.config
         point = self.operating_point()
+        self._finished("operating_point", point)
         sweep = await self.sweep() if cfg.sweep else None
+        self._finished("sweep", sweep)
         throughput = None
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
         if point is not None and point.prefix_len == prefix_len:
@@ -256,10 +269,13 @@ class BenchSuite:
         if cfg.throughput:
             throughput = await self.qps_search("throughput", self._fixed(prefix_len),
                                                cfg.throughput.search, prefix_len)
+            self._finished("throughput", {"prefix_len": prefix_len, "chosen_by": chosen_by,
+                                          "searches": throughput})
         mixed_builder = (workload_builder(cfg.mixed.source, cfg.mixed.params, cfg.seed)
                          if cfg.mixed else SyntheticWorkload(cfg.population, cfg.seed))
         mixed = (await self.qps_search("mixed", mixed_builder, cfg.mixed.search, None)
                  if cfg.mixed and cfg.mixed.search else None)
+        self._finished("mixed", mixed)
         extra: dict[str, dict[str, object]] = {}
         for wp in cfg.workloads:
             builder = workload_builder(wp.source, wp.params, cfg.seed)
@@ -267,8 +283,11 @@ class BenchSuite:
             extra[wp.name] = {"source": wp.source, "workload": builder.describe(),
                               "slo_throughput_qps": {m: r.best_qps for m, r in found.items()},
                               "searches": found}
+            self._finished(wp.name, extra[wp.name])
         limit = await self.limit(cfg.limit.prefix_len or prefix_len if cfg.limit else prefix_len)
+        self._finished("limit", limit)
         exactness = await self.exactness(mixed_builder)
+        self._finished("exactness", exactness)
         phases = Phases(point, prefix_len, chosen_by, sweep, throughput, mixed, extra, limit,
                         exactness, mixed_builder.describe() if cfg.mixed else None)
         return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,

@@ -3,7 +3,8 @@
 Measures, per mode: the longest prefix whose ranking P99 meets the SLO at a fixed load, the
 highest SLO-compliant Poisson QPS at a fixed long prefix and on the mixed workload, the relay's
 overhead over the isolated cached ranking pass, and score exactness against the baseline.
-Writes bench.json and PNG plots into --out and prints the table (see docs/benchmark.md).
+Writes bench.json and PNG plots into --out and prints the table (see docs/benchmark.md); while
+it runs, --out/points.jsonl records each point and phase as it finishes.
 """
 
 from __future__ import annotations
