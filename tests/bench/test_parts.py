@@ -15,8 +15,10 @@ from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.limit import (
     LIMIT_PACE_S,
+    MIN_ISOLATED_PASSES,
     ModelLimitProbe,
     describe_overhead,
+    isolated_passes,
     limit_report,
     median_interval,
 )
@@ -321,3 +323,28 @@ def test_the_overhead_ratio_comes_with_its_medians_order_statistic_interval() ->
     assert report.relay_overhead_high == pytest.approx(lat[14] / passes[7])
     no_latencies = limit_report(stats, Passes(), None, None, 100, 4, 8)
     assert no_latencies.relay_overhead_low is None and no_latencies.relay_overhead_high is None
+
+
+def test_the_pass_alone_is_timed_as_often_as_the_limit_point_has_relayed_requests() -> None:
+    """The quick plan's 20 relayed requests meet the floor of 25 passes; the full plan's 100
+    are met by 100, and over the same spread of pass times the interval then narrows."""
+    assert isolated_passes(20) == MIN_ISOLATED_PASSES == 25
+    assert isolated_passes(100) == 100
+    lat = [10.0 + 0.01 * i for i in range(100)]
+
+    def interval(count: int) -> tuple[float, float]:
+        passes = [8.0 + 2.0 * i / (count - 1) for i in range(count)]   # 8..10 ms, evenly
+
+        class Passes:
+            def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,
+                                       candidates: int) -> list[float]:
+                return passes
+
+        stats = point_stats(_low_load_point(), "relay", "limit", 1.0, 100)
+        report = limit_report(stats, Passes(), None, None, 100, 4, 8, relayed_latencies_ms=lat)
+        assert report.relay_overhead_low is not None and report.relay_overhead_high is not None
+        return report.relay_overhead_low, report.relay_overhead_high
+
+    low25, high25 = interval(isolated_passes(20))
+    low100, high100 = interval(isolated_passes(100))
+    assert low25 < low100 < high100 < high25

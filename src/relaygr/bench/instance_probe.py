@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe
+from relaygr.bench.limit import LIMIT_PACE_S, MIN_ISOLATED_PASSES, ModelLimitProbe
 from relaygr.bench.operating import Layout
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.hostmem import tune_host_allocator
@@ -143,7 +143,8 @@ class InstanceCostProbe:
     """Times full passes in processes set up as the baseline's instances (module docstring)."""
 
     def __init__(self, model: HSTU, layout: Layout, repeats: int = 9, warmup: int = 2,
-                 seed: int = 0, timeout_s: float = 120.0, limit_repeats: int = 25,
+                 seed: int = 0, timeout_s: float = 120.0,
+                 limit_repeats: int = MIN_ISOLATED_PASSES,
                  limit_pace_s: float = LIMIT_PACE_S) -> None:
         """``limit_repeats``: calls of ``cached_rank_ms`` (the ratio it divides needs a steady
         denominator: 25 calls, as ``ModelLimitProbe``'s), each after ``limit_pace_s`` of idling

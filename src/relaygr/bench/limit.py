@@ -41,6 +41,15 @@ from relaygr.model.inputs import RankInput
 from relaygr.timing import time_call
 
 LIMIT_PACE_S = 0.1
+# The overhead's interval is as wide as the wider of its two medians' intervals allows: the pass
+# alone is timed as often as the limit point has relayed requests, and at least this often
+# (a steady median on the shared box: ``ModelLimitProbe``).
+MIN_ISOLATED_PASSES = 25
+
+
+def isolated_passes(relayed_requests: int) -> int:
+    """How many isolated passes a limit point of ``relayed_requests`` requests is set against."""
+    return max(MIN_ISOLATED_PASSES, relayed_requests)
 
 
 class LimitProbe(Protocol):
@@ -74,7 +83,8 @@ class ModelLimitProbe:
 
     # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
     # the shared 2-core box; the ratio it divides needs a steadier denominator (25 calls: 0.4 s).
-    def __init__(self, model: HSTU, repeats: int = 25, seed: int = 0, timed: bool = True,
+    def __init__(self, model: HSTU, repeats: int = MIN_ISOLATED_PASSES, seed: int = 0,
+                 timed: bool = True,
                  full_repeats: int = 9, pace_s: float = LIMIT_PACE_S) -> None:
         self.model, self.repeats, self.timed, self.pace_s = model, repeats, timed, pace_s
         # the cost curve's points: a few calls each (tens of ms each near the operating point)
