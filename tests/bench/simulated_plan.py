@@ -67,13 +67,13 @@ class CurveProbe:
     def __init__(self, full_ms: Callable[[int], float], cached_ms: float = 0.05,
                  batch_cost: Callable[[int], float] = float) -> None:
         self.full_ms, self.cached_ms, self.batch_cost = full_ms, cached_ms, batch_cost
-        self.calls: list[tuple[int, int, int]] = []
+        self.calls: list[tuple[int, int, int, int]] = []
         self.full_calls: list[tuple[int, int, int]] = []
 
-    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
-                               ) -> list[float]:
-        self.calls.append((prefix_tokens, suffix_tokens, candidates))
-        return [self.cached_ms] * 25
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                               passes: int) -> list[float]:
+        self.calls.append((prefix_tokens, suffix_tokens, candidates, passes))
+        return [self.cached_ms] * passes
 
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:

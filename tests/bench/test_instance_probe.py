@@ -23,13 +23,13 @@ from relaygr.model import HSTU, HSTUConfig
 def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
     torch.manual_seed(0)
     model = HSTU(HSTUConfig(num_items=50, dim=16, num_layers=1, num_heads=1)).eval()
-    probe = InstanceCostProbe(model, Layout(2, 1), repeats=2, warmup=1, limit_repeats=3)
+    probe = InstanceCostProbe(model, Layout(2, 1), repeats=2, warmup=1)
     assert isinstance(probe, LayoutProbe)
     limit: LimitProbe = probe                  # the limit's probe too (checked by mypy)
     try:
         ms = probe.full_rank_ms(32, 2, 8)
         other = probe.layout_rank_ms(Layout(1, 2), 32, 2, 8, batch=2)
-        cached = limit.cached_rank_samples_ms(32, 2, 8)   # one process of 1 thread, alone
+        cached = limit.cached_rank_samples_ms(32, 2, 8, 3)   # one process of 1 thread, alone
         assert len(cached) == 3
         assert all(math.isfinite(v) and v > 0 for v in (ms, other, *cached))
         groups = probe._groups

@@ -81,8 +81,9 @@ def test_requests_after_a_user_request_only_one_run_answered_are_not_compared() 
 def test_model_probe_times_cached_and_full_ranking() -> None:
     cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
     torch.manual_seed(0)
-    probe = ModelLimitProbe(HSTU(cfg).eval(), repeats=2, full_repeats=2)
-    cached = probe.cached_rank_samples_ms(prefix_tokens=64, suffix_tokens=4, candidates=8)
+    probe = ModelLimitProbe(HSTU(cfg).eval(), full_repeats=2)
+    cached = probe.cached_rank_samples_ms(prefix_tokens=64, suffix_tokens=4, candidates=8,
+                                          passes=2)
     assert len(cached) == 2
     for ms in (*cached,
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
@@ -96,12 +97,12 @@ def test_the_limit_probe_times_each_cached_pass_after_an_idle_gap(
     monkeypatch.setattr(timing.time, "sleep", slept.append)   # recorded, not waited
     cfg = HSTUConfig(num_items=100, dim=16, num_layers=1, num_heads=2, max_seq_len=256)
     model = HSTU(cfg).eval()
-    ModelLimitProbe(model, repeats=3).cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2,
-                                                              candidates=8)
+    ModelLimitProbe(model).cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2,
+                                                  candidates=8, passes=3)
     assert slept == [LIMIT_PACE_S] * 3             # before each timed pass, none in warm-up
     slept.clear()
-    probe = ModelLimitProbe(model, repeats=3, full_repeats=2, pace_s=0.0)
-    probe.cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
+    probe = ModelLimitProbe(model, full_repeats=2, pace_s=0.0)
+    probe.cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2, candidates=8, passes=3)
     probe.full_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
     assert slept == []                              # back to back, and the cost curve always
 
@@ -114,8 +115,8 @@ def _low_load_point() -> RunResult:
 
 
 class Probe:
-    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
-                               ) -> list[float]:
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                               passes: int) -> list[float]:
         return [2.0] * 5
 
 
@@ -312,7 +313,8 @@ def test_the_overhead_ratio_comes_with_its_medians_order_statistic_interval() ->
 
     class Passes:
         def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,
-                                   candidates: int) -> list[float]:
+                                   candidates: int, count: int) -> list[float]:
+            assert count == len(passes)
             return list(reversed(passes))
 
     stats = point_stats(_low_load_point(), "relay", "limit", 1.0, 100)
@@ -332,16 +334,16 @@ def test_the_pass_alone_is_timed_as_often_as_the_limit_point_has_relayed_request
     assert isolated_passes(100) == 100
     lat = [10.0 + 0.01 * i for i in range(100)]
 
+    class Passes:                # as many passes as asked for, spread evenly over 8..10 ms
+        def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,
+                                   candidates: int, passes: int) -> list[float]:
+            return [8.0 + 2.0 * i / (passes - 1) for i in range(passes)]
+
     def interval(count: int) -> tuple[float, float]:
-        passes = [8.0 + 2.0 * i / (count - 1) for i in range(count)]   # 8..10 ms, evenly
-
-        class Passes:
-            def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int,
-                                       candidates: int) -> list[float]:
-                return passes
-
         stats = point_stats(_low_load_point(), "relay", "limit", 1.0, 100)
-        report = limit_report(stats, Passes(), None, None, 100, 4, 8, relayed_latencies_ms=lat)
+        report = limit_report(stats, Passes(), None, None, 100, 4, 8, relayed_latencies_ms=lat,
+                              passes=count)
+        assert report.isolated_passes == count
         assert report.relay_overhead_low is not None and report.relay_overhead_high is not None
         return report.relay_overhead_low, report.relay_overhead_high
 

@@ -23,6 +23,7 @@ from relaygr.bench.config import (
 )
 from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.journal import JOURNAL_NAME, read_journal
+from relaygr.bench.limit import isolated_passes
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.qps_search import QpsSearch
 from relaygr.bench.report import BenchReport
@@ -137,7 +138,11 @@ def test_reference_point_limit_and_exactness(bench: Bench) -> None:
     assert relay.reference.device_bytes_peak > 0
     limit = report.limit
     assert limit is not None and len(probe.calls) == 1
-    assert probe.calls[0] == (limit.prefix_len, limit.suffix_tokens, limit.candidates)
+    # the pass alone timed as often as the limit point has requests, 25 at the least
+    assert CONFIG.limit is not None
+    assert probe.calls[0] == (limit.prefix_len, limit.suffix_tokens, limit.candidates,
+                              isolated_passes(CONFIG.limit.requests))
+    assert limit.isolated_passes == isolated_passes(CONFIG.limit.requests)
     assert limit.relay_overhead_ratio == pytest.approx(limit.low_load_p50_ms / 0.05)
     assert limit.low_load_p50_ms == pytest.approx(SERVICE["relay"](limit.prefix_len) * 1e3,
                                                   rel=0.1)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from relaygr.bench.limit import LIMIT_PACE_S, MIN_ISOLATED_PASSES, ModelLimitProbe
+from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe
 from relaygr.bench.operating import Layout
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.hostmem import tune_host_allocator
@@ -144,19 +144,17 @@ class InstanceCostProbe:
 
     def __init__(self, model: HSTU, layout: Layout, repeats: int = 9, warmup: int = 2,
                  seed: int = 0, timeout_s: float = 120.0,
-                 limit_repeats: int = MIN_ISOLATED_PASSES,
                  limit_pace_s: float = LIMIT_PACE_S) -> None:
-        """``limit_repeats``: calls of ``cached_rank_ms`` (the ratio it divides needs a steady
-        denominator: 25 calls, as ``ModelLimitProbe``'s), each after ``limit_pace_s`` of idling
+        """``limit_pace_s``: the idling before each of ``cached_rank_samples_ms``'s passes
         (``relaygr.bench.limit``)."""
         if model.device.type != "cpu":
             raise ConfigError("InstanceCostProbe times CPU instances (a GPU instance is a "
                               "worker thread of the serving process: time it there)")
-        if repeats < 1 or limit_repeats < 1 or warmup < 0 or limit_pace_s < 0:
-            raise ConfigError("InstanceCostProbe needs repeats, limit_repeats >= 1 and "
-                              "warmup, limit_pace_s >= 0")
+        if repeats < 1 or warmup < 0 or limit_pace_s < 0:
+            raise ConfigError("InstanceCostProbe needs repeats >= 1 and warmup, "
+                              "limit_pace_s >= 0")
         self.layout, self.repeats, self.warmup = layout, repeats, warmup
-        self.limit_repeats, self.limit_pace_s = limit_repeats, limit_pace_s
+        self.limit_pace_s = limit_pace_s
         self.seed, self.timeout_s = seed, timeout_s
         self._weights = _Weights.of(model)
         self._groups: dict[Layout, _Group] = {}
@@ -174,15 +172,15 @@ class InstanceCostProbe:
                 self.warmup, 0.0)
         return statistics.median(self._group(layout).time(call))
 
-    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
-                               ) -> list[float]:
-        """Ms of each timed cached ranking pass in one instance-like process computing alone
-        (a ``LimitProbe``: the relay's low-load latency is set against it, so the overhead
-        counts the relay's own cost, not the difference between this process and an
-        instance's, nor a warm pass against a cold one: each timed pass follows
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                               passes: int) -> list[float]:
+        """Ms of each of ``passes`` timed cached ranking passes in one instance-like process
+        computing alone (a ``LimitProbe``: the relay's low-load latency is set against it, so
+        the overhead counts the relay's own cost, not the difference between this process and
+        an instance's, nor a warm pass against a cold one: each timed pass follows
         ``limit_pace_s`` of idling, as a low-load request does). The prefix K/V is computed
         first, outside the timed calls."""
-        call = ("cached", prefix_tokens, suffix_tokens, candidates, 1, self.limit_repeats,
+        call = ("cached", prefix_tokens, suffix_tokens, candidates, 1, passes,
                 self.warmup, self.limit_pace_s)
         return list(self._group(Layout(1, self.layout.threads)).time(call))
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from relaygr.bench.config import BenchConfig
 from relaygr.bench.report import jsonable
 from relaygr.bench.stats import PointStats
 
@@ -32,7 +33,7 @@ JOURNAL_NAME = "points.jsonl"
 class Journal:
     """Appends the run's events to ``path`` (module docstring); ``close`` when the run ends."""
 
-    def __init__(self, path: Path, config: object) -> None:
+    def __init__(self, path: Path, config: BenchConfig) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._t0 = time.perf_counter()
@@ -41,8 +42,7 @@ class Journal:
                     config=config)
 
     def _write(self, event: str, **fields: Any) -> None:
-        if self._file is None:
-            raise ValueError(f"the journal {self.path} is closed")
+        assert self._file is not None, f"the journal {self.path} is written after its close"
         line = {"event": event, "at_s": round(time.perf_counter() - self._t0, 3), **fields}
         self._file.write(json.dumps(jsonable(line), allow_nan=False) + "\n")
         self._file.flush()

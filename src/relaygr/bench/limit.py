@@ -42,23 +42,24 @@ from relaygr.timing import time_call
 
 LIMIT_PACE_S = 0.1
 # The overhead's interval is as wide as the wider of its two medians' intervals allows: the pass
-# alone is timed as often as the limit point has relayed requests, and at least this often
-# (a steady median on the shared box: ``ModelLimitProbe``).
+# alone is timed as often as the limit point has requests, and at least this often (a 5-call
+# median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on the shared
+# 2-core box; 25 calls take 0.4 s, plus their idle gaps).
 MIN_ISOLATED_PASSES = 25
 
 
-def isolated_passes(relayed_requests: int) -> int:
-    """How many isolated passes a limit point of ``relayed_requests`` requests is set against."""
-    return max(MIN_ISOLATED_PASSES, relayed_requests)
+def isolated_passes(requests: int) -> int:
+    """How many isolated passes a limit point of ``requests`` requests is set against."""
+    return max(MIN_ISOLATED_PASSES, requests)
 
 
 class LimitProbe(Protocol):
     """Times the model alone."""
 
-    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
-                               ) -> list[float]:
-        """Ms of each timed cached ranking pass (prefix K/V given; suffix + candidates
-        computed), each after an idle gap (module docstring)."""
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                               passes: int) -> list[float]:
+        """Ms of each of ``passes`` timed cached ranking passes (prefix K/V given; suffix +
+        candidates computed), each after an idle gap (module docstring)."""
         ...
 
 
@@ -81,12 +82,9 @@ class ModelLimitProbe:
     prefix, suffix and candidates of ``batch`` users in one model call, the baseline's pass.
     """
 
-    # A 5-call median of the cpu profile's 2,048-token pass ranged 11.0-17.1 ms across runs on
-    # the shared 2-core box; the ratio it divides needs a steadier denominator (25 calls: 0.4 s).
-    def __init__(self, model: HSTU, repeats: int = MIN_ISOLATED_PASSES, seed: int = 0,
-                 timed: bool = True,
-                 full_repeats: int = 9, pace_s: float = LIMIT_PACE_S) -> None:
-        self.model, self.repeats, self.timed, self.pace_s = model, repeats, timed, pace_s
+    def __init__(self, model: HSTU, seed: int = 0, timed: bool = True, full_repeats: int = 9,
+                 pace_s: float = LIMIT_PACE_S) -> None:
+        self.model, self.timed, self.pace_s = model, timed, pace_s
         # the cost curve's points: a few calls each (tens of ms each near the operating point)
         self.full_repeats = full_repeats
         self._gen = torch.Generator().manual_seed(seed)
@@ -108,10 +106,10 @@ class ModelLimitProbe:
         return partial(self.model.rank, self._items(candidates), prefix=kv,
                        suffix_items=suffix, suffix_timestamps=suffix_ts)
 
-    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int
-                               ) -> list[float]:
+    def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                               passes: int) -> list[float]:
         call = self.cached_pass(prefix_tokens, suffix_tokens, candidates)
-        return list(time_call(call, self.model.device, repeats=self.repeats,
+        return list(time_call(call, self.model.device, repeats=passes,
                               pace_s=self.pace_s).samples_ms)
 
     def full_pass_inputs(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
@@ -136,8 +134,9 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
                  peak_gflops: float | None, prefix_len: int, suffix_tokens: int,
                  candidates: int, relayed_parts: dict[str, object] | None = None,
                  compute_by_path: dict[str, dict[str, float]] | None = None,
-                 relayed_latencies_ms: Sequence[float] = ()) -> LimitReport:
-    """Combine the low-load point, the isolated timing and the FLOP count.
+                 relayed_latencies_ms: Sequence[float] = (),
+                 passes: int = MIN_ISOLATED_PASSES) -> LimitReport:
+    """Combine the low-load point, the isolated timing (``passes`` passes) and the FLOP count.
 
     The low-load latency is over the requests that took the relay path (ranked from a cached
     prefix), the path the isolated pass measures; the point's other requests (a prefix the
@@ -146,7 +145,7 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
     ``compute_by_path`` their ``stats.compute_by_path``; ``relayed_latencies_ms`` their ranking
     latencies (the overhead's interval; none: no interval)."""
     samples = ([] if probe is None
-               else probe.cached_rank_samples_ms(prefix_len, suffix_tokens, candidates))
+               else probe.cached_rank_samples_ms(prefix_len, suffix_tokens, candidates, passes))
     isolated_ms = statistics.median(samples) if samples else None
     relayed = low_load.ranking_relayed
     p50_ms = relayed.p50_ms if relayed.count else low_load.ranking.p50_ms

@@ -28,7 +28,7 @@ from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.journal import Journal
-from relaygr.bench.limit import LimitProbe, limit_report
+from relaygr.bench.limit import LimitProbe, isolated_passes, limit_report
 from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
 from relaygr.bench.operating import CostProbe, Layout, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
@@ -242,7 +242,8 @@ class BenchSuite:
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
                             round(stats.candidates_mean), latency_parts(relayed),
                             compute_by_path(relayed),
-                            [1e3 * r.ranking_latency_s for r in relayed])
+                            [1e3 * r.ranking_latency_s for r in relayed],
+                            isolated_passes(cfg.requests))
 
     async def exactness(self, builder: WorkloadBuilder) -> ExactnessReport | None:
         cfg = self.config.exactness

@@ -30,7 +30,7 @@ from relaygr.bench.config import (
     WorkloadPhaseConfig,
 )
 from relaygr.bench.instance_probe import InstanceCostProbe
-from relaygr.bench.limit import LimitProbe, ModelLimitProbe, isolated_passes
+from relaygr.bench.limit import LimitProbe, ModelLimitProbe
 from relaygr.bench.operating import CostProbe, Layout, LengthSearch
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
@@ -177,9 +177,7 @@ def run(args: argparse.Namespace) -> int:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
     factories = mode_factories(setup.modes, system, parts)
     closed = mode_factories(["relay"], system.with_(instance={"cross_request_reuse": False}), parts)
-    # the pass alone timed as often as the limit point has relayed requests (bench.limit)
-    passes = isolated_passes(config.limit.requests if config.limit else 0)
-    probe = ModelLimitProbe(model, repeats=passes)   # on one instance's threads: this process's
+    probe = ModelLimitProbe(model)   # on one instance's threads: this process's
     # Where instances are processes, both the baseline's cost curve and the limit's cached
     # pass are timed in processes set up as the instances (relaygr.bench.instance_probe): the
     # curve with every instance computing at once, the cached pass in one computing alone, as
@@ -187,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
     cost_probe: CostProbe = probe
     limit_probe: LimitProbe = probe
     if setup.in_processes:
-        cost_probe = limit_probe = InstanceCostProbe(
-            model, Layout(system.num_instances, setup.threads), limit_repeats=passes)
+        cost_probe = limit_probe = InstanceCostProbe(model, Layout(system.num_instances,
+                                                                   setup.threads))
     try:
         run_benchmark(factories, config, args.out, limit_probe, json_path=args.json,
                       console=console, extra_systems={"relay-closed": closed["relay"]},
