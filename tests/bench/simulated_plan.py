@@ -62,13 +62,25 @@ CONFIG = BenchConfig(
 class CurveProbe:
     """A machine's cost curves, simulated: the full pass costs ``full_ms(prefix tokens)`` (no
     clock involved), a call over B users ``batch_cost(B)`` times that (B: no gain from
-    batching); the cached pass costs ``cached_ms``. Records every call."""
+    batching); the cached pass costs ``cached_ms``. In a run of single-user passes
+    (``full_rank_samples_ms``) the slowest ``tail_share`` of them cost ``tail_ratio`` x the
+    pass (1: no tail). Records every call."""
 
     def __init__(self, full_ms: Callable[[int], float], cached_ms: float = 0.05,
-                 batch_cost: Callable[[int], float] = float) -> None:
+                 batch_cost: Callable[[int], float] = float, tail_ratio: float = 1.0,
+                 tail_share: float = 0.05) -> None:
         self.full_ms, self.cached_ms, self.batch_cost = full_ms, cached_ms, batch_cost
+        self.tail_ratio, self.tail_share = tail_ratio, tail_share
         self.calls: list[tuple[int, int, int, int]] = []
         self.full_calls: list[tuple[int, int, int]] = []
+        self.sample_runs: list[int] = []
+
+    def full_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                             passes: int) -> list[float]:
+        self.sample_runs.append(passes)
+        median = self.full_rank_ms(prefix_tokens, suffix_tokens, candidates)
+        slow = round(self.tail_share * passes)
+        return [median] * (passes - slow) + [self.tail_ratio * median] * slow
 
     def cached_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                                passes: int) -> list[float]:

@@ -31,7 +31,10 @@ def test_layouts_are_timed_in_processes_set_up_as_instances() -> None:
         other = probe.layout_rank_ms(Layout(1, 2), 32, 2, 8, batch=2)
         cached = limit.cached_rank_samples_ms(32, 2, 8, 3)   # one process of 1 thread, alone
         assert len(cached) == 3
-        assert all(math.isfinite(v) and v > 0 for v in (ms, other, *cached))
+        # the cost curve's passes: each of the 2 processes times half of 5, rounded up
+        curve = probe.full_rank_samples_ms(32, 2, 8, 5)
+        assert len(curve) == 6
+        assert all(math.isfinite(v) and v > 0 for v in (ms, other, *cached, *curve))
         groups = probe._groups
         assert set(groups) == {Layout(2, 1), Layout(1, 2), Layout(1, 1)}
         assert len(groups[Layout(1, 1)].time(("cached", 32, 2, 8, 1, 3, 0, 0.0))) == 3

@@ -105,6 +105,40 @@ def test_the_ends_of_the_curve() -> None:
     assert "under the target up to the longest length" in point.reason
 
 
+def test_the_length_is_read_off_the_passs_p99_not_its_median() -> None:
+    """The SLO bounds a P99, so the share is of the pass's P99: where the slowest 5 % of
+    passes cost 1.6x the rest, the length is where 1.6x the pass takes the target, shorter
+    than without a tail; the median is kept beside it (the batch curve's first call)."""
+    steady = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH)
+    probe = CurveProbe(slow_ms, tail_ratio=1.6)
+    tailed = operating_point(probe, SLO_MS, SHARE, 16, 256, SEARCH)
+    assert tailed.prefix_len < steady.prefix_len
+    assert tailed.cost_ms == pytest.approx(1.6 * slow_ms(tailed.prefix_len))
+    assert abs(tailed.cost_ms - tailed.target_ms) <= SEARCH.tolerance * tailed.target_ms
+    assert tailed.median_ms == pytest.approx(slow_ms(tailed.prefix_len))
+    assert probe.sample_runs == [100] * len(tailed.curve)      # every length: 100 passes
+    assert tailed.quantile == 0.99 and tailed.statistic == "P99"
+    assert "P99 of the baseline's full ranking pass" in tailed.reason
+    assert f"median {tailed.median_ms:.1f} ms" in tailed.reason
+    # the median as the statistic (the old reading): the tail does not move the length
+    median = operating_point(probe, SLO_MS, SHARE, 16, 256, replace(SEARCH, quantile=0.5))
+    assert median.prefix_len == steady.prefix_len and median.statistic == "P50"
+
+
+def test_the_curves_quantile_is_not_its_slowest_pass() -> None:
+    """Enough passes that the quantile by nearest rank is never the maximum: one spike in 100
+    passes does not set a P99, two do."""
+    p99, p90, p50 = (LengthSearch(quantile=q) for q in (0.99, 0.9, 0.5))
+    assert (p99.passes, p90.passes, p50.passes) == (100, 10, 9)
+    assert p99.read([1.0] * 99 + [50.0]) == 1.0
+    assert p99.read([1.0] * 98 + [50.0, 60.0]) == 50.0
+    assert p50.read([3.0, 1.0, 2.0]) == 2.0 and p90.read([5.0]) == 5.0
+    with pytest.raises(ConfigError):
+        LengthSearch(quantile=1.0)
+    with pytest.raises(ConfigError):
+        p99.read([])
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ConfigError):
         LengthSearch(start_tokens=16, min_tokens=32)
@@ -249,7 +283,7 @@ def test_the_curve_is_timed_on_the_serving_layout_with_every_instance_busy() -> 
     assert abs(busy.cost_ms - busy.target_ms) <= SEARCH.tolerance * busy.target_ms
     # every length of the curve, and the batch cap's calls, on the serving layout
     served = [c for c in probe.layout_calls if c[0] == Layout(2, 1)]
-    assert len(served) == len(busy.curve) + len(busy.batch_curve) - 1
+    assert len(served) == len(busy.curve) + len(busy.batch_curve)
     assert [c for c in probe.layout_calls if c[0] != Layout(2, 1)] == \
         [(Layout(1, 2), busy.prefix_len, 1)]
 

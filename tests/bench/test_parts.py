@@ -85,7 +85,10 @@ def test_model_probe_times_cached_and_full_ranking() -> None:
     cached = probe.cached_rank_samples_ms(prefix_tokens=64, suffix_tokens=4, candidates=8,
                                           passes=2)
     assert len(cached) == 2
-    for ms in (*cached,
+    curve = probe.full_rank_samples_ms(prefix_tokens=64, suffix_tokens=4, candidates=8,
+                                       passes=3)
+    assert len(curve) == 3
+    for ms in (*cached, *curve,
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=4, candidates=8),
                probe.full_rank_ms(prefix_tokens=64, suffix_tokens=0, candidates=8)):
         assert ms > 0 and math.isfinite(ms)  # a timing; how fast is this machine's business
@@ -104,6 +107,7 @@ def test_the_limit_probe_times_each_cached_pass_after_an_idle_gap(
     probe = ModelLimitProbe(model, full_repeats=2, pace_s=0.0)
     probe.cached_rank_samples_ms(prefix_tokens=32, suffix_tokens=2, candidates=8, passes=3)
     probe.full_rank_ms(prefix_tokens=32, suffix_tokens=2, candidates=8)
+    probe.full_rank_samples_ms(prefix_tokens=32, suffix_tokens=2, candidates=8, passes=2)
     assert slept == []                              # back to back, and the cost curve always
 
 

@@ -183,3 +183,43 @@ def test_the_sweep_walks_past_undecided_lengths_and_reports_them() -> None:
     down.record(2048, Outcome(45.0, Verdict.UNDECIDED))
     down.record(4096, Outcome(49.0, Verdict.UNDECIDED))
     assert down.next_point() is None and down.result().answer_interval == (512.0, math.inf)
+
+
+def test_a_halted_search_proposes_nothing_and_says_the_deadline_stopped_it() -> None:
+    """The run's deadline halts a search from outside: what it decided stands, its result says
+    ``deadline``; a search whose walk was already done keeps its own reason."""
+    sweep = LengthSweep((256, 512, 1024), start=256)
+    sweep.record(256, Outcome(20.0, Verdict.PASS, 17.0))
+    sweep.halt()
+    assert sweep.next_point() is None
+    result = sweep.result()
+    assert (result.stopped_by, result.max_seq_len) == ("deadline", 256)
+    assert result.answer_interval == (256.0, float("inf"))
+    search = QpsSearch(8.0)
+    search.record(8.0, Outcome(20.0, Verdict.PASS, 16.0))
+    search.halt()
+    assert search.next_point() is None
+    assert (search.result().stopped_by, search.result().best_qps) == ("deadline", 8.0)
+    done = LengthSweep((256,))
+    done.record(256, Outcome(20.0, Verdict.PASS, 17.0))
+    done.halt()
+    assert done.result().stopped_by == "answer"
+
+
+def test_lockstep_halts_a_search_whose_next_point_does_not_fit() -> None:
+    """``fits`` is asked before each point: the relay's search climbs past 40 QPS, where no
+    point fits any more, and is halted there; the baseline's, whose points all fit, ends on
+    its own."""
+    capacities = {"baseline": 10.0, "relay": 100.0}
+    searches = {m: QpsSearch(5.0, rel_tol=0.2) for m in capacities}
+    measured: list[float] = []
+
+    async def measure(mode: str, qps: float) -> Outcome:
+        measured.append(qps)
+        return judged(1.0 if qps <= capacities[mode] else 99.0)
+
+    asyncio.run(run_lockstep(searches, measure, fits=lambda qps: qps <= 40.0))
+    assert max(measured) <= 40.0
+    assert searches["relay"].result().stopped_by == "deadline"
+    assert searches["relay"].result().best_qps == 40.0
+    assert searches["baseline"].result().stopped_by == "resolution"

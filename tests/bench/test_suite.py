@@ -349,3 +349,60 @@ def test_a_single_spike_leaves_a_point_undecided_and_the_search_climbs_past_it()
     assert (spiked.decision.overages, spiked.decision.samples) == (1, 256)
     assert result.best_qps == 64.0 and result.stopped_by == "max_qps"
     assert result.undecided_qps == (16.0,)
+
+
+class _PointEnds:
+    """A ``Progress`` that keeps the loop's clock at the end of every point."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def start_point(self, label: str, total_requests: int) -> None:
+        pass
+
+    def advance(self, requests: int = 1) -> None:
+        pass
+
+    def end_point(self) -> None:
+        import asyncio
+        self.ends.append(asyncio.get_running_loop().time())
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def test_the_runs_deadline_ends_the_searches_in_time_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the loop's virtual clock: unbounded, the sweep and the throughput search take some
+    time T; with a deadline of half of it every point ends by the deadline (a point is
+    proposed only when its schedule and the set-up seen so far fit), a search cut short says
+    ``deadline``, and the phases after it still run."""
+    from dataclasses import replace
+
+    from relaygr.bench.suite import BenchSuite
+    from tests.virtual_time import run_virtual
+
+    fake_steal(monkeypatch, 0.0)
+    config = replace(CONFIG, mixed=None, exactness=None)
+    systems = {m: factory(m) for m in ("baseline", "relay")}
+
+    async def timed(deadline_s: float | None) -> tuple[BenchReport, list[float], float]:
+        import asyncio
+        ends = _PointEnds()
+        suite = BenchSuite(systems, replace(config, deadline_s=deadline_s), progress=ends)
+        start = asyncio.get_running_loop().time()
+        report = await suite.run()
+        searched = [e - start for e, p in zip(ends.ends, suite.points, strict=True)
+                    if p.phase in ("sweep", "throughput")]
+        return report, searched, max(searched)
+
+    free, free_ends, took = run_virtual(timed(None))
+    assert all(r.stopped_by != "deadline"
+               for m in free.modes.values() for r in (m.sweep, m.throughput) if r is not None)
+    cut, ends, _ = run_virtual(timed(took / 2))
+    assert max(ends) <= took / 2 < took
+    assert len(ends) < len(free_ends)
+    stopped = [r.stopped_by for m in cut.modes.values() for r in (m.sweep, m.throughput)
+               if r is not None]
+    assert "deadline" in stopped
+    assert cut.limit is not None                     # the fixed phases after it still ran

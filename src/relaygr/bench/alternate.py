@@ -37,20 +37,28 @@ Measure = Callable[[str, P], Awaitable[Outcome]]
 
 
 async def run_lockstep(searches: Mapping[str, Search[P]], measure: Measure[P],
-                       rotate: bool = True) -> int:
+                       rotate: bool = True, fits: Callable[[P], bool] | None = None) -> int:
     """Advance every search one trial per round until all are done; returns the trial count.
 
-    ``measure(mode, point)`` runs one point and returns its ``Outcome``.
+    ``measure(mode, point)`` runs one point and returns its ``Outcome``. ``fits(point)``, when
+    given, is asked just before each point is measured: a point that no longer fits the run's
+    time halts its search (``Search.halt``) instead of being measured.
     """
     modes = list(searches)
     trials = 0
     for round_index in range(1_000_000):
         order = rotated(modes, round_index) if rotate else modes
-        proposals = [(mode, searches[mode].next_point()) for mode in order]
-        active = [(mode, point) for mode, point in proposals if point is not None]
-        if not active:
-            return trials
-        for mode, point in active:
+        proposed = False
+        for mode in order:
+            point = searches[mode].next_point()
+            if point is None:
+                continue
+            proposed = True
+            if fits is not None and not fits(point):
+                searches[mode].halt()
+                continue
             searches[mode].record(point, await measure(mode, point))
             trials += 1
+        if not proposed:
+            return trials
     raise AssertionError("a search never finished")

@@ -81,6 +81,7 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
         workloads=phases.workloads, operating_point=point,
         meta={"seed": config.seed, "started_at": started.isoformat(),
               "duration_s": duration_s, "modes": list(modes), "budget": config.budget,
+              "deadline_s": config.deadline_s,
               "cpu_count": os.cpu_count(), "instance_placement": config.instance_placement,
               "serving": dict(config.serving), "load_average_end": list(os.getloadavg()),
               "platform": platform.platform(), "python": platform.python_version()})

@@ -224,10 +224,15 @@ class BenchConfig:
     # How the modes' systems serve (instances, threads per instance, batch size): reported with
     # the operating point, not used to build anything.
     serving: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds from the run's start by which the searching phases end (None: no deadline, each
+    # search bounded by its own budget): ``relaygr.bench.suite``.
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.slo_ms > 0:
             raise ConfigError(f"slo_ms must be > 0, got {self.slo_ms}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ConfigError(f"deadline_s must be > 0, got {self.deadline_s}")
         if self.instance_placement not in ("threads", "processes"):
             raise ConfigError("instance_placement must be 'threads' or 'processes', got "
                               f"{self.instance_placement!r}")

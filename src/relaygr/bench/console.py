@@ -127,7 +127,8 @@ def operating_table(point: OperatingPoint) -> Table:
     where = ("in its instances, all computing at once" if point.layout_curve
              else "as the probe timed it")
     table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
-                        f"baseline's full pass takes {point.slo_share:.0%} of the SLO {where}"
+                        f"{point.statistic} of the baseline's full pass takes "
+                        f"{point.slo_share:.0%} of the SLO {where}"
                         + (f" (every mode serves on {serving}; the baseline's batch cap "
                            "and layout in its throughput search are marked below)"
                            if serving else ""))
@@ -135,19 +136,18 @@ def operating_table(point: OperatingPoint) -> Table:
         steal = "n/a" if point.steal_fraction is None else f"{point.steal_fraction:.0%}"
         table.caption = (f"measured at {steal} steal, calibration {point.calibration_ms:.2f} "
                          "ms")
-    for column in ("prefix tokens", "full pass ms", "share of SLO", ""):
+    for column in ("prefix tokens", f"full pass ms ({point.statistic}; batches: median)",
+                   "share of SLO", ""):
         table.add_column(column, justify="right")
     for sample in sorted(point.curve, key=lambda s: s.prefix_tokens):
         chosen = "chosen" if sample.prefix_tokens == point.prefix_len else ""
         table.add_row(str(sample.prefix_tokens), f"{sample.cost_ms:.1f}",
                       f"{sample.cost_ms / point.slo_ms:.0%}", chosen)
-    for b in point.batch_curve[1:]:
+    for b in point.batch_curve:
         chosen = "baseline's batch cap" if b.batch == point.baseline_batch else ""
-        table.add_row(f"{point.prefix_len} x {b.batch} users", f"{b.cost_ms:.1f}",
+        users = "user" if b.batch == 1 else "users"
+        table.add_row(f"{point.prefix_len} x {b.batch} {users}", f"{b.cost_ms:.1f}",
                       f"{b.cost_ms / point.slo_ms:.0%}", chosen)
-    if point.baseline_batch == 1:
-        table.add_row(f"{point.prefix_len} x 1 user", f"{point.cost_ms:.1f}",
-                      f"{point.share:.0%}", "baseline's batch cap")
     for layout in point.layout_curve:
         chosen = "baseline's layout" if layout.layout == point.baseline_layout else ""
         table.add_row(f"{point.prefix_len} on {layout.layout}", f"{layout.cost_ms:.1f}",

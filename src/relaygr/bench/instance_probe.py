@@ -13,7 +13,8 @@ full pass ``repeats`` times, each pass started together with the others' (a barr
 each), and timed as the instance's scheduler times a batch (the worker's seconds, queueing
 excluded). The answer is the median over all processes' passes.
 
-It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` times on the layout the modes
+It is a ``relaygr.bench.operating.LayoutProbe``: ``full_rank_ms`` (a median) and
+``full_rank_samples_ms`` (every pass, for the cost curve's quantile) time on the layout the modes
 serve on (``layout``), ``layout_rank_ms`` on any other (the search over threads per instance).
 It is also the physical limit's ``LimitProbe``: ``cached_rank_samples_ms`` times a cached pass in
 one such process computing alone, where the relay's low-load requests compute, and as they arrive
@@ -187,6 +188,14 @@ class InstanceCostProbe:
     def full_rank_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
                      batch: int = 1) -> float:
         return self.layout_rank_ms(self.layout, prefix_tokens, suffix_tokens, candidates, batch)
+
+    def full_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                             passes: int) -> list[float]:
+        """Ms of each of at least ``passes`` single-user full passes on the serving layout,
+        every instance computing at once: each process times its share of them."""
+        each = -(-passes // self.layout.instances)
+        call = ("full", prefix_tokens, suffix_tokens, candidates, 1, each, self.warmup, 0.0)
+        return list(self._group(self.layout).time(call))
 
     def close(self) -> None:
         """End every probe process (idempotent)."""

@@ -78,8 +78,9 @@ class ModelLimitProbe:
 
     ``cached_rank_ms``: the prefix K/V is computed once per call, outside the timed region; the
     timed call computes the suffix and the candidates against it, exactly the relay's ranking
-    leg. ``full_rank_ms`` (a ``relaygr.bench.operating.CostProbe``): the timed call computes
-    prefix, suffix and candidates of ``batch`` users in one model call, the baseline's pass.
+    leg. ``full_rank_ms`` and ``full_rank_samples_ms`` (a ``relaygr.bench.operating.CostProbe``):
+    the timed call computes prefix, suffix and candidates of ``batch`` users (the samples: one)
+    in one model call, the baseline's pass.
     """
 
     def __init__(self, model: HSTU, seed: int = 0, timed: bool = True, full_repeats: int = 9,
@@ -128,6 +129,12 @@ class ModelLimitProbe:
         call = partial(self.model.rank_batch, requests)
         # two warm-up calls: the first of a new length allocates its buffers
         return time_call(call, self.model.device, repeats=self.full_repeats, warmup=2).median_ms
+
+    def full_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                             passes: int) -> list[float]:
+        call = partial(self.model.rank_batch,
+                       self.full_pass_inputs(prefix_tokens, suffix_tokens, candidates))
+        return list(time_call(call, self.model.device, repeats=passes, warmup=2).samples_ms)
 
 
 def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConfig | None,

@@ -5,10 +5,17 @@ ranking pass takes most of the ranking SLO, leaving the rest to the wait behind 
 benchmark compares throughput at that point, found on the machine it runs on, so that the
 comparison means the same on a slow CPU, a fast one and a GPU: the prefix length at which the
 baseline's full ranking pass (prefix + suffix + candidates recomputed, one request) takes
-``slo_share`` of the SLO where the baseline serves: the probe decides where it times. On CPU
-instances in processes, ``relaygr.bench.instance_probe`` times it in processes set up as the
-instances, all of them computing at once (the cost an instance pays near its throughput); a
-probe of the pass alone in the benchmark's process (``relaygr.bench.limit``) times less.
+``slo_share`` of the SLO where the baseline serves: the probe decides where it times. The cost
+read off the curve is a high quantile of the pass (``LengthSearch.quantile``, default 0.99), not
+its median: the SLO bounds the P99 of ranking latency, so the share is of the pass's P99 too.
+A pass whose median takes half the SLO has a P99 well over half before any queueing, and a
+length chosen by the median can leave the baseline holding its P99 at no load at all
+(docs/benchmark.md, "The operating point"). Each length is timed
+``LengthSearch.passes`` times (enough that the quantile is not the slowest pass: 100 for the
+P99) and the quantile read by nearest rank. On CPU instances in processes,
+``relaygr.bench.instance_probe`` times it in processes set up as the instances, all of them
+computing at once (the cost an instance pays near its throughput); a probe of the pass alone in
+the benchmark's process (``relaygr.bench.limit``) times less.
 
 ``find_operating_length`` measures that cost curve through a ``CostProbe``: from
 ``start_tokens`` it multiplies the length by ``growth`` while the pass costs less than the target
@@ -20,9 +27,10 @@ measuring order. A machine so fast that the pass stays under the target up to ``
 longest the model reads) gets ``max_tokens``; one so slow that ``min_tokens`` already exceeds it
 gets ``min_tokens``; ``bound`` says which case held. Lengths are multiples of ``quantum_tokens``.
 
-The baseline at its best: at that length, the same probe times one model call over 2, 4, ...
-users (up to ``max_batch``, until a call takes longer than the SLO), and the baseline's batch
-cap for the throughput search is the batch that serves the most requests per second of compute
+The baseline at its best: at that length, the same probe times one model call over 1, 2, 4,
+... users (up to ``max_batch``, until a call takes longer than the SLO; the median of a few
+calls each: a rate of requests served, not a tail), and the baseline's batch cap for the
+throughput search is the batch that serves the most requests per second of compute
 (B / its call's time) among the calls that fit within the SLO (a batch past it misses for every
 request in it), a batch within ``tolerance`` of a smaller one's rate going to the smaller one
 (it delays its first request less). Where a batch of B costs about B passes (a CPU at long
@@ -38,11 +46,15 @@ than the serving one only when it is more than ``tolerance`` ahead of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from relaygr.errors import ConfigError
+
+# Passes timed at each length of the cost curve at least (a median's: 9 was the probes' count).
+MIN_CURVE_PASSES = 9
 
 
 class CostProbe(Protocol):
@@ -52,6 +64,12 @@ class CostProbe(Protocol):
                      batch: int = 1) -> float:
         """Median ms of one model call of full ranking passes (prefix, suffix and candidates
         all computed) for ``batch`` users at once."""
+        ...
+
+    def full_rank_samples_ms(self, prefix_tokens: int, suffix_tokens: int, candidates: int,
+                             passes: int) -> list[float]:
+        """Ms of each of at least ``passes`` model calls of one user's full ranking pass,
+        timed as ``full_rank_ms`` times them."""
         ...
 
 
@@ -90,7 +108,8 @@ class LayoutProbe(CostProbe, Protocol):
 
 @dataclass(frozen=True)
 class CostSample:
-    """The baseline's full pass measured at one prefix length."""
+    """The baseline's full pass measured at one prefix length: ``cost_ms`` is the curve's
+    quantile of its passes (``LengthSearch.quantile``)."""
 
     prefix_tokens: int
     cost_ms: float
@@ -128,14 +147,16 @@ class LayoutSample:
 class OperatingPoint:
     """Where the fixed-length throughput comparison runs, and why (module docstring).
 
-    ``cost_ms`` is the baseline's full pass measured at ``prefix_len`` (``suffix_tokens`` and
-    ``candidates`` as in the workload) and ``share`` = ``cost_ms`` / ``slo_ms``, the share of
-    the SLO it actually takes; ``bound`` is ``bracketed``, ``longest`` or ``shortest``.
+    ``cost_ms`` is the ``quantile`` of the baseline's full pass measured at ``prefix_len``
+    (``suffix_tokens`` and ``candidates`` as in the workload) and ``share`` = ``cost_ms`` /
+    ``slo_ms``, the share of the SLO it actually takes; ``bound`` is ``bracketed``,
+    ``longest`` or ``shortest``.
     ``serving`` describes how the systems serve (instances, threads per instance, their batch
     cap): the probe times on one instance's threads. ``batch_curve`` holds the batched calls
-    timed at ``prefix_len`` (batch 1 is ``cost_ms``) and ``baseline_batch`` the batch cap the
-    baseline's throughput search runs with (module docstring); ``layout_curve`` the layouts
-    timed there (empty: not searched) and ``baseline_layout`` the one chosen.
+    timed at ``prefix_len`` (medians; batch 1 is the pass's median) and ``baseline_batch``
+    the batch cap the baseline's throughput search runs with (module docstring);
+    ``layout_curve`` the layouts timed there (empty: not searched) and ``baseline_layout``
+    the one chosen; ``quantile``, the curve's statistic (``LengthSearch.quantile``).
     """
 
     prefix_len: int
@@ -157,14 +178,28 @@ class OperatingPoint:
     baseline_batch: int = 1
     layout_curve: tuple[LayoutSample, ...] = ()
     baseline_layout: Layout | None = None
+    quantile: float = 0.5
+
+    @property
+    def statistic(self) -> str:
+        """The curve's statistic, as a percentile's name: P99, P50."""
+        return f"P{100 * self.quantile:g}"
+
+    @property
+    def median_ms(self) -> float | None:
+        """The pass's median at ``prefix_len`` (one user a call), where the batches were
+        timed."""
+        return self.batch_curve[0].cost_ms if self.batch_curve else None
 
     @property
     def reason(self) -> str:
         """One sentence: why this length."""
-        head = (f"the baseline's full ranking pass ({self.candidates} candidates, "
-                f"{self.suffix_tokens} suffix tokens) takes {self.cost_ms:.1f} ms at "
-                f"{self.prefix_len} prefix tokens, {self.share:.0%} of the {self.slo_ms:g} ms "
-                f"SLO (target {self.slo_share:.0%})")
+        median = "" if self.median_ms is None else f", median {self.median_ms:.1f} ms"
+        head = (f"the {self.statistic} of the baseline's full ranking pass "
+                f"({self.candidates} candidates, {self.suffix_tokens} suffix tokens) is "
+                f"{self.cost_ms:.1f} ms at {self.prefix_len} prefix tokens{median}, "
+                f"{self.share:.0%} of the {self.slo_ms:g} ms SLO (target "
+                f"{self.slo_share:.0%})")
         if self.bound == "longest":
             head += ": under the target up to the longest length measured"
         elif self.bound == "shortest":
@@ -190,6 +225,8 @@ class LengthSearch:
     quantum_tokens: int = 16
     # Batches timed for the baseline's batch cap: 2, 4, ... up to this (1: not searched).
     max_batch: int = 8
+    # The curve's statistic: this quantile of each length's passes (module docstring).
+    quantile: float = 0.99
 
     def __post_init__(self) -> None:
         if not (0 < self.quantum_tokens <= self.min_tokens <= self.start_tokens
@@ -197,9 +234,22 @@ class LengthSearch:
             raise ConfigError("LengthSearch needs 0 < quantum_tokens <= min_tokens <= "
                               "start_tokens <= max_tokens")
         if not (self.growth > 1 and 0 < self.tolerance < 1 and self.max_refinements >= 0
-                and self.max_batch >= 1):
+                and self.max_batch >= 1 and 0 < self.quantile < 1):
             raise ConfigError("LengthSearch needs growth > 1, tolerance in (0, 1), "
-                              "max_refinements >= 0 and max_batch >= 1")
+                              "max_refinements >= 0, max_batch >= 1 and quantile in (0, 1)")
+
+    @property
+    def passes(self) -> int:
+        """Passes timed at each length: enough that the ``quantile`` by nearest rank is not
+        the slowest (1 / (1 - quantile)), and at least ``MIN_CURVE_PASSES``."""
+        return max(MIN_CURVE_PASSES, math.ceil(1 / (1 - self.quantile) - 1e-9))
+
+    def read(self, samples: Sequence[float]) -> float:
+        """The ``quantile`` of ``samples`` by nearest rank."""
+        if not samples:
+            raise ConfigError("the cost curve needs at least one timed pass")
+        ordered = sorted(samples)
+        return ordered[max(math.ceil(self.quantile * len(ordered) - 1e-9), 1) - 1]
 
     def quantize(self, tokens: float) -> int:
         whole = round(tokens / self.quantum_tokens) * self.quantum_tokens
@@ -259,9 +309,14 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
     if not 0 < slo_share < 1:
         raise ConfigError(f"slo_share must be in (0, 1), got {slo_share}")
     target = slo_share * slo_ms
-    chosen, bound, curve = find_operating_length(
-        lambda tokens: probe.full_rank_ms(tokens, suffix_tokens, candidates), target, search)
-    batches = [BatchSample(1, chosen.cost_ms)]
+
+    def cost_ms(tokens: int) -> float:
+        return search.read(probe.full_rank_samples_ms(tokens, suffix_tokens, candidates,
+                                                      search.passes))
+
+    chosen, bound, curve = find_operating_length(cost_ms, target, search)
+    batches = [BatchSample(1, probe.full_rank_ms(chosen.prefix_tokens, suffix_tokens,
+                                                 candidates))]
     while (size := 2 * batches[-1].batch) <= search.max_batch \
             and batches[-1].cost_ms <= slo_ms:
         batches.append(BatchSample(size, probe.full_rank_ms(chosen.prefix_tokens, suffix_tokens,
@@ -273,7 +328,7 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
                           chosen.cost_ms / slo_ms, suffix_tokens, candidates, bound, curve,
                           dict(serving or {}), batch_curve=tuple(batches),
                           baseline_batch=best.batch, layout_curve=layouts,
-                          baseline_layout=layout)
+                          baseline_layout=layout, quantile=search.quantile)
 
 
 def _layouts(probe: CostProbe, prefix_tokens: int, suffix_tokens: int, candidates: int,

@@ -20,7 +20,8 @@ Every mode's throughput goes through the same procedure:
    wide as they make it, and the result lists them.
 
 All of it within ``budget_s`` seconds of measuring (the outcomes' ``duration_s``): the search
-proposes nothing once its budget is spent, and the result then says so (``stopped_by``). The
+proposes nothing once its budget is spent, nor once halted (the run's deadline), and the result
+then says which (``stopped_by``). The
 answer is the highest passing rate (0 when none passed), with the bracket it is known within.
 """
 
@@ -30,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from relaygr.bench.decision import Verdict
-from relaygr.bench.search import Outcome, Standing, Trial
+from relaygr.bench.search import Outcome, Standing, Trial, stop_reason
 from relaygr.errors import ConfigError
 
 
@@ -41,8 +42,8 @@ class QpsSearchResult:
     ``best_qps`` (0: none passed) <= the true SLO throughput < ``lowest_failing_qps`` (None:
     nothing failed above it, the answer is a lower bound). ``undecided_qps`` lie in the
     bracket's range or beyond and bound nothing. ``stopped_by``: ``resolution`` (every gap of
-    the bracket within ``rel_tol``), ``max_qps`` / ``min_qps`` (a bound reached), or
-    ``budget`` (time spent first).
+    the bracket within ``rel_tol``), ``max_qps`` / ``min_qps`` (a bound reached),
+    ``budget`` (its time spent first) or ``deadline`` (the run's time up first).
     """
 
     best_qps: float
@@ -79,6 +80,7 @@ class QpsSearch:
             raise ConfigError(f"QpsSearch needs budget_s > 0, got {budget_s}")
         self._start, self._growth, self._tol = start_qps, growth, rel_tol
         self._budget_s, self._min, self._max = budget_s, min_qps, max_qps
+        self._halted = False
         self._standing: Standing[float] = Standing()
 
     def _open_gap(self, lo: float, hi: float) -> float | None:
@@ -113,8 +115,12 @@ class QpsSearch:
         return (gap, "") if gap is not None else (None, "resolution")
 
     def next_point(self) -> float | None:
-        point, _ = self._plan()
-        return point if point is not None and self._standing.spent_s < self._budget_s else None
+        if self._halted or self._standing.spent_s >= self._budget_s:
+            return None
+        return self._plan()[0]
+
+    def halt(self) -> None:
+        self._halted = True
 
     def record(self, point: float, outcome: Outcome) -> None:
         self._standing.record(point, outcome)
@@ -125,5 +131,6 @@ class QpsSearch:
         return QpsSearchResult(
             best_qps=standing.highest_pass() or 0.0,
             lowest_failing_qps=standing.believed_fail(), converged=point is None,
-            trials=tuple(standing.trials), stopped_by="budget" if point is not None else why,
+            trials=tuple(standing.trials),
+            stopped_by=stop_reason(point is None, self._halted, why),
             spent_s=standing.spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))

@@ -19,8 +19,9 @@ seldom two in a row; a real limit fails both.
   grid, past undecided lengths (they bound nothing); when the start does not pass it walks down
   until a length passes. It stops at a fail above a pass once that fail has been re-measured
   and failed again; a re-measure that passes (or is undecided) lets it walk on up. Like the
-  QPS search, it proposes nothing once ``budget_s`` seconds of measuring are spent (the
-  result then says so): what it has decided stands, the rest is an open bracket.
+  QPS search, it proposes nothing once ``budget_s`` seconds of measuring are spent, nor once
+  halted (the run's deadline, ``relaygr.bench.suite``), and the result then says which
+  (``stopped_by``): what it has decided stands, the rest is an open bracket.
 - ``QpsSearch`` (``relaygr.bench.qps_search``): the highest SLO-compliant Poisson QPS, by the
   same rule.
 
@@ -66,11 +67,14 @@ class Trial(Generic[P]):
 
 
 class Search(Protocol[P]):
-    """A search driven from outside: ask for a point, measure it, record the outcome."""
+    """A search driven from outside: ask for a point, measure it, record the outcome; ``halt``
+    when the run's time is up (it proposes nothing more and its result says ``deadline``)."""
 
     def next_point(self) -> P | None: ...
 
     def record(self, point: P, outcome: Outcome) -> None: ...
+
+    def halt(self) -> None: ...
 
 
 class Standing(Generic[Q]):
@@ -129,7 +133,8 @@ class LengthSweepResult:
     failing_above_len: int | None = None
     undecided_lens: tuple[int, ...] = ()
     lengths: tuple[int, ...] = ()       # the grid swept
-    stopped_by: str = "answer"          # or "budget": the sweep's measuring time ran out first
+    # or "budget": the sweep's measuring time ran out first; "deadline": the run's did
+    stopped_by: str = "answer"
     spent_s: float = 0.0
 
     @property
@@ -161,9 +166,15 @@ class LengthSweep:
         self._start = 0 if start is None else lengths.index(start)
         self._standing: Standing[int] = Standing()
         self._budget_s = budget_s
+        self._halted = False
 
     def next_point(self) -> int | None:
-        return self._plan() if self._standing.spent_s < self._budget_s else None
+        if self._halted or self._standing.spent_s >= self._budget_s:
+            return None
+        return self._plan()
+
+    def halt(self) -> None:
+        self._halted = True
 
     def _plan(self) -> int | None:
         """The next length by the walk alone (the budget aside); None: the walk is done."""
@@ -191,4 +202,11 @@ class LengthSweep:
                                  min(standing.points(Verdict.FAIL), default=None),
                                  tuple(standing.trials), standing.believed_fail(),
                                  tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
-                                 "answer" if self._plan() is None else "budget", standing.spent_s)
+                                 stop_reason(self._plan() is None, self._halted),
+                                 standing.spent_s)
+
+
+def stop_reason(done: bool, halted: bool, finished: str = "answer") -> str:
+    """Why a search stopped: its walk was ``done`` (``finished``), else the run's deadline
+    halted it, else its own budget ran out."""
+    return finished if done else "deadline" if halted else "budget"

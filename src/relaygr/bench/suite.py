@@ -12,10 +12,19 @@ Phases, in order (each skipped when its config is None):
 6. exactness (the same requests through two modes).
 Every measured point builds a fresh system from the mode's factory; every mode at one point sees
 the identical workload (same seed, QPS and size).
+
+The run's deadline (``BenchConfig.deadline_s``, on the event loop's clock from the start of
+``run``): phases 1-4 propose a point, or measure one again under noise, only when it would end
+by then: its schedule (warm-up and measured requests at its rate) plus the longest set-up and
+drain of any point so far in the run. A search with a point that does not fit is halted and
+says so (``stopped_by: deadline``); the phases after it (5, 6) are fixed in size and not cut,
+so a plan sets the deadline to leave them their time. Without one, each search's own
+``budget_s`` bounds it alone (and can overrun by one point).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from collections import Counter, OrderedDict
@@ -81,6 +90,10 @@ class BenchSuite:
         self._rounds: Counter[tuple[str, str, float, int | None]] = Counter()
         self.noise = NoiseMonitor(config.budget.remeasure_steal,
                                   config.budget.remeasure_slowdown)
+        # the run's deadline on the loop's clock (set by ``run``), and the longest a point has
+        # taken beyond its schedule so far (building its system, draining it)
+        self._deadline_at: float | None = None
+        self._setup_s = 0.0
 
     def _fixed(self, prefix_len: int) -> SyntheticWorkload:
         return SyntheticWorkload(self.config.population.with_fixed_length(prefix_len),
@@ -121,7 +134,10 @@ class BenchSuite:
         for attempt in range(1, budget.max_remeasures + 2):
             self.progress.start_point(label, len(workload.requests))
             before = self.noise.begin()
+            started = asyncio.get_running_loop().time()
             result = await run_point(factory, workload, options, self.progress)
+            elapsed = asyncio.get_running_loop().time() - started
+            self._setup_s = max(self._setup_s, elapsed - workload.requests[-1].send_s)
             noise = self.noise.end(before)
             self.progress.end_point()
             stats = replace(point_stats(result, mode, phase, qps, prefix_len),
@@ -132,10 +148,23 @@ class BenchSuite:
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
+                if not self.fits(qps):
+                    self.progress.note(f"{label}: not measured again under noise "
+                                       f"({noise.describe()}): past the run's deadline")
+                    break
                 self.progress.note(f"{label}: measuring again (noise during the point: "
                                    f"{noise.describe()})")
                 await wait_for_quiet_host(budget.remeasure_steal)
         return stats
+
+    def fits(self, qps: float) -> bool:
+        """Whether a point at ``qps`` would end by the run's deadline (module docstring)."""
+        if self._deadline_at is None:
+            return True
+        budget = self.config.budget
+        schedule_s = (budget.warmup_at(qps) + budget.measured_at(qps)) / qps
+        return (asyncio.get_running_loop().time() + schedule_s + self._setup_s
+                <= self._deadline_at)
 
     def _noisy(self, stats: PointStats) -> bool:
         """Too much noise during the point to believe that it did not pass (``noise``)."""
@@ -169,7 +198,7 @@ class BenchSuite:
             builder = builders.setdefault(length, self._fixed(length))
             return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length))
 
-        await run_lockstep(searches, measure)
+        await run_lockstep(searches, measure, fits=lambda _: self.fits(cfg.qps))
         return {m: s.result() for m, s in searches.items()}
 
     async def qps_search(self, phase: str, builder: WorkloadBuilder, cfg: QpsSearchConfig,
@@ -182,7 +211,7 @@ class BenchSuite:
         async def measure(mode: str, qps: float) -> Outcome:
             return await self._outcome(self.measure(mode, phase, builder, qps, prefix_len))
 
-        await run_lockstep(searches, measure)
+        await run_lockstep(searches, measure, fits=self.fits)
         return {m: s.result() for m, s in searches.items()}
 
     async def _outcome(self, measuring: Awaitable[PointStats]) -> Outcome:
@@ -208,7 +237,8 @@ class BenchSuite:
                         calibration_ms=noise.calibration_ms)
         curve = ", ".join(f"{s.prefix_tokens}: {s.cost_ms:.1f}" for s in point.curve)
         self.progress.note(f"operating point: {point.prefix_len} tokens ({point.reason}); "
-                           f"full pass ms by length: {curve}; {noise.describe()}")
+                           f"full pass {point.statistic} ms by length: {curve}; "
+                           f"{noise.describe()}")
         return point
 
     def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None,
@@ -256,6 +286,8 @@ class BenchSuite:
     async def run(self) -> BenchReport:
         started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         cfg = self.config
+        if cfg.deadline_s is not None:
+            self._deadline_at = asyncio.get_running_loop().time() + cfg.deadline_s
         point = self.operating_point()
         self._finished("operating_point", point)
         sweep = await self.sweep() if cfg.sweep else None

@@ -205,6 +205,11 @@ QUICK_MODES = ("baseline", "reactive", "relay")
 # The quick run's sweep and searches run at this multiple of the profile's sweep load: a P99
 # pass needs a few hundred requests, which take minutes at the full run's sweep load.
 QUICK_LOAD_SCALE = 4.0
+# The quick run's deadline for its searching phases, in seconds from the suite's start: five
+# minutes less the start-up before it (~11 s: the cost model's fit, the instance processes), the
+# limit point and exactness replay after it (~45 s: 23 requests at 1 QPS, 25 paced passes, 2 x
+# 60 requests at 8 QPS, each system's set-up), the report (~3 s) and a margin for a slow box.
+QUICK_DEADLINE_S = 225.0
 # The quick run's exactness replay: 60 requests at 8 QPS, 8 s a mode (scores do not depend on
 # load; the relay's paths are reported with the comparison). Its low-load point stays at 1 QPS:
 # at the limit's 2,048 tokens each request's pre-inference is ~100 ms of one core, and at 4 QPS
@@ -230,11 +235,12 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
     modes, every other length from the second, sweep and searches at 4x the profile's sweep
     load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), sweeps of 45 s
-    and searches of 30 s of measuring per mode, the searches down to a quarter of that load and
+    and searches of 40 s of measuring per mode, the searches down to a quarter of that load and
     none on the mixed workload (it serves the exactness replay, 60 requests at 8 QPS), one
-    re-measure of a point under noise, a 20-request limit point, no extra workloads: a smoke
-    figure of the same shape. Both compare throughput at this machine's operating point
-    (``relaygr.bench.operating``, ``slo_share``).
+    re-measure of a point under noise, a 20-request limit point, no extra workloads, and a
+    deadline (``QUICK_DEADLINE_S``) by which the sweep and searches end, so that the whole run
+    takes under five minutes: a smoke figure of the same shape. Both compare throughput at this
+    machine's operating point (``relaygr.bench.operating``, ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -248,7 +254,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         load = QUICK_LOAD_SCALE * profile.sweep_qps
         # down to a quarter of the load: at the operating point the baseline's pass alone takes
         # half the SLO, and a search that stops above its answer bounds no ratio over it
-        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=30.0, min_qps=load / 4)
+        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=40.0, min_qps=load / 4)
         lengths = profile.sweep_lengths[1::2]
         # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
         # its re-measure; a sweep that needs more stops there with what it has decided
@@ -274,7 +280,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                          max_tokens=profile.sweep_lengths[-1])
     return BenchConfig(
         slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
-        budget=budget, sweep=sweep,
+        budget=budget, sweep=sweep, deadline_s=QUICK_DEADLINE_S if quick else None,
         throughput=ThroughputConfig(search=search, slo_share=slo_share, lengths=curve),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
                           search=mixed_search),
