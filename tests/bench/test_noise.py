@@ -26,7 +26,8 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
     steal = fake_steal(monkeypatch, 0.10)
     waits: list[float] = []
 
-    async def no_wait(max_steal: float) -> bool:   # the real one polls for up to 2 minutes
+    # the real one polls for up to 2 minutes
+    async def no_wait(max_steal: float, patience_s: float = 0.0) -> bool:
         waits.append(max_steal)
         return True
 
@@ -57,7 +58,7 @@ def test_a_miss_while_the_calibration_ran_slow_is_measured_again(
     timings = iter([1.0, 2.0, 1.1])     # ms: the light point, then two attempts of the heavy
     monkeypatch.setattr(noise_module, "calibration_ms", lambda: next(timings))
 
-    async def no_wait(max_steal: float) -> bool:
+    async def no_wait(max_steal: float, patience_s: float = 0.0) -> bool:
         return True
 
     monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)

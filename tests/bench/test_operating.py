@@ -25,7 +25,7 @@ from relaygr.bench.operating import (
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.report import BenchReport
 from relaygr.bench.suite import BenchSuite
-from relaygr.errors import ConfigError
+from relaygr.errors import BenchProtocolError, ConfigError
 from tests.bench.fakes import SimulatedServer
 from tests.bench.simulated_plan import (
     CONFIG,
@@ -106,11 +106,11 @@ def test_the_ends_of_the_curve() -> None:
 
 
 def test_the_length_is_read_off_the_passs_p99_not_its_median() -> None:
-    """The SLO bounds a P99, so the share is of the pass's P99: where the slowest 5 % of
+    """The SLO bounds a P99, so the share is of the pass's P99: where the slowest 20 % of
     passes cost 1.6x the rest, the length is where 1.6x the pass takes the target, shorter
     than without a tail; the median is kept beside it (the batch curve's first call)."""
     steady = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH)
-    probe = CurveProbe(slow_ms, tail_ratio=1.6)
+    probe = CurveProbe(slow_ms, tail_ratio=1.6, tail_share=0.2)
     tailed = operating_point(probe, SLO_MS, SHARE, 16, 256, SEARCH)
     assert tailed.prefix_len < steady.prefix_len
     assert tailed.cost_ms == pytest.approx(1.6 * slow_ms(tailed.prefix_len))
@@ -120,8 +120,9 @@ def test_the_length_is_read_off_the_passs_p99_not_its_median() -> None:
     assert tailed.quantile == 0.99 and tailed.statistic == "P99"
     assert "P99 of the baseline's full ranking pass" in tailed.reason
     assert f"median {tailed.median_ms:.1f} ms" in tailed.reason
-    # the median as the statistic (the old reading): the tail does not move the length
+    # the median as the statistic: 2 of its 9 passes are slow, and the length does not move
     median = operating_point(probe, SLO_MS, SHARE, 16, 256, replace(SEARCH, quantile=0.5))
+    assert probe.sample_runs[-1] == 9
     assert median.prefix_len == steady.prefix_len and median.statistic == "P50"
 
 
@@ -135,7 +136,7 @@ def test_the_curves_quantile_is_not_its_slowest_pass() -> None:
     assert p50.read([3.0, 1.0, 2.0]) == 2.0 and p90.read([5.0]) == 5.0
     with pytest.raises(ConfigError):
         LengthSearch(quantile=1.0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(BenchProtocolError):
         p99.read([])
 
 

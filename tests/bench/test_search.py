@@ -206,20 +206,22 @@ def test_a_halted_search_proposes_nothing_and_says_the_deadline_stopped_it() -> 
     assert done.result().stopped_by == "answer"
 
 
-def test_lockstep_halts_a_search_whose_next_point_does_not_fit() -> None:
+def test_lockstep_halts_every_search_at_the_first_point_that_does_not_fit() -> None:
     """``fits`` is asked before each point: the relay's search climbs past 40 QPS, where no
-    point fits any more, and is halted there; the baseline's, whose points all fit, ends on
-    its own."""
-    capacities = {"baseline": 10.0, "relay": 100.0}
-    searches = {m: QpsSearch(5.0, rel_tol=0.2) for m in capacities}
-    measured: list[float] = []
+    point fits any more; that halts both searches in the same round, so neither mode is
+    measured a round more than the other, and both results say ``deadline``."""
+    capacities = {"baseline": 30.0, "relay": 100.0}
+    searches = {m: QpsSearch(5.0, rel_tol=0.01) for m in capacities}
+    measured: list[tuple[str, float]] = []
 
     async def measure(mode: str, qps: float) -> Outcome:
-        measured.append(qps)
+        measured.append((mode, qps))
         return judged(1.0 if qps <= capacities[mode] else 99.0)
 
     asyncio.run(run_lockstep(searches, measure, fits=lambda qps: qps <= 40.0))
-    assert max(measured) <= 40.0
-    assert searches["relay"].result().stopped_by == "deadline"
+    assert max(q for _, q in measured) <= 40.0
+    rounds = {m: sum(1 for n, _ in measured if n == m) for m in capacities}
+    assert abs(rounds["baseline"] - rounds["relay"]) <= 1
+    assert {m: s.result().stopped_by for m, s in searches.items()} == \
+        {"baseline": "deadline", "relay": "deadline"}
     assert searches["relay"].result().best_qps == 40.0
-    assert searches["baseline"].result().stopped_by == "resolution"

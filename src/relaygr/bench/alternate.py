@@ -41,8 +41,9 @@ async def run_lockstep(searches: Mapping[str, Search[P]], measure: Measure[P],
     """Advance every search one trial per round until all are done; returns the trial count.
 
     ``measure(mode, point)`` runs one point and returns its ``Outcome``. ``fits(point)``, when
-    given, is asked just before each point is measured: a point that no longer fits the run's
-    time halts its search (``Search.halt``) instead of being measured.
+    given, is asked just before each point is measured: the first point that no longer fits
+    the run's time halts every search (``Search.halt``), so that no mode is measured a round
+    more than another.
     """
     modes = list(searches)
     trials = 0
@@ -55,8 +56,9 @@ async def run_lockstep(searches: Mapping[str, Search[P]], measure: Measure[P],
                 continue
             proposed = True
             if fits is not None and not fits(point):
-                searches[mode].halt()
-                continue
+                for search in searches.values():
+                    search.halt()
+                return trials
             searches[mode].record(point, await measure(mode, point))
             trials += 1
         if not proposed:

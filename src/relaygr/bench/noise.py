@@ -57,8 +57,12 @@ class NoiseMonitor:
             calibration > self.max_slowdown * self.best_calibration_ms
 
 
+# How long a re-measure waits at most for the host to quieten.
+QUIET_PATIENCE_S = 120.0
+
+
 async def wait_for_quiet_host(max_steal: float, window_s: float = 5.0,
-                              patience_s: float = 120.0) -> bool:
+                              patience_s: float = QUIET_PATIENCE_S) -> bool:
     """Wait until a ``window_s`` window with at most ``max_steal`` of the CPU time stolen (True),
     or ``patience_s`` passed (False): a noisy neighbour's burst usually lasts minutes."""
     waited = 0.0

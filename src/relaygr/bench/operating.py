@@ -51,9 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from relaygr.errors import ConfigError
+from relaygr.errors import BenchProtocolError, ConfigError
 
-# Passes timed at each length of the cost curve at least (a median's: 9 was the probes' count).
+# Passes timed at each length of the cost curve at least, in all (a quantile read off fewer
+# would be a single pass's).
 MIN_CURVE_PASSES = 9
 
 
@@ -247,7 +248,7 @@ class LengthSearch:
     def read(self, samples: Sequence[float]) -> float:
         """The ``quantile`` of ``samples`` by nearest rank."""
         if not samples:
-            raise ConfigError("the cost curve needs at least one timed pass")
+            raise BenchProtocolError("the cost probe returned no timed pass")
         ordered = sorted(samples)
         return ordered[max(math.ceil(self.quantile * len(ordered) - 1e-9), 1) - 1]
 

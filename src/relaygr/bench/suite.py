@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Mapping
@@ -38,7 +39,12 @@ from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.journal import Journal
 from relaygr.bench.limit import LimitProbe, isolated_passes, limit_report
-from relaygr.bench.noise import NoiseMonitor, PointNoise, wait_for_quiet_host
+from relaygr.bench.noise import (
+    QUIET_PATIENCE_S,
+    NoiseMonitor,
+    PointNoise,
+    wait_for_quiet_host,
+)
 from relaygr.bench.operating import CostProbe, Layout, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
@@ -137,7 +143,10 @@ class BenchSuite:
             started = asyncio.get_running_loop().time()
             result = await run_point(factory, workload, options, self.progress)
             elapsed = asyncio.get_running_loop().time() - started
-            self._setup_s = max(self._setup_s, elapsed - workload.requests[-1].send_s)
+            # what the point took beyond its requests' schedule: building and starting the
+            # system, the drain, the stop (a point stopped once decided ran part of it)
+            ran_s = min(result.duration_s, workload.requests[-1].send_s)
+            self._setup_s = max(self._setup_s, elapsed - ran_s)
             noise = self.noise.end(before)
             self.progress.end_point()
             stats = replace(point_stats(result, mode, phase, qps, prefix_len),
@@ -148,23 +157,32 @@ class BenchSuite:
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
-                if not self.fits(qps):
-                    self.progress.note(f"{label}: not measured again under noise "
-                                       f"({noise.describe()}): past the run's deadline")
+                if not self.fits(workload):
+                    self._past_deadline(label, noise)
                     break
                 self.progress.note(f"{label}: measuring again (noise during the point: "
                                    f"{noise.describe()})")
-                await wait_for_quiet_host(budget.remeasure_steal)
+                await wait_for_quiet_host(budget.remeasure_steal,
+                                          patience_s=min(QUIET_PATIENCE_S, self._time_left_s()))
+                if not self.fits(workload):
+                    self._past_deadline(label, noise)
+                    break
         return stats
 
-    def fits(self, qps: float) -> bool:
-        """Whether a point at ``qps`` would end by the run's deadline (module docstring)."""
+    def _past_deadline(self, label: str, noise: PointNoise) -> None:
+        self.progress.note(f"{label}: not measured again under noise ({noise.describe()}): "
+                           "it would end past the run's deadline")
+
+    def _time_left_s(self) -> float:
+        """Seconds to the run's deadline (inf: none)."""
         if self._deadline_at is None:
-            return True
-        budget = self.config.budget
-        schedule_s = (budget.warmup_at(qps) + budget.measured_at(qps)) / qps
-        return (asyncio.get_running_loop().time() + schedule_s + self._setup_s
-                <= self._deadline_at)
+            return math.inf
+        return self._deadline_at - asyncio.get_running_loop().time()
+
+    def fits(self, workload: Workload) -> bool:
+        """Whether a point sending ``workload`` would end by the run's deadline: its schedule
+        plus the longest a point took beyond its schedule so far (module docstring)."""
+        return workload.requests[-1].send_s + self._setup_s <= self._time_left_s()
 
     def _noisy(self, stats: PointStats) -> bool:
         """Too much noise during the point to believe that it did not pass (``noise``)."""
@@ -198,7 +216,11 @@ class BenchSuite:
             builder = builders.setdefault(length, self._fixed(length))
             return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length))
 
-        await run_lockstep(searches, measure, fits=lambda _: self.fits(cfg.qps))
+        def fits(length: int) -> bool:
+            builder = builders.setdefault(length, self._fixed(length))
+            return self.fits(self._workload("sweep", builder, cfg.qps, length))
+
+        await run_lockstep(searches, measure, fits=fits)
         return {m: s.result() for m, s in searches.items()}
 
     async def qps_search(self, phase: str, builder: WorkloadBuilder, cfg: QpsSearchConfig,
@@ -211,7 +233,9 @@ class BenchSuite:
         async def measure(mode: str, qps: float) -> Outcome:
             return await self._outcome(self.measure(mode, phase, builder, qps, prefix_len))
 
-        await run_lockstep(searches, measure, fits=self.fits)
+        await run_lockstep(searches, measure,
+                           fits=lambda qps: self.fits(self._workload(phase, builder, qps,
+                                                                     prefix_len)))
         return {m: s.result() for m, s in searches.items()}
 
     async def _outcome(self, measuring: Awaitable[PointStats]) -> Outcome:

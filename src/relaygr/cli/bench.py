@@ -77,8 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the model's item embeddings (their items name no dataset)")
     p.add_argument("--slo-share", type=float, default=ThroughputConfig.slo_share,
                    help="the fixed-length throughput search runs at the prefix length where "
-                        "the baseline's full ranking pass alone takes this share of the SLO, "
-                        "measured on this machine (default %(default)s)")
+                        "the P99 of the baseline's full ranking pass alone takes this share of "
+                        "the SLO, measured on this machine (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
@@ -252,8 +252,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
                              warmup_requests=8, warmup_s=2.0, max_point_s=16.0,
                              confidence=0.9, max_remeasures=1)
         load = QUICK_LOAD_SCALE * profile.sweep_qps
-        # down to a quarter of the load: at the operating point the baseline's pass alone takes
-        # half the SLO, and a search that stops above its answer bounds no ratio over it
+        # down to a quarter of the load: at the operating point the P99 of the baseline's pass
+        # alone takes half the SLO, and a search that stops above its answer bounds no ratio
         search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=40.0, min_qps=load / 4)
         lengths = profile.sweep_lengths[1::2]
         # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
