@@ -15,6 +15,7 @@ from rich.console import Console
 
 from relaygr.bench.benchmark import run_benchmark
 from relaygr.bench.config import BenchConfig, SweepConfig, ThroughputConfig
+from relaygr.bench.decision import Verdict
 from relaygr.bench.operating import (
     CostProbe,
     Layout,
@@ -24,7 +25,8 @@ from relaygr.bench.operating import (
 )
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.report import BenchReport
-from relaygr.bench.suite import BenchSuite
+from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
+from relaygr.bench.suite import BenchSuite, baseline_length_cap
 from relaygr.errors import BenchProtocolError, ConfigError
 from tests.bench.fakes import SimulatedServer
 from tests.bench.simulated_plan import (
@@ -124,6 +126,40 @@ def test_the_length_is_read_off_the_passs_p99_not_its_median() -> None:
     median = operating_point(probe, SLO_MS, SHARE, 16, 256, replace(SEARCH, quantile=0.5))
     assert probe.sample_runs[-1] == 9
     assert median.prefix_len == steady.prefix_len and median.statistic == "P50"
+
+
+def test_the_length_goes_no_longer_than_the_baselines_length_cap() -> None:
+    """A cap under the curve's answer holds the walk to it (``capped``, said in the reason);
+    a cap above it changes nothing; the cap the suite passes is the longest grid length the
+    baseline's sweep did not fail at, none when it failed nothing above its answer or passed
+    nothing."""
+    free = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH)
+    assert free.bound == "bracketed" and free.cap_tokens is None
+    held = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH, cap_tokens=500)
+    assert (held.prefix_len, held.bound, held.cap_tokens) == (496, "capped", 500)
+    assert max(s.prefix_tokens for s in held.curve) == 496 and held.cost_ms < held.target_ms
+    assert "under the target up to 500 tokens, the baseline's length cap" in held.reason
+    above = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH,
+                            cap_tokens=4096)
+    assert (above.prefix_len, above.bound) == (free.prefix_len, "bracketed")
+    low = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH, cap_tokens=128)
+    assert low.curve[0].prefix_tokens == 128 and low.bound == "capped"
+
+    grid = (384, 512, 768, 1024, 1536)
+
+    def swept(*trials: tuple[int, Verdict]) -> dict[str, LengthSweepResult]:
+        sweep = LengthSweep(grid, start=trials[0][0])
+        for length, verdict in trials:
+            sweep.record(length, Outcome(1.0, verdict))
+        return {"baseline": sweep.result()}
+
+    assert baseline_length_cap(swept((768, Verdict.PASS), (1024, Verdict.UNDECIDED),
+                                     (1536, Verdict.FAIL), (1536, Verdict.FAIL))) == 1024
+    assert baseline_length_cap(swept((768, Verdict.PASS), (1024, Verdict.FAIL),
+                                     (1024, Verdict.FAIL))) == 768
+    assert baseline_length_cap(swept((768, Verdict.PASS), (1024, Verdict.PASS))) is None
+    assert baseline_length_cap(swept((384, Verdict.FAIL))) is None
+    assert baseline_length_cap(None) is None and baseline_length_cap({}) is None
 
 
 def test_the_curves_quantile_is_not_its_slowest_pass() -> None:

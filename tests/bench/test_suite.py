@@ -106,9 +106,18 @@ def test_throughput_search_finds_the_known_capacity(bench: Bench) -> None:
     report = bench[0]
     prefix_len = report.workload["throughput"]["prefix_len"]
     # the operating point: the simulated baseline costs 0.02 + 0.0004 x tokens ms a request,
-    # a quarter of the 1 ms SLO at 576 tokens (simulated_plan)
-    assert report.operating_point is not None and prefix_len == 576
-    assert report.operating_point.cost_ms == pytest.approx(simulated_baseline_ms(576))
+    # a quarter of the 1 ms SLO at 576 tokens (simulated_plan); but its sweep, at 2,000 QPS,
+    # passed 256, could not tell at 512 and failed 1,024 twice, so its length cap (the longest
+    # length it did not fail at), and the length, is 512
+    sweep = report.modes["baseline"].sweep
+    assert sweep is not None and (sweep.max_seq_len, sweep.failing_above_len) == (256, 1024)
+    assert sweep.undecided_lens == (512,)
+    point = report.operating_point
+    assert point is not None and prefix_len == 512
+    assert (point.bound, point.cap_tokens) == ("capped", 512)
+    assert point.cost_ms == pytest.approx(simulated_baseline_ms(512))
+    assert max(s.prefix_tokens for s in point.curve) == 512
+    assert "512 tokens, the baseline's length cap" in " ".join(bench[3].split())
     builder = SyntheticWorkload(POPULATION.with_fixed_length(prefix_len), CONFIG.seed)
     for mode in SERVICE:
         expected = offline_qps(mode, builder).result()
@@ -225,7 +234,7 @@ def test_the_journal_holds_every_point_and_phase_as_they_finished(bench: Bench) 
     points = [e["point"] for e in events if e["event"] == "point"]
     assert points == data["points"]
     phases = [e["phase"] for e in events if e["event"] == "phase"]
-    assert phases == ["operating_point", "sweep", "throughput", "mixed", "limit", "exactness"]
+    assert phases == ["sweep", "operating_point", "throughput", "mixed", "limit", "exactness"]
     # each phase line comes after the last point it covers
     last_seen: dict[str, int] = {}
     for i, e in enumerate(events):

@@ -126,9 +126,11 @@ def operating_table(point: OperatingPoint) -> Table:
     serving = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in point.serving.items())
     where = ("in its instances, all computing at once" if point.layout_curve
              else "as the probe timed it")
-    table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, where the "
-                        f"{point.statistic} of the baseline's full pass takes "
-                        f"{point.slo_share:.0%} of the SLO {where}"
+    why = (f"the baseline's length cap, short of where the {point.statistic} of its full pass "
+           f"takes {point.slo_share:.0%} of the SLO {where}" if point.bound == "capped" else
+           f"where the {point.statistic} of the baseline's full pass takes "
+           f"{point.slo_share:.0%} of the SLO {where}")
+    table = Table(title=f"fixed-length operating point: {point.prefix_len} tokens, {why}"
                         + (f" (every mode serves on {serving}; the baseline's batch cap "
                            "and layout in its throughput search are marked below)"
                            if serving else ""))

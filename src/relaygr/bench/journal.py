@@ -7,7 +7,7 @@ after each, so a stopped run keeps every point it finished and every phase answe
 
   {"event": "start", "at_s": 0.0, "started": ISO time, "config": {...the run's BenchConfig...}}
   {"event": "point", "at_s": ..., "point": {...PointStats, as in bench.json's "points"...}}
-  {"event": "phase", "at_s": ..., "phase": "operating_point" | "sweep" | "throughput" |
+  {"event": "phase", "at_s": ..., "phase": "sweep" | "operating_point" | "throughput" |
    "mixed" | "<workload>" | "limit" | "exactness", "result": {...that phase's results...}}
 
 ``at_s`` is seconds since the run started (the run's own clock). A run that finishes writes the

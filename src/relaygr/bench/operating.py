@@ -27,6 +27,14 @@ measuring order. A machine so fast that the pass stays under the target up to ``
 longest the model reads) gets ``max_tokens``; one so slow that ``min_tokens`` already exceeds it
 gets ``min_tokens``; ``bound`` says which case held. Lengths are multiples of ``quantum_tokens``.
 
+Never past the baseline's length cap: the probe times the pass apart from the serving (no load
+generator, no cascade stages beside it, passes back to back), and on a busy or drifting machine
+the served pass can cost more than the curve says, so the length where the curve meets the
+target can lie where the baseline, serving, holds its P99 at no rate at all (no comparison of
+throughputs then: the ratio has no upper bound). Given ``cap_tokens`` (the suite passes the
+longest grid length the baseline's own length sweep did not fail at, at the sweep's load), the
+walk goes no longer than that; a cap that stops it is ``bound`` ``capped``.
+
 The baseline at its best: at that length, the same probe times one model call over 1, 2, 4,
 ... users (up to ``max_batch``, until a call takes longer than the SLO; the median of a few
 calls each: a rate of requests served, not a tail), and the baseline's batch cap for the
@@ -48,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from relaygr.errors import BenchProtocolError, ConfigError
@@ -151,7 +159,8 @@ class OperatingPoint:
     ``cost_ms`` is the ``quantile`` of the baseline's full pass measured at ``prefix_len``
     (``suffix_tokens`` and ``candidates`` as in the workload) and ``share`` = ``cost_ms`` /
     ``slo_ms``, the share of the SLO it actually takes; ``bound`` is ``bracketed``,
-    ``longest`` or ``shortest``.
+    ``longest``, ``capped`` (``cap_tokens``, the baseline's length cap, stopped the walk) or
+    ``shortest``.
     ``serving`` describes how the systems serve (instances, threads per instance, their batch
     cap): the probe times on one instance's threads. ``batch_curve`` holds the batched calls
     timed at ``prefix_len`` (medians; batch 1 is the pass's median) and ``baseline_batch``
@@ -180,6 +189,8 @@ class OperatingPoint:
     layout_curve: tuple[LayoutSample, ...] = ()
     baseline_layout: Layout | None = None
     quantile: float = 0.5
+    # The baseline's length cap the walk was held to (None: none given)
+    cap_tokens: int | None = None
 
     @property
     def statistic(self) -> str:
@@ -203,6 +214,9 @@ class OperatingPoint:
                 f"{self.slo_share:.0%})")
         if self.bound == "longest":
             head += ": under the target up to the longest length measured"
+        elif self.bound == "capped":
+            head += (f": under the target up to {self.cap_tokens} tokens, the baseline's length "
+                     "cap (the longest length its sweep did not fail at)")
         elif self.bound == "shortest":
             head += ": over the target already at the shortest length measured"
         merged = ("one request a call" if self.baseline_batch == 1
@@ -256,6 +270,14 @@ class LengthSearch:
         whole = round(tokens / self.quantum_tokens) * self.quantum_tokens
         return int(min(max(whole, self.min_tokens), self.max_tokens))
 
+    def capped(self, cap_tokens: int) -> LengthSearch:
+        """This walk going no longer than ``cap_tokens`` (rounded down to the quantum)."""
+        cap = max(cap_tokens // self.quantum_tokens * self.quantum_tokens, self.quantum_tokens)
+        if cap >= self.max_tokens:
+            return self
+        return replace(self, max_tokens=cap, start_tokens=min(self.start_tokens, cap),
+                       min_tokens=min(self.min_tokens, cap))
+
 
 def find_operating_length(cost_ms: Callable[[int], float], target_ms: float,
                           search: LengthSearch) -> tuple[CostSample, str, tuple[CostSample, ...]]:
@@ -305,17 +327,22 @@ def find_operating_length(cost_ms: Callable[[int], float], target_ms: float,
 
 def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_tokens: int,
                     candidates: int, search: LengthSearch,
-                    serving: Mapping[str, Any] | None = None) -> OperatingPoint:
-    """Measure the baseline's cost curve through ``probe`` and choose the length."""
+                    serving: Mapping[str, Any] | None = None,
+                    cap_tokens: int | None = None) -> OperatingPoint:
+    """Measure the baseline's cost curve through ``probe`` and choose the length, no longer
+    than ``cap_tokens`` when given (module docstring)."""
     if not 0 < slo_share < 1:
         raise ConfigError(f"slo_share must be in (0, 1), got {slo_share}")
     target = slo_share * slo_ms
+    walk = search if cap_tokens is None else search.capped(cap_tokens)
 
     def cost_ms(tokens: int) -> float:
         return search.read(probe.full_rank_samples_ms(tokens, suffix_tokens, candidates,
                                                       search.passes))
 
-    chosen, bound, curve = find_operating_length(cost_ms, target, search)
+    chosen, bound, curve = find_operating_length(cost_ms, target, walk)
+    if bound == "longest" and walk.max_tokens < search.max_tokens:
+        bound = "capped"
     batches = [BatchSample(1, probe.full_rank_ms(chosen.prefix_tokens, suffix_tokens,
                                                  candidates))]
     while (size := 2 * batches[-1].batch) <= search.max_batch \
@@ -329,7 +356,8 @@ def operating_point(probe: CostProbe, slo_ms: float, slo_share: float, suffix_to
                           chosen.cost_ms / slo_ms, suffix_tokens, candidates, bound, curve,
                           dict(serving or {}), batch_curve=tuple(batches),
                           baseline_batch=best.batch, layout_curve=layouts,
-                          baseline_layout=layout, quantile=search.quantile)
+                          baseline_layout=layout, quantile=search.quantile,
+                          cap_tokens=cap_tokens)
 
 
 def _layouts(probe: CostProbe, prefix_tokens: int, suffix_tokens: int, candidates: int,

@@ -1,9 +1,10 @@
 """``run_benchmark``: every phase of the benchmark over every mode, alternating point by point.
 
 Phases, in order (each skipped when its config is None):
-0. the operating point: the baseline's full-pass cost curve on this machine, through the cost
-   probe, and the length where it takes the configured share of the SLO (``operating``);
 1. length sweep at fixed QPS -> ``max_seq_len_under_slo`` per mode;
+   the operating point: the baseline's full-pass cost curve on this machine, through the cost
+   probe, and the length where it takes the configured share of the SLO (``operating``), no
+   longer than the baseline's length cap the sweep found;
 2. QPS search at a fixed prefix length (the operating point's) -> ``slo_throughput_qps``;
 3. QPS search on the mixed workload -> ``slo_throughput_qps_mixed``;
 4. QPS searches on each extra workload (``config.workloads``: ML-1M replay, DLRMv3 with and
@@ -245,8 +246,10 @@ class BenchSuite:
         return Outcome(stats.ranking.p99_ms, stats.verdict,
                        sum(p.duration_s for p in self.points[first:]))
 
-    def operating_point(self) -> OperatingPoint | None:
-        """This machine's operating point, when the plan asks for one and a probe can time it."""
+    def operating_point(self, sweep: dict[str, LengthSweepResult] | None = None
+                        ) -> OperatingPoint | None:
+        """This machine's operating point, when the plan asks for one and a probe can time it;
+        no longer than the baseline's length cap in ``sweep`` (``baseline_length_cap``)."""
         cfg = self.config.throughput
         if cfg is None or cfg.prefix_len is not None or cfg.slo_share is None \
                 or self.cost_probe is None:
@@ -255,7 +258,7 @@ class BenchSuite:
         before = self.noise.begin()
         point = operating_point(self.cost_probe, self.config.slo_ms, cfg.slo_share,
                                 round(population.recent_events_mean), population.num_candidates,
-                                cfg.lengths, self.config.serving)
+                                cfg.lengths, self.config.serving, baseline_length_cap(sweep))
         noise = self.noise.end(before)
         point = replace(point, steal_fraction=noise.steal_fraction,
                         calibration_ms=noise.calibration_ms)
@@ -312,10 +315,10 @@ class BenchSuite:
         cfg = self.config
         if cfg.deadline_s is not None:
             self._deadline_at = asyncio.get_running_loop().time() + cfg.deadline_s
-        point = self.operating_point()
-        self._finished("operating_point", point)
         sweep = await self.sweep() if cfg.sweep else None
         self._finished("sweep", sweep)
+        point = self.operating_point(sweep)
+        self._finished("operating_point", point)
         throughput = None
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
         if point is not None and point.prefix_len == prefix_len:
@@ -349,6 +352,16 @@ class BenchSuite:
                         exactness, mixed_builder.describe() if cfg.mixed else None)
         return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,
                         started, time.perf_counter() - t0)
+
+
+def baseline_length_cap(sweep: dict[str, LengthSweepResult] | None) -> int | None:
+    """The longest grid length the baseline's sweep did not fail at, above the longest it
+    passed (its answer interval's upper end); None when it has no sweep, passed no length, or
+    failed none above its answer."""
+    found = (sweep or {}).get("baseline")
+    if found is None or not found.max_seq_len or found.failing_above_len is None:
+        return None
+    return int(found.answer_interval[1])
 
 
 def _placed(factory: SystemFactory, cap: int | None, layout: Layout | None) -> SystemFactory:
