@@ -209,7 +209,7 @@ QUICK_LOAD_SCALE = 4.0
 # minutes less the start-up before it (~11 s: the cost model's fit, the instance processes), the
 # limit point and exactness replay after it (~40 s: 23 requests at 1 QPS, 25 paced passes, 2 x
 # 60 requests at 8 QPS, each system's set-up), the report (~3 s) and a margin for a slow box.
-QUICK_DEADLINE_S = 240.0
+QUICK_DEADLINE_S = 230.0
 # The quick run's exactness replay: 60 requests at 8 QPS, 8 s a mode (scores do not depend on
 # load; the relay's paths are reported with the comparison). Its low-load point stays at 1 QPS:
 # at the limit's 2,048 tokens each request's pre-inference is ~100 ms of one core, and at 4 QPS
