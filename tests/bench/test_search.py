@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from relaygr.bench.alternate import interleave, rotated, run_lockstep
+from relaygr.bench.alternate import Measure, interleave, rotated, run_lockstep
 from relaygr.bench.config import SweepConfig
 from relaygr.bench.decision import Verdict
 from relaygr.bench.qps_search import QpsSearch
@@ -85,14 +85,24 @@ def test_interleave_rotates_modes_point_by_point() -> None:
     assert rotated([], 3) == []
 
 
-def test_lockstep_advances_every_search_one_trial_per_round() -> None:
-    capacities = {"baseline": 10.0, "relay": 100.0}
-    searches = {m: QpsSearch(5.0, rel_tol=0.2) for m in capacities}
+def searches_against_capacities(capacities: dict[str, float], rel_tol: float
+                                ) -> tuple[dict[str, QpsSearch], Measure[float],
+                                           list[tuple[str, float]]]:
+    """A QPS search per mode from 5 QPS, an oracle measuring each mode as passing up to its
+    capacity, and the (mode, QPS) of every point measured."""
+    searches = {m: QpsSearch(5.0, rel_tol=rel_tol) for m in capacities}
     calls: list[tuple[str, float]] = []
 
     async def measure(mode: str, qps: float) -> Outcome:
         calls.append((mode, qps))
         return judged(1.0 if qps <= capacities[mode] else 99.0)
+
+    return searches, measure, calls
+
+
+def test_lockstep_advances_every_search_one_trial_per_round() -> None:
+    capacities = {"baseline": 10.0, "relay": 100.0}
+    searches, measure, calls = searches_against_capacities(capacities, rel_tol=0.2)
 
     trials = asyncio.run(run_lockstep(searches, measure))
     assert trials == len(calls) == sum(len(s.result().trials) for s in searches.values())
@@ -211,12 +221,7 @@ def test_lockstep_halts_every_search_at_the_first_point_that_does_not_fit() -> N
     point fits any more; that halts both searches in the same round, so neither mode is
     measured a round more than the other, and both results say ``deadline``."""
     capacities = {"baseline": 30.0, "relay": 100.0}
-    searches = {m: QpsSearch(5.0, rel_tol=0.01) for m in capacities}
-    measured: list[tuple[str, float]] = []
-
-    async def measure(mode: str, qps: float) -> Outcome:
-        measured.append((mode, qps))
-        return judged(1.0 if qps <= capacities[mode] else 99.0)
+    searches, measure, measured = searches_against_capacities(capacities, rel_tol=0.01)
 
     asyncio.run(run_lockstep(searches, measure, fits=lambda qps: qps <= 40.0))
     assert max(q for _, q in measured) <= 40.0
