@@ -59,6 +59,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
+
 from relaygr.errors import BenchProtocolError, ConfigError
 
 # Passes timed at each length of the cost curve at least, in all (a quantile read off fewer
@@ -260,11 +262,10 @@ class LengthSearch:
         return max(MIN_CURVE_PASSES, math.ceil(1 / (1 - self.quantile) - 1e-9))
 
     def read(self, samples: Sequence[float]) -> float:
-        """The ``quantile`` of ``samples`` by nearest rank."""
+        """The ``quantile`` of ``samples`` by nearest rank (as ``bench.stats.percentile``)."""
         if not samples:
             raise BenchProtocolError("the cost probe returned no timed pass")
-        ordered = sorted(samples)
-        return ordered[max(math.ceil(self.quantile * len(ordered) - 1e-9), 1) - 1]
+        return float(np.percentile(samples, 100 * self.quantile, method="inverted_cdf"))
 
     def quantize(self, tokens: float) -> int:
         whole = round(tokens / self.quantum_tokens) * self.quantum_tokens

@@ -158,32 +158,30 @@ class BenchSuite:
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
+                # wait for a quiet host only as long as the point would still end in time
+                await wait_for_quiet_host(budget.remeasure_steal,
+                                          patience_s=min(QUIET_PATIENCE_S, self._slack_s(workload)))
                 if not self.fits(workload):
-                    self._past_deadline(label, noise)
+                    self.progress.note(f"{label}: not measured again under noise "
+                                       f"({noise.describe()}): it would end past the run's "
+                                       "deadline")
                     break
                 self.progress.note(f"{label}: measuring again (noise during the point: "
                                    f"{noise.describe()})")
-                await wait_for_quiet_host(budget.remeasure_steal,
-                                          patience_s=min(QUIET_PATIENCE_S, self._time_left_s()))
-                if not self.fits(workload):
-                    self._past_deadline(label, noise)
-                    break
         return stats
 
-    def _past_deadline(self, label: str, noise: PointNoise) -> None:
-        self.progress.note(f"{label}: not measured again under noise ({noise.describe()}): "
-                           "it would end past the run's deadline")
-
-    def _time_left_s(self) -> float:
-        """Seconds to the run's deadline (inf: none)."""
+    def _slack_s(self, workload: Workload) -> float:
+        """Seconds a point sending ``workload`` would end before the run's deadline (inf: no
+        deadline): what is left, less its schedule and the longest a point took beyond its
+        schedule so far (module docstring)."""
         if self._deadline_at is None:
             return math.inf
-        return self._deadline_at - asyncio.get_running_loop().time()
+        left = self._deadline_at - asyncio.get_running_loop().time()
+        return left - workload.requests[-1].send_s - self._setup_s
 
     def fits(self, workload: Workload) -> bool:
-        """Whether a point sending ``workload`` would end by the run's deadline: its schedule
-        plus the longest a point took beyond its schedule so far (module docstring)."""
-        return workload.requests[-1].send_s + self._setup_s <= self._time_left_s()
+        """Whether a point sending ``workload`` would end by the run's deadline."""
+        return self._slack_s(workload) >= 0
 
     def _noisy(self, stats: PointStats) -> bool:
         """Too much noise during the point to believe that it did not pass (``noise``)."""
@@ -213,13 +211,17 @@ class BenchSuite:
         searches = {m: LengthSweep(cfg.grid(m), cfg.start, cfg.budget_s) for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
+        def fixed(length: int) -> SyntheticWorkload:
+            if length not in builders:
+                builders[length] = self._fixed(length)
+            return builders[length]
+
         async def measure(mode: str, length: int) -> Outcome:
-            builder = builders.setdefault(length, self._fixed(length))
-            return await self._outcome(self.measure(mode, "sweep", builder, cfg.qps, length))
+            return await self._outcome(self.measure(mode, "sweep", fixed(length), cfg.qps,
+                                                    length))
 
         def fits(length: int) -> bool:
-            builder = builders.setdefault(length, self._fixed(length))
-            return self.fits(self._workload("sweep", builder, cfg.qps, length))
+            return self.fits(self._workload("sweep", fixed(length), cfg.qps, length))
 
         await run_lockstep(searches, measure, fits=fits)
         return {m: s.result() for m, s in searches.items()}
