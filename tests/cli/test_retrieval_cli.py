@@ -27,8 +27,10 @@ def test_train_then_eval_with_a_baseline(tmp_path: Path,
     report = json.loads(out.read_text())
     assert report["protocol"] == "cvgae" and report["seeds"] == [0, 1]
     assert set(report["model"]) == {"aa", "bb"}
-    assert set(report["baselines"]) == {"popularity", "single"}
-    for metrics in (report["model"]["aa"], report["baselines"]["popularity"]["bb"]):
+    assert set(report["baselines"]) == {"popularity", "itemcf", "single"}
+    assert set(report["fused"]) == {"model+itemcf"} and set(report["fusion_weights"]) == {"0", "1"}
+    for metrics in (report["model"]["aa"], report["baselines"]["popularity"]["bb"],
+                    report["baselines"]["itemcf"]["aa"], report["fused"]["model+itemcf"]["bb"]):
         assert set(metrics) == {"hr@10", "ndcg@10", "hr@10_std", "ndcg@10_std"}
         assert 0.0 <= metrics["ndcg@10"] <= metrics["hr@10"] <= 1.0
     assert (tmp_path / "m" / "seed-1" / "split" / "bb.npz").is_file()

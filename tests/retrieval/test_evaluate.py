@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from relaygr.retrieval.evaluate import (
+    ItemCFScorer,
     PopularityScorer,
+    SumScorer,
     VectorScorer,
     full_ranks,
     hits,
@@ -71,3 +73,45 @@ def test_a_baseline_on_other_negatives_is_refused() -> None:
     summary = mean_std([{"d": {"hr@10": 0.2}}, {"d": {"hr@10": 0.4}}])
     assert summary["d"]["hr@10"] == pytest.approx(0.3)
     assert summary["d"]["hr@10_std"] == pytest.approx(0.1)
+
+
+def test_item_cf_sums_cosines_to_the_users_items_in_both_domains() -> None:
+    # users 0-3; domain a: 3 items, domain b: 2 items
+    a = np.array([[0, 0], [0, 1], [1, 0], [1, 1], [2, 2], [3, 0]])
+    b = np.array([[0, 0], [1, 0], [2, 1], [3, 0], [3, 1]])
+    cf = ItemCFScorer.of({"a": a, "b": b}, {"a": 3, "b": 2}, num_users=4, prior_weight=0.5)
+    deg_a = np.array([3, 2, 1])           # users of a's items
+    deg_b = np.array([3, 2])
+    # user 2: a-item 2 and b-item 1. Score of a-item 0: within a, items 2 and 0 share no user;
+    # across, b-item 1 and a-item 0 share user 3: 1 / sqrt(2 * 3)
+    want = 1 / math.sqrt(2 * 3) + 0.5 * math.log1p(deg_a[0])
+    got = cf.scores("a", np.array([2]), np.array([0, 1, 2]))
+    assert got.shape == (1, 3) and got.dtype == np.float32
+    assert math.isclose(float(got[0, 0]), want, rel_tol=1e-6)
+    # an item never scores itself: a-item 2's only user is user 2, so only the prior is left
+    # within a, and b-item 1 shares user 2 with it: 1 / sqrt(2 * 1)
+    want_2 = 1 / math.sqrt(2 * 1) + 0.5 * math.log1p(deg_a[2])
+    assert math.isclose(float(got[0, 2]), want_2, rel_tol=1e-6)
+    # per-row candidates give the same numbers as the shared list, in blocks of any size
+    users = np.array([0, 1, 2, 3])
+    shared = cf.scores("b", users, np.array([0, 1]))
+    rows = cf.scores("b", users, np.array([[1, 0]] * 4), block=3)
+    np.testing.assert_array_equal(rows, shared[:, ::-1])
+    # user 0 (a-items 0, 1; b-item 0). b-item 0: across, a-item 0 shares all 3 of its users
+    # (3 / sqrt(3 * 3)) and a-item 1 both of its (2 / sqrt(2 * 3)); itself is not counted.
+    # b-item 1: within, b-item 0 shares user 3 (1 / sqrt(3 * 2)); across, a-item 0 too
+    want_0 = 1.0 + 2 / math.sqrt(6) + 0.5 * math.log1p(deg_b[0])
+    want_1 = 2 / math.sqrt(6) + 0.5 * math.log1p(deg_b[1])
+    np.testing.assert_allclose(shared[0], [want_0, want_1], rtol=1e-6)
+
+
+def test_sum_scorer_adds_the_weighted_second_channel() -> None:
+    pop = PopularityScorer({"a": np.array([1.0, 5.0, 2.0], np.float32)})
+    vec = VectorScorer({"a": np.eye(2, dtype=np.float32)},
+                       {"a": np.array([[1, 0], [0, 1], [1, 1]], np.float32)})
+    items = np.array([0, 1, 2])
+    users = np.array([0, 1])
+    np.testing.assert_array_equal(SumScorer(vec, pop, 0.0).scores("a", users, items),
+                                  vec.scores("a", users, items))
+    np.testing.assert_allclose(SumScorer(vec, pop, 0.5).scores("a", users, items),
+                               [[1.5, 2.5, 2.0], [0.5, 3.5, 2.0]])

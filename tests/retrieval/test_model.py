@@ -85,3 +85,36 @@ def test_share_user_embedding_ties_the_towers_user_table(shared: bool) -> None:
     copy.load_state_dict(model.state_dict())
     np.testing.assert_array_equal(copy.user_vectors("b"), model.user_vectors("b"))
     assert (copy.tower("a").encoder.user_emb is copy.tower("b").encoder.user_emb) == shared
+
+
+def test_partner_items_extend_the_user_side_only() -> None:
+    """With ``partner_items`` a tower reads the user's items of both domains: the request-time
+    user vector from both lists equals the full-graph one, and only the domain's own items are
+    scored and served."""
+    torch.manual_seed(0)
+    b_edges = np.array([[0, 2], [1, 0], [3, 1], [3, 2], [4, 0]])   # user 4 has b items only
+    graphs = {"a": BipartiteGraph(5, 4, EDGES), "b": BipartiteGraph(5, 3, b_edges)}
+    model = RetrievalModel(graphs, SCCDRConfig(dim=8, partner_items=True))
+    tower = model.tower("a")
+    assert tower.reads_partner and tower.propagation.num_items == 7
+    assert tower.propagation.edges[len(EDGES):].tolist() == (b_edges + np.array([0, 4])).tolist()
+    users, items = model.user_vectors("a"), model.item_vectors("a")
+    assert items.shape == (4, 9) and model.item_vectors("b").shape == (3, 9)
+    np.testing.assert_allclose(model.user_vector("a", [0, 1, 2], user=3, partner_item_ids=[1, 2]),
+                               users[3], atol=TOL)
+    np.testing.assert_allclose(model.user_vector("b", [1, 2], user=3, partner_item_ids=[0, 1, 2]),
+                               model.user_vectors("b")[3], atol=TOL)
+    # the partner's items change the vector: without them it is another user's view
+    alone = model.user_vector("a", [0, 1, 2], user=3)
+    assert not np.allclose(alone, users[3], atol=1e-3)
+    with pytest.raises(ItemOutOfRangeError):
+        model.user_vector("a", [0], partner_item_ids=[3])      # b has items 0..2
+    with pytest.raises(InvalidInputError):
+        model.user_vector("a", [], partner_item_ids=[0])
+    plain = RetrievalModel(graphs, SCCDRConfig(dim=8))
+    assert not plain.tower("a").reads_partner
+    with pytest.raises(ConfigError):
+        plain.user_vector("a", [0], partner_item_ids=[0])
+    # a single-domain model has no partner to read, whatever the flag
+    solo = RetrievalModel({"a": graphs["a"]}, SCCDRConfig(dim=8, partner_items=True))
+    assert not solo.tower("a").reads_partner

@@ -67,10 +67,11 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
     assert trainer.model.tower("aa").encoder.user_emb.weight.grad is not None
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_run_directory_round_trip(tmp_path: Path, shared: bool) -> None:
+@pytest.mark.parametrize("option", ["none", "share_user_embedding", "partner_items"])
+def test_run_directory_round_trip(tmp_path: Path, option: str) -> None:
     splits, num_users = _splits(tmp_path)
-    cfg = PRESETS["sccdr"].with_(**SMALL, share_user_embedding=shared)
+    extra = {} if option == "none" else {option: True}
+    cfg = PRESETS["sccdr"].with_(**SMALL, **extra)
     result = RetrievalTrainer(cfg, splits, num_users, seed=1, progress_bar=False).fit()
     run = tmp_path / "run"
     info = RunInfo("aa_bb", ("aa", "bb"), num_users, SplitKind.CVGAE, "sccdr", cfg, (1,), {})
@@ -81,6 +82,8 @@ def test_run_directory_round_trip(tmp_path: Path, shared: bool) -> None:
     trained = load_seed(run, info, 1)
     for d in ("aa", "bb"):
         np.testing.assert_array_equal(trained.model.item_vectors(d), result.model.item_vectors(d))
+        assert len(trained.model.item_vectors(d)) == splits[d].num_items   # own items only
+        np.testing.assert_array_equal(trained.model.user_vectors(d), result.model.user_vectors(d))
         np.testing.assert_array_equal(trained.splits[d].test_negatives, splits[d].test_negatives)
     assert read_result(run, 1)["best_epoch"] == result.best_epoch
     assert len(read_history(run, 1)) == len(result.history)

@@ -140,12 +140,14 @@ def run_eval(args: argparse.Namespace) -> int:
     result = report(args.checkpoint, Protocol.parse(args.protocol),
                     parse_baselines(args.baseline))
     rows = [("model (" + result["model_preset"] + ")", result["model"]),
-            *result["baselines"].items()]
+            *result["baselines"].items(), *result["fused"].items()]
     for name, metrics in rows:
         shown = "; ".join(d + " " + " ".join(f"{k} {v:.4f}±{m[k + '_std']:.4f}"
                                              for k, v in m.items() if not k.endswith("_std"))
                           for d, m in metrics.items())
         print(f"{name:>18}: {shown}")
+    print("model+itemcf weight by seed (chosen on validation): " + ", ".join(
+        f"{seed} {w:g}" for seed, w in result["fusion_weights"].items()))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -65,6 +65,10 @@ class SCCDRConfig:
     # one layer-0 user embedding table for both towers (users are shared): the towers then
     # differ only in their item embeddings and layers; off keeps each domain's tower separate
     share_user_embedding: bool = False
+    # each domain's tower also reads the user's items of the partner domain (extra item nodes
+    # with embeddings of the tower's own): a user's vector in one domain sees its whole history;
+    # only the domain's own items are scored. Off: a tower sees its own domain's graph alone
+    partner_items: bool = False
     # matching (recommendation) loss
     matching_loss: MatchingLoss = MatchingLoss.SOFTMAX
     similarity: Similarity = Similarity.COSINE

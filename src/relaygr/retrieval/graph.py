@@ -68,6 +68,13 @@ class BipartiteGraph:
         inv = np.divide(1.0, deg, out=np.zeros_like(deg), where=deg > 0)
         return to_torch(sp.diags(inv) @ r)
 
+    def with_partner(self, partner: BipartiteGraph) -> BipartiteGraph:
+        """This graph with ``partner``'s items appended as items ``num_items..`` (same users)."""
+        assert partner.num_users == self.num_users, "a partner graph shares the users"
+        shifted = partner.edges + np.array([0, self.num_items], dtype=partner.edges.dtype)
+        return BipartiteGraph(self.num_users, self.num_items + partner.num_items,
+                              np.concatenate([self.edges, shifted]))
+
     def drop_edges(self, rate: float, rng: np.random.Generator) -> BipartiteGraph:
         """A view keeping each edge with probability ``1 - rate`` (edge dropout)."""
         keep = rng.random(len(self.edges)) >= rate

@@ -28,24 +28,36 @@ from relaygr.retrieval.graph import BipartiteGraph
 
 
 class DomainTower(nn.Module):
-    """One domain's encoder with the adjacency of its training graph."""
+    """One domain's encoder with the adjacency of its training graph.
 
-    def __init__(self, graph: BipartiteGraph, cfg: SCCDRConfig) -> None:
+    ``graph`` is the domain's own training graph (its items are the ones scored and served);
+    with ``partner`` (``SCCDRConfig.partner_items``) the encoder propagates over ``graph`` with
+    the partner's items appended (``BipartiteGraph.with_partner``), so a user's vector reads
+    both domains' items while the tower's output items stay the domain's own."""
+
+    def __init__(self, graph: BipartiteGraph, cfg: SCCDRConfig,
+                 partner: BipartiteGraph | None = None) -> None:
         super().__init__()
         self.graph = graph
+        self.propagation = graph if partner is None else graph.with_partner(partner)
         self.encoder_kind = cfg.encoder
+        nodes = self.propagation
         if cfg.encoder is Encoder.SAGE:
-            self.encoder: nn.Module = SAGETower(graph.num_users, graph.num_items, cfg.dim,
+            self.encoder: nn.Module = SAGETower(nodes.num_users, nodes.num_items, cfg.dim,
                                                 cfg.num_layers, cfg.normalize)
         else:
-            self.encoder = LightGCNTower(graph.num_users, graph.num_items, cfg.dim,
+            self.encoder = LightGCNTower(nodes.num_users, nodes.num_items, cfg.dim,
                                          cfg.num_layers, cfg.normalize)
-        self.adj = self.adjacency_of(graph)
+        self.adj = self.adjacency_of(self.propagation)
         self.neighbour_mean = graph.user_item_mean()
         self.temperature = cfg.temperature
         degree = np.bincount(graph.edges[:, 1], minlength=graph.num_items)
         self.log_degree = torch.from_numpy(np.log1p(degree).astype(np.float32))   # (I,)
         self.pop_weight = nn.Parameter(torch.ones(())) if cfg.popularity_prior else None
+
+    @property
+    def reads_partner(self) -> bool:
+        return self.propagation is not self.graph
 
     def item_bias(self) -> torch.Tensor | None:
         """``(I,)`` logit offsets of the popularity prior (None without it)."""
@@ -69,7 +81,11 @@ class DomainTower(nn.Module):
                 else graph.sym_adjacency())
 
     def forward(self, adj: torch.Tensor | None = None) -> TowerOutput:
+        """The encoder over ``adj`` (default: the propagation graph's); ``items`` are the
+        domain's own (partner items, when read, stay in ``item_states`` only)."""
         out: TowerOutput = self.encoder(self.adj if adj is None else adj)
+        if self.reads_partner:
+            out = TowerOutput(out.users, out.items[:self.graph.num_items], out.item_states)
         return out
 
 
@@ -80,7 +96,12 @@ class RetrievalModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.domains = list(graphs)
-        self.towers = nn.ModuleDict({name: DomainTower(g, cfg) for name, g in graphs.items()})
+        partners: dict[str, BipartiteGraph | None] = {d: None for d in graphs}
+        if cfg.partner_items and len(graphs) == 2:
+            one, other = graphs
+            partners = {one: graphs[other], other: graphs[one]}
+        self.towers = nn.ModuleDict({name: DomainTower(g, cfg, partners[name])
+                                     for name, g in graphs.items()})
         if cfg.share_user_embedding and len(self.domains) == 2:
             first, second = (self.tower(d).encoder for d in self.domains)
             second.user_emb = first.user_emb    # one parameter: both towers train it
@@ -118,19 +139,37 @@ class RetrievalModel(nn.Module):
         return np.ascontiguousarray(users.numpy(), dtype=np.float32)
 
     @torch.no_grad()
-    def user_vector(self, domain: str, item_ids: Sequence[int],
-                    user: int | None = None) -> np.ndarray:
-        """``(dim,)`` float32 from the user's recent items (module doc). Needs GraphSAGE."""
+    def user_vector(self, domain: str, item_ids: Sequence[int], user: int | None = None,
+                    partner_item_ids: Sequence[int] = ()) -> np.ndarray:
+        """``(dim,)`` float32 from the user's recent items (module doc). Needs GraphSAGE.
+
+        ``partner_item_ids``: the user's items in the partner domain, read when the tower reads
+        them (``SCCDRConfig.partner_items``; refused otherwise); none is allowed."""
         tower = self.tower(domain)
         if not isinstance(tower.encoder, SAGETower):
             raise ConfigError("user_vector needs the GraphSAGE encoder")
-        items = torch.as_tensor(np.asarray(item_ids, dtype=np.int64))
-        if items.ndim != 1 or len(items) == 0:
+        items = self._item_ids(item_ids, tower.graph.num_items, "item_ids")
+        if len(items) == 0:
             raise InvalidInputError("item_ids must be a non-empty list of item ids")
-        if items.min() < 0 or items.max() >= tower.graph.num_items:
-            raise ItemOutOfRangeError(f"item ids must be in [0, {tower.graph.num_items})")
+        if len(partner_item_ids):
+            if not tower.reads_partner:
+                raise ConfigError(f"the {domain} tower does not read partner items "
+                                  "(trained without partner_items)")
+            own = tower.graph.num_items
+            partner = self._item_ids(partner_item_ids, tower.propagation.num_items - own,
+                                     "partner_item_ids")
+            items = torch.cat([items, partner + own])
         if user is not None and not 0 <= user < tower.graph.num_users:
             raise InvalidInputError(f"user {user} is not in [0, {tower.graph.num_users})")
         out = self.encode(domain)
         vec = tower.encoder.user_from_items(items, out.item_states, user)
         return tower.served_users(vec[None])[0].numpy().astype(np.float32)
+
+    @staticmethod
+    def _item_ids(ids: Sequence[int], num_items: int, name: str) -> torch.Tensor:
+        items = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+        if items.ndim != 1:
+            raise InvalidInputError(f"{name} must be a list of item ids")
+        if len(items) and (items.min() < 0 or items.max() >= num_items):
+            raise ItemOutOfRangeError(f"{name} must be in [0, {num_items})")
+        return items

@@ -4,8 +4,14 @@ The answer is the JSON ``relaygr eval-retrieval`` writes::
 
     {"protocol": "cvgae", "pair": ..., "seeds": [...],
      "model": {"sport": {"hr@10": mean, "hr@10_std": std, ...}, "cloth": {...}},
-     "baselines": {"popularity": {...}, "<name>": {...}},
+     "baselines": {"popularity": {...}, "itemcf": {...}, "<name>": {...}},
+     "fused": {"model+itemcf": {...}}, "fusion_weights": {"0": w, ...},
      "per_seed": {"model": {"0": {...}}, ...}}
+
+``popularity`` and ``itemcf`` need no training (``relaygr.retrieval.evaluate``). ``model+itemcf``
+is the run's model and item-CF as two retrieval channels, scores summed with the weight each
+seed's validation rows choose from ``FUSION_WEIGHTS`` (best mean NDCG@10 over the domains, as
+training selects epochs; never test).
 
 Baseline runs must hold the same splits (same pair, split kind and seeds; test rows and
 negatives identical), so every number in one report ranks the same held-out items against the
@@ -23,8 +29,10 @@ import numpy as np
 from relaygr.errors import CheckpointError
 from relaygr.retrieval.checkpoint import load_seed, load_splits, read_run_info
 from relaygr.retrieval.evaluate import (
+    ItemCFScorer,
     PopularityScorer,
     Scorer,
+    SumScorer,
     VectorScorer,
     full_ranks,
     hits,
@@ -34,6 +42,8 @@ from relaygr.retrieval.evaluate import (
 from relaygr.retrieval.splits import DomainSplit, Protocol
 
 Metrics = dict[str, dict[str, float]]   # domain -> metric -> value
+
+FUSION_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)   # item-CF's weight beside the model
 
 
 def evaluate_splits(scorer: Scorer, splits: dict[str, DomainSplit], protocol: Protocol) -> Metrics:
@@ -91,11 +101,31 @@ def score_run(run_dir: Path, protocol: Protocol,
             if seed not in reference:
                 raise CheckpointError(f"{run_dir} has seed {seed}, the model's run does not")
             _same_splits(reference[seed], trained.splits, run_dir)
-        m = trained.model
-        scorer = VectorScorer({d: m.user_vectors(d) for d in info.domains},
-                              {d: m.item_vectors(d) for d in info.domains})
-        per_seed[seed] = evaluate_splits(scorer, trained.splits, protocol)
+        per_seed[seed] = evaluate_splits(model_scorer(trained.model, info.domains),
+                                         trained.splits, protocol)
     return RunScores(per_seed)
+
+
+def model_scorer(model: Any, domains: tuple[str, ...]) -> VectorScorer:
+    """A trained ``RetrievalModel``'s served vectors as a scorer."""
+    return VectorScorer({d: model.user_vectors(d) for d in domains},
+                        {d: model.item_vectors(d) for d in domains})
+
+
+def item_cf(splits: dict[str, DomainSplit], num_users: int) -> ItemCFScorer:
+    return ItemCFScorer.of({d: s.train for d, s in splits.items()},
+                           {d: s.num_items for d, s in splits.items()}, num_users)
+
+
+def choose_fusion_weight(model: Scorer, other: Scorer, splits: dict[str, DomainSplit]) -> float:
+    """The weight of ``FUSION_WEIGHTS`` whose fused scores have the best mean validation
+    NDCG@10 over the domains (the first of equals)."""
+    def score(w: float) -> float:
+        fused = SumScorer(model, other, w)
+        return float(np.mean([hr_ndcg(sampled_ranks(fused, d, s.valid, s.valid_negatives))
+                              ["ndcg@10"] for d, s in splits.items()]))
+    scores = [score(w) for w in FUSION_WEIGHTS]
+    return FUSION_WEIGHTS[int(np.argmax(scores))]
 
 
 def report(run_dir: Path, protocol: Protocol, baselines: dict[str, Path]) -> dict[str, Any]:
@@ -109,10 +139,25 @@ def report(run_dir: Path, protocol: Protocol, baselines: dict[str, Path]) -> dic
                                      {d: s.num_items for d, s in sp.items()})
         pop[seed] = evaluate_splits(scorer, sp, protocol)
     runs["popularity"] = RunScores(pop)
+    cf: dict[int, Metrics] = {}
+    fused: dict[int, Metrics] = {}
+    weights: dict[str, float] = {}
+    for seed, sp in splits.items():
+        item_cf_scorer = item_cf(sp, info.num_users)
+        cf[seed] = evaluate_splits(item_cf_scorer, sp, protocol)
+        model = model_scorer(load_seed(run_dir, info, seed).model, info.domains)
+        weight = choose_fusion_weight(model, item_cf_scorer, sp)
+        weights[str(seed)] = weight
+        fused[seed] = evaluate_splits(SumScorer(model, item_cf_scorer, weight), sp, protocol)
+    runs["itemcf"] = RunScores(cf)
     for name, path in baselines.items():
         runs[name] = score_run(path, protocol, reference=splits)
+    runs["model+itemcf"] = RunScores(fused)
     return {"protocol": protocol.value, "pair": info.pair, "seeds": list(info.seeds),
             "model_preset": info.preset,
             "model": runs["model"].summary,
-            "baselines": {k: r.summary for k, r in runs.items() if k != "model"},
+            "baselines": {k: r.summary for k, r in runs.items()
+                          if k not in ("model", "model+itemcf")},
+            "fused": {"model+itemcf": runs["model+itemcf"].summary},
+            "fusion_weights": weights,
             "per_seed": {k: {str(s): m for s, m in r.per_seed.items()} for k, r in runs.items()}}

@@ -100,8 +100,9 @@ class RetrievalTrainer:
         if not self.cfg.uses_intra:
             return {}
         views = {}
-        for d, g in self.graphs.items():
+        for d in self.graphs:
             tower = self.model.tower(d)
+            g = tower.propagation
             views[d] = (tower.adjacency_of(g.drop_edges(self.cfg.edge_dropout, self.rng)),
                         tower.adjacency_of(g.drop_edges(self.cfg.edge_dropout, self.rng)))
         return views
