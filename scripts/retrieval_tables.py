@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python scripts/retrieval_tables.py REPORT.json [REPORT.json ...]
 
-One table per report: a row per model (the run's preset, then the baselines), a column per
-domain and metric, ``mean ± std`` over the report's seeds.
+One table per report: a row per model (the run's preset, the baselines, then the fused
+channels of reports that have them), a column per domain and metric, ``mean ± std`` over the
+report's seeds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 def table(report: dict) -> str:
     rows = [(f"{report['model_preset']} (model)", report["model"]),
-            *report["baselines"].items()]
+            *report["baselines"].items(), *report.get("fused", {}).items()]
     domains = list(report["model"])
     metrics = [k for k in report["model"][domains[0]] if not k.endswith("_std")]
     head = ["model"] + [f"{d} {m.upper()}" for d in domains for m in metrics]
