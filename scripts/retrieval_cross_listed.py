@@ -77,8 +77,9 @@ def main() -> None:
                   f"linked {linked.mean():.3f}, twin {twin.mean():.3f}")
             for name, scorer in scorers.items():
                 hit = sampled_ranks(scorer, d, valid, splits[d].valid_negatives) < 10
-                print(f"    HR@10 {name:>10}: all {hit.mean():.3f} | linked {hit[linked].mean():.3f}"
-                      f" | not linked {hit[~linked].mean():.3f} | twin {hit[twin].mean():.3f}")
+                print(f"    HR@10 {name:>10}: all {hit.mean():.3f} | linked "
+                      f"{hit[linked].mean():.3f} | not linked {hit[~linked].mean():.3f} | twin "
+                      f"{hit[twin].mean():.3f}")
 
 
 if __name__ == "__main__":
