@@ -8,7 +8,7 @@ import torch
 
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
 from relaygr.retrieval.config import SCCDRConfig
-from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 from relaygr.retrieval.model import RetrievalModel
 
 EDGES = np.array([[0, 0], [0, 1], [1, 1], [2, 2], [3, 0], [3, 1], [3, 2]])
@@ -118,3 +118,36 @@ def test_partner_items_extend_the_user_side_only() -> None:
     # a single-domain model has no partner to read, whatever the flag
     solo = RetrievalModel({"a": graphs["a"]}, SCCDRConfig(dim=8, partner_items=True))
     assert not solo.tower("a").reads_partner
+
+
+def test_bridge_links_pair_items_bought_by_the_same_users() -> None:
+    # target items 0-2, partner items 0-2 over users 0-4
+    target = BipartiteGraph(5, 3, np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2]]))
+    partner = BipartiteGraph(5, 3, np.array([[0, 0], [1, 0], [4, 0],     # 2 of 3 users: 2/3
+                                             [2, 1], [3, 1],             # same users as t1
+                                             [3, 2]]))                   # one user: too few
+    links = bridge_links(target, partner, min_jaccard=0.5)
+    assert links.tolist() == [0, 1, -1]
+    assert bridge_links(target, partner, min_jaccard=0.7).tolist() == [-1, 1, -1]
+    edges = bridged_edges(partner, links)
+    assert edges.tolist() == [[0, 0], [1, 0], [2, 1], [3, 1], [4, 0]]
+
+
+def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> None:
+    torch.manual_seed(0)
+    a = np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2]])
+    b = np.array([[0, 0], [1, 0], [4, 0], [2, 1], [3, 1], [3, 2]])
+    graphs = {"a": BipartiteGraph(5, 3, a), "b": BipartiteGraph(5, 3, b)}
+    model = RetrievalModel(graphs, SCCDRConfig(dim=8, bridge_jaccard=0.5))
+    tower = model.tower("a")
+    assert not tower.reads_partner and tower.propagation.num_items == 3
+    # user 4 bought partner item 0, linked to a's item 0: an edge of a's propagation graph only
+    assert [4, 0] in tower.propagation.edges.tolist()
+    assert [4, 0] not in tower.graph.edges.tolist()
+    assert tower.log_degree[0] == pytest.approx(np.log1p(2))     # the prior counts real rows
+    users = model.user_vectors("a")
+    np.testing.assert_allclose(model.user_vector("a", [0], user=4, partner_item_ids=[0]),
+                               users[4], atol=TOL)
+    # user 3's partner items 1 and 2: item 1 is already its own, item 2 has no link
+    np.testing.assert_allclose(model.user_vector("a", [1, 2], user=3, partner_item_ids=[1, 2]),
+                               users[3], atol=TOL)

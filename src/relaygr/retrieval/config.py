@@ -69,6 +69,11 @@ class SCCDRConfig:
     # with embeddings of the tower's own): a user's vector in one domain sees its whole history;
     # only the domain's own items are scored. Off: a tower sees its own domain's graph alone
     partner_items: bool = False
+    # item bridges: a partner item bought by (nearly) the same users as an item of this domain
+    # (Jaccard >= bridge_jaccard, >= 2 users in common) is taken for the same product, and a
+    # user's partner purchase of it becomes an edge to that item in this domain's propagation
+    # graph (never a matching positive). 0: off
+    bridge_jaccard: float = 0.0
     # matching (recommendation) loss
     matching_loss: MatchingLoss = MatchingLoss.SOFTMAX
     similarity: Similarity = Similarity.COSINE
@@ -133,7 +138,8 @@ class SCCDRConfig:
         for name in ("lambda_intra", "lambda_inter", "weight_decay", "embedding_l2"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {getattr(self, name)}")
-        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share"):
+        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share",
+                     "bridge_jaccard"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
         if self.edge_dropout >= 1.0:

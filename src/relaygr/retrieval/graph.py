@@ -75,6 +75,11 @@ class BipartiteGraph:
         return BipartiteGraph(self.num_users, self.num_items + partner.num_items,
                               np.concatenate([self.edges, shifted]))
 
+    def with_edges(self, edges: np.ndarray) -> BipartiteGraph:
+        """This graph with ``edges`` (``(n, 2)`` user, item) added, duplicates kept once."""
+        merged = np.unique(np.concatenate([self.edges, edges.astype(self.edges.dtype)]), axis=0)
+        return BipartiteGraph(self.num_users, self.num_items, merged)
+
     def drop_edges(self, rate: float, rng: np.random.Generator) -> BipartiteGraph:
         """A view keeping each edge with probability ``1 - rate`` (edge dropout)."""
         keep = rng.random(len(self.edges)) >= rate
@@ -92,3 +97,29 @@ def to_torch(m: sp.spmatrix) -> torch.Tensor:
     idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
     val = torch.from_numpy(coo.data.astype(np.float32))
     return torch.sparse_coo_tensor(idx, val, coo.shape, check_invariants=False).coalesce()
+
+
+def bridge_links(target: BipartiteGraph, partner: BipartiteGraph, min_jaccard: float,
+                 min_shared: int = 2) -> np.ndarray:
+    """``(partner.num_items,)`` int64: for each partner item, the target item bought by the most
+    nearly the same users (Jaccard of their user sets >= ``min_jaccard``, at least
+    ``min_shared`` users in common), or -1. The same product listed in both catalogues under two
+    ids shows up this way."""
+    r_t, r_p = target.interactions(), partner.interactions()
+    deg_t = np.asarray(r_t.sum(axis=0)).ravel()
+    deg_p = np.asarray(r_p.sum(axis=0)).ravel()
+    co = (r_p.T @ r_t).tocoo()                          # (I_p, I_t) users in common
+    jaccard = co.data / (deg_p[co.row] + deg_t[co.col] - co.data)
+    keep = (co.data >= min_shared) & (jaccard >= min_jaccard)
+    rows, cols, score = co.row[keep], co.col[keep], jaccard[keep]
+    links = np.full(partner.num_items, -1, dtype=np.int64)
+    order = np.lexsort((-cols, score))                  # ascending score: the best is written last
+    links[rows[order]] = cols[order]
+    return links
+
+
+def bridged_edges(partner: BipartiteGraph, links: np.ndarray) -> np.ndarray:
+    """``(n, 2)`` (user, target item): each partner interaction whose item has a link."""
+    target = links[partner.edges[:, 1]]
+    edges = np.stack([partner.edges[:, 0], target], axis=1)[target >= 0]
+    return np.unique(edges, axis=0) if len(edges) else edges.reshape(0, 2)

@@ -24,7 +24,7 @@ from torch import nn
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
 from relaygr.retrieval.config import Encoder, SCCDRConfig
 from relaygr.retrieval.encoders import LightGCNTower, SAGETower, TowerOutput
-from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 
 
 class DomainTower(nn.Module):
@@ -33,13 +33,17 @@ class DomainTower(nn.Module):
     ``graph`` is the domain's own training graph (its items are the ones scored and served);
     with ``partner`` (``SCCDRConfig.partner_items``) the encoder propagates over ``graph`` with
     the partner's items appended (``BipartiteGraph.with_partner``), so a user's vector reads
-    both domains' items while the tower's output items stay the domain's own."""
+    both domains' items while the tower's output items stay the domain's own; ``bridges``
+    (``SCCDRConfig.bridge_jaccard``) are extra (user, item) edges of propagation only, the
+    partner purchases of products this domain lists too (``graph.bridged_edges``)."""
 
     def __init__(self, graph: BipartiteGraph, cfg: SCCDRConfig,
-                 partner: BipartiteGraph | None = None) -> None:
+                 partner: BipartiteGraph | None = None,
+                 bridges: np.ndarray | None = None) -> None:
         super().__init__()
         self.graph = graph
-        self.propagation = graph if partner is None else graph.with_partner(partner)
+        nodes = graph if bridges is None or not len(bridges) else graph.with_edges(bridges)
+        self.propagation = nodes if partner is None else nodes.with_partner(partner)
         self.encoder_kind = cfg.encoder
         nodes = self.propagation
         if cfg.encoder is Encoder.SAGE:
@@ -57,7 +61,7 @@ class DomainTower(nn.Module):
 
     @property
     def reads_partner(self) -> bool:
-        return self.propagation is not self.graph
+        return self.propagation.num_items != self.graph.num_items
 
     def item_bias(self) -> torch.Tensor | None:
         """``(I,)`` logit offsets of the popularity prior (None without it)."""
@@ -97,10 +101,19 @@ class RetrievalModel(nn.Module):
         self.cfg = cfg
         self.domains = list(graphs)
         partners: dict[str, BipartiteGraph | None] = {d: None for d in graphs}
-        if cfg.partner_items and len(graphs) == 2:
+        # links[d]: partner item -> the item of d taken for the same product (-1: none)
+        self.links: dict[str, np.ndarray] = {}
+        bridges: dict[str, np.ndarray | None] = {d: None for d in graphs}
+        if len(graphs) == 2:
             one, other = graphs
-            partners = {one: graphs[other], other: graphs[one]}
-        self.towers = nn.ModuleDict({name: DomainTower(g, cfg, partners[name])
+            partner_of = {one: other, other: one}
+            if cfg.partner_items:
+                partners = {d: graphs[p] for d, p in partner_of.items()}
+            if cfg.bridge_jaccard > 0:
+                for d, p in partner_of.items():
+                    self.links[d] = bridge_links(graphs[d], graphs[p], cfg.bridge_jaccard)
+                    bridges[d] = bridged_edges(graphs[p], self.links[d])
+        self.towers = nn.ModuleDict({name: DomainTower(g, cfg, partners[name], bridges[name])
                                      for name, g in graphs.items()})
         if cfg.share_user_embedding and len(self.domains) == 2:
             first, second = (self.tower(d).encoder for d in self.domains)
@@ -152,18 +165,26 @@ class RetrievalModel(nn.Module):
         if len(items) == 0:
             raise InvalidInputError("item_ids must be a non-empty list of item ids")
         if len(partner_item_ids):
-            if not tower.reads_partner:
-                raise ConfigError(f"the {domain} tower does not read partner items "
-                                  "(trained without partner_items)")
-            own = tower.graph.num_items
-            partner = self._item_ids(partner_item_ids, tower.propagation.num_items - own,
+            links = self.links.get(domain)
+            if not tower.reads_partner and links is None:
+                raise ConfigError(f"the {domain} tower reads no partner items (trained without "
+                                  "partner_items or bridge_jaccard)")
+            partner = self._item_ids(partner_item_ids, self._partner_items(domain),
                                      "partner_item_ids")
-            items = torch.cat([items, partner + own])
+            if links is not None:      # bridged: the partner purchase as this domain's item
+                bridged = torch.from_numpy(links[partner.numpy()])
+                items = torch.cat([items, bridged[bridged >= 0]]).unique()
+            if tower.reads_partner:
+                items = torch.cat([items, partner + tower.graph.num_items])
         if user is not None and not 0 <= user < tower.graph.num_users:
             raise InvalidInputError(f"user {user} is not in [0, {tower.graph.num_users})")
         out = self.encode(domain)
         vec = tower.encoder.user_from_items(items, out.item_states, user)
         return tower.served_users(vec[None])[0].numpy().astype(np.float32)
+
+    def _partner_items(self, domain: str) -> int:
+        partner = next(d for d in self.domains if d != domain)
+        return self.tower(partner).graph.num_items
 
     @staticmethod
     def _item_ids(ids: Sequence[int], num_items: int, name: str) -> torch.Tensor:
