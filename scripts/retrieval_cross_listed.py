@@ -20,14 +20,9 @@ import scipy.sparse as sp
 import torch
 
 from relaygr.retrieval.checkpoint import load_seed, read_run_info
-from relaygr.retrieval.evaluate import ItemCFScorer, PopularityScorer, VectorScorer, sampled_ranks
-
-
-def _rows(edges: np.ndarray, num_users: int, num_items: int) -> sp.csr_matrix:
-    r = sp.csr_matrix((np.ones(len(edges), np.float32), (edges[:, 0], edges[:, 1])),
-                      shape=(num_users, num_items))
-    r.data[:] = 1.0
-    return r
+from relaygr.retrieval.evaluate import PopularityScorer, VectorScorer, sampled_ranks
+from relaygr.retrieval.graph import BipartiteGraph, SharedUsers
+from relaygr.retrieval.report import item_cf
 
 
 def main() -> None:
@@ -42,35 +37,33 @@ def main() -> None:
             raise SystemExit(f"{run}: a pair run is needed")
         trained = load_seed(run, info, args.seed)
         splits, model = trained.splits, trained.model
-        rows = {d: _rows(s.train, info.num_users, s.num_items) for d, s in splits.items()}
+        graphs = {d: BipartiteGraph(info.num_users, s.num_items, s.train)
+                  for d, s in splits.items()}
         scorers = {
             "model": VectorScorer({d: model.user_vectors(d) for d in splits},
                                   {d: model.item_vectors(d) for d in splits}),
-            "itemcf": ItemCFScorer.of({d: s.train for d, s in splits.items()},
-                                      {d: s.num_items for d, s in splits.items()},
-                                      info.num_users),
+            "itemcf": item_cf(splits, info.num_users),
             "popularity": PopularityScorer.of({d: s.train for d, s in splits.items()},
                                               {d: s.num_items for d, s in splits.items()}),
         }
         for d, p in (info.domains, info.domains[::-1]):
-            x, y = rows[d], rows[p]
-            deg_x = np.asarray(x.sum(axis=0)).ravel()
-            deg_y = np.asarray(y.sum(axis=0)).ravel()
-            co = (y.T @ x).tocoo()                      # (I_p, I_d) shared users
-            jaccard = co.data / (deg_y[co.row] + deg_x[co.col] - co.data)
-            same = np.unique(co.col[(jaccard >= 1.0) & (co.data >= 2)])
-            mostly = np.unique(co.col[(jaccard >= 0.5) & (co.data >= 2)])
+            pairs = SharedUsers.of(graphs[d], graphs[p])
+            both = pairs.shared >= 2
+            same = np.unique(pairs.target_items[both & (pairs.jaccard >= 1.0)])
+            mostly = np.unique(pairs.target_items[both & (pairs.jaccard >= 0.5)])
+            deg_x = np.bincount(splits[d].train[:, 1], minlength=splits[d].num_items)
+            y = graphs[p].interactions()
+            co = sp.csc_matrix((pairs.shared, (pairs.partner_items, pairs.target_items)),
+                               shape=(graphs[p].num_items, graphs[d].num_items))
+            jac = sp.csc_matrix((pairs.jaccard, (pairs.partner_items, pairs.target_items)),
+                                shape=co.shape)
             valid = splits[d].valid
-            co_csc = co.tocsc()
             linked = np.zeros(len(valid), bool)
             twin = np.zeros(len(valid), bool)
             for r, (u, i) in enumerate(valid):
                 mine = y.indices[y.indptr[u]:y.indptr[u + 1]]
-                shared = co_csc[:, i].toarray().ravel()[mine]
-                linked[r] = shared.sum() > 0
-                if linked[r]:
-                    jac = shared / (deg_y[mine] + deg_x[i] - shared)
-                    twin[r] = jac.max() >= 0.5
+                linked[r] = co[:, i].toarray().ravel()[mine].sum() > 0
+                twin[r] = linked[r] and jac[:, i].toarray().ravel()[mine].max() >= 0.5
             print(f"{run.name} seed {args.seed} {d} (partner {p}): {len(same)} of "
                   f"{int((deg_x >= 2).sum())} items with >= 2 users have a {p} item with the same "
                   f"users, {len(mostly)} one with Jaccard >= 0.5; validation rows {len(valid)}: "

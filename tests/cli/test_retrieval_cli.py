@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.cli.main import main
+from relaygr.errors import ConfigError
 from tests.retrieval.conftest import write_pair
 
 FAST = ["--set", "dim=8", "--set", "max_epochs=2", "--set", "batch_size=128",
@@ -71,3 +74,19 @@ def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
                  "--set", "temperature=0.3"]) == 2
     assert "another config" in capsys.readouterr().err
     assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]
+
+
+def test_reserved_baseline_names_and_partner_reading_runs_behind_a_ranker_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pair(tmp_path / "data", items=(150, 120))
+    run = tmp_path / "bridged"
+    assert main(["train-retrieval", "--pair", "aa_bb", "--data-dir", str(data), "--no-progress",
+                 "--seeds", "0", "--out", str(run), *FAST, "--set", "bridges=true",
+                 "--set", "bridge_jaccard=0.3"]) == 0
+    # a run named like a row every report has would overwrite it
+    assert main(["eval-retrieval", "--checkpoint", str(run), "--protocol", "cvgae",
+                 "--baseline", f"itemcf={run}"]) == 2
+    assert "the report's own rows" in capsys.readouterr().err
+    # served, the tower would read one domain's events only: not the vectors it was evaluated with
+    with pytest.raises(ConfigError, match="partner-domain items"):
+        TrainedRetrieval.load(run, RankerCatalogue("aa_bb", np.arange(1, 151)), 8)

@@ -17,6 +17,8 @@ from relaygr.retrieval.evaluate import (
     hr_ndcg,
     sampled_ranks,
 )
+from relaygr.retrieval.report import choose_fusion_weight, item_cf
+from relaygr.retrieval.splits import DomainSplit, SplitKind
 
 
 def test_sampled_ranks_count_the_negatives_scoring_higher() -> None:
@@ -95,8 +97,9 @@ def test_item_cf_sums_cosines_to_the_users_items_in_both_domains() -> None:
     # per-row candidates give the same numbers as the shared list, in blocks of any size
     users = np.array([0, 1, 2, 3])
     shared = cf.scores("b", users, np.array([0, 1]))
-    rows = cf.scores("b", users, np.array([[1, 0]] * 4), block=3)
-    np.testing.assert_array_equal(rows, shared[:, ::-1])
+    per_row = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+    rows = cf.scores("b", users, per_row, block=3)
+    np.testing.assert_array_equal(rows, np.take_along_axis(shared, per_row, axis=1))
     # user 0 (a-items 0, 1; b-item 0). b-item 0: across, a-item 0 shares all 3 of its users
     # (3 / sqrt(3 * 3)) and a-item 1 both of its (2 / sqrt(2 * 3)); itself is not counted.
     # b-item 1: within, b-item 0 shares user 3 (1 / sqrt(3 * 2)); across, a-item 0 too
@@ -115,3 +118,25 @@ def test_sum_scorer_adds_the_weighted_second_channel() -> None:
                                   vec.scores("a", users, items))
     np.testing.assert_allclose(SumScorer(vec, pop, 0.5).scores("a", users, items),
                                [[1.5, 2.5, 2.0], [0.5, 3.5, 2.0]])
+
+
+def test_the_fusion_weight_is_chosen_on_validation_rows_only() -> None:
+    """Validation needs item-CF's weight >= 1 to rank its item first, test needs it below 0.6:
+    the weight follows validation (the first of the grid's equals), and item-CF is built from
+    the training rows alone."""
+    # model: item values (one-dimensional vectors, user vector 1); other: per-item counts
+    model = VectorScorer({"a": np.ones((2, 1), np.float32)},
+                         {"a": np.array([[0.0], [0.0], [0.6], [0.6], [0.0]] + [[-10.0]] * 7,
+                                        np.float32)})
+    other = PopularityScorer({"a": np.array([0, 1, 0, 0, 1] + [0] * 7, np.float32)})
+    train = np.array([[0, 0], [1, 0], [1, 5]])
+    split = DomainSplit("a", SplitKind.CVGAE, 12, train,
+                        valid=np.array([[0, 1]]), test=np.array([[0, 3]]),
+                        valid_negatives=np.array([[2, 5, 6, 7, 8, 9, 10, 11]]),
+                        test_negatives=np.array([[4, 5, 6, 7, 8, 9, 10, 11]]))
+    assert choose_fusion_weight(model, other, {"a": split}) == 1.0
+    built = item_cf({"a": split}, num_users=2)
+    alone = ItemCFScorer.of({"a": train}, {"a": 12}, num_users=2)
+    items = np.arange(12)
+    np.testing.assert_array_equal(built.scores("a", np.array([0, 1]), items),
+                                  alone.scores("a", np.array([0, 1]), items))

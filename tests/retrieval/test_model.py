@@ -109,8 +109,11 @@ def test_partner_items_extend_the_user_side_only() -> None:
     assert not np.allclose(alone, users[3], atol=1e-3)
     with pytest.raises(ItemOutOfRangeError):
         model.user_vector("a", [0], partner_item_ids=[3])      # b has items 0..2
+    # user 4 has b items only: they alone give its vector in a's tower
+    np.testing.assert_allclose(model.user_vector("a", [], user=4, partner_item_ids=[0]),
+                               users[4], atol=TOL)
     with pytest.raises(InvalidInputError):
-        model.user_vector("a", [], partner_item_ids=[0])
+        model.user_vector("a", [], partner_item_ids=[])
     plain = RetrievalModel(graphs, SCCDRConfig(dim=8))
     assert not plain.tower("a").reads_partner
     with pytest.raises(ConfigError):
@@ -121,16 +124,21 @@ def test_partner_items_extend_the_user_side_only() -> None:
 
 
 def test_bridge_links_pair_items_bought_by_the_same_users() -> None:
-    # target items 0-2, partner items 0-2 over users 0-4
-    target = BipartiteGraph(5, 3, np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2]]))
-    partner = BipartiteGraph(5, 3, np.array([[0, 0], [1, 0], [4, 0],     # 2 of 3 users: 2/3
-                                             [2, 1], [3, 1],             # same users as t1
-                                             [3, 2]]))                   # one user: too few
-    links = bridge_links(target, partner, min_jaccard=0.5)
-    assert links.tolist() == [0, 1, -1]
-    assert bridge_links(target, partner, min_jaccard=0.7).tolist() == [-1, 1, -1]
+    # target items 0-3, partner items 0-3 over users 0-5
+    target = BipartiteGraph(6, 4, np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2],
+                                            [4, 3], [5, 3], [4, 2]]))
+    partner = BipartiteGraph(6, 4, np.array([[0, 0], [1, 0], [4, 0],     # t0: 2 of 3 users
+                                             [2, 1], [3, 1],             # t1: the same users
+                                             [3, 2],                     # one user: too few
+                                             [4, 3], [5, 3]]))           # t3: 1.0, t2: 1/3
+    links = bridge_links(target, partner, min_jaccard=0.3)
+    assert links.tolist() == [0, 1, -1, 3]          # p3: the better of t3 and t2
+    assert bridge_links(target, partner, min_jaccard=0.7).tolist() == [-1, 1, -1, 3]
     edges = bridged_edges(partner, links)
-    assert edges.tolist() == [[0, 0], [1, 0], [2, 1], [3, 1], [4, 0]]
+    assert edges.tolist() == [[0, 0], [1, 0], [2, 1], [3, 1], [4, 0], [4, 3], [5, 3]]
+    # two targets with the same users: the lower id, whatever the order of the rows
+    twin = BipartiteGraph(6, 3, np.array([[4, 2], [5, 2], [4, 1], [5, 1]]))
+    assert bridge_links(twin, partner, min_jaccard=0.5).tolist() == [-1, -1, -1, 1]
 
 
 def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> None:
@@ -138,7 +146,7 @@ def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> N
     a = np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2]])
     b = np.array([[0, 0], [1, 0], [4, 0], [2, 1], [3, 1], [3, 2]])
     graphs = {"a": BipartiteGraph(5, 3, a), "b": BipartiteGraph(5, 3, b)}
-    model = RetrievalModel(graphs, SCCDRConfig(dim=8, bridge_jaccard=0.5))
+    model = RetrievalModel(graphs, SCCDRConfig(dim=8, bridges=True))
     tower = model.tower("a")
     assert not tower.reads_partner and tower.propagation.num_items == 3
     # user 4 bought partner item 0, linked to a's item 0: an edge of a's propagation graph only
@@ -146,8 +154,13 @@ def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> N
     assert [4, 0] not in tower.graph.edges.tolist()
     assert tower.log_degree[0] == pytest.approx(np.log1p(2))     # the prior counts real rows
     users = model.user_vectors("a")
-    np.testing.assert_allclose(model.user_vector("a", [0], user=4, partner_item_ids=[0]),
+    # user 4 has no item of a: its partner purchase alone gives its vector
+    np.testing.assert_allclose(model.user_vector("a", [], user=4, partner_item_ids=[0]),
                                users[4], atol=TOL)
-    # user 3's partner items 1 and 2: item 1 is already its own, item 2 has no link
-    np.testing.assert_allclose(model.user_vector("a", [1, 2], user=3, partner_item_ids=[1, 2]),
+    # user 3's partner items 1 and 2: item 1 is already its own, item 2 has no link; a repeated
+    # item counts once, as in the graph
+    np.testing.assert_allclose(model.user_vector("a", [1, 2, 2], user=3,
+                                                 partner_item_ids=[1, 2, 1]),
                                users[3], atol=TOL)
+    with pytest.raises(InvalidInputError):
+        model.user_vector("a", [], user=3, partner_item_ids=[2])   # nothing the tower reads

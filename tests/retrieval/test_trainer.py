@@ -67,7 +67,7 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
     assert trainer.model.tower("aa").encoder.user_emb.weight.grad is not None
 
 
-@pytest.mark.parametrize("option", ["none", "share_user_embedding", "partner_items"])
+@pytest.mark.parametrize("option", ["none", "share_user_embedding", "partner_items", "bridges"])
 def test_run_directory_round_trip(tmp_path: Path, option: str) -> None:
     splits, num_users = _splits(tmp_path)
     extra = {} if option == "none" else {option: True}

@@ -98,6 +98,11 @@ class TrainedRetrieval:
             seed = info.seeds[0]
         elif seed not in info.seeds:
             raise ConfigError(f"{run_dir} has seeds {list(info.seeds)}, not {seed}")
+        if len(info.domains) == 2 and (info.config.partner_items or info.config.bridges):
+            raise ConfigError(f"{run_dir} was trained with partner-domain items in its user "
+                              "tower (partner_items or bridges); the served stage reads the "
+                              "cascade's one domain, so it would serve other vectors than the "
+                              "run was evaluated with")
         trained = load_seed(run_dir, info, seed)
         return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
                    recent_events, f"{Path(run_dir).name} (seed {seed})", index)

@@ -70,10 +70,11 @@ class SCCDRConfig:
     # only the domain's own items are scored. Off: a tower sees its own domain's graph alone
     partner_items: bool = False
     # item bridges: a partner item bought by (nearly) the same users as an item of this domain
-    # (Jaccard >= bridge_jaccard, >= 2 users in common) is taken for the same product, and a
-    # user's partner purchase of it becomes an edge to that item in this domain's propagation
-    # graph (never a matching positive). 0: off
-    bridge_jaccard: float = 0.0
+    # (Jaccard of their training users >= bridge_jaccard, >= 2 in common) is taken for the same
+    # product, and a user's partner purchase of it becomes an edge to that item in this domain's
+    # propagation graph (never a matching positive). Off: the catalogues are not linked
+    bridges: bool = False
+    bridge_jaccard: float = 0.5
     # matching (recommendation) loss
     matching_loss: MatchingLoss = MatchingLoss.SOFTMAX
     similarity: Similarity = Similarity.COSINE
@@ -138,10 +139,11 @@ class SCCDRConfig:
         for name in ("lambda_intra", "lambda_inter", "weight_decay", "embedding_l2"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {getattr(self, name)}")
-        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share",
-                     "bridge_jaccard"):
+        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
+        if not 0.0 < self.bridge_jaccard <= 1.0:
+            raise ConfigError(f"bridge_jaccard must be in (0, 1]; got {self.bridge_jaccard}")
         if self.edge_dropout >= 1.0:
             raise ConfigError("edge_dropout must be < 1 (a view needs edges)")
         if self.inter_negatives > self.pool_size:

@@ -16,6 +16,8 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 import scipy.sparse as sp
 
+from relaygr.retrieval.graph import BipartiteGraph
+
 FULL_KS = (50, 100, 200)
 
 
@@ -55,13 +57,6 @@ class PopularityScorer:
         return np.broadcast_to(c, (len(users), len(items))) if items.ndim == 1 else c
 
 
-def _interactions(edges: np.ndarray, num_users: int, num_items: int) -> sp.csr_matrix:
-    r = sp.csr_matrix((np.ones(len(edges), np.float32), (edges[:, 0], edges[:, 1])),
-                      shape=(num_users, num_items))
-    r.data[:] = 1.0                      # a repeated (user, item) counts once
-    return r
-
-
 def _cosine(a: sp.csr_matrix, b: sp.csr_matrix, drop_diagonal: bool) -> sp.csr_matrix:
     """``(I_a, I_b)``: items of ``a`` against items of ``b`` by the users they share,
     ``co(i, j) / sqrt(deg(i) deg(j))``."""
@@ -95,7 +90,8 @@ class ItemCFScorer:
     @classmethod
     def of(cls, train: dict[str, np.ndarray], num_items: dict[str, int], num_users: int,
            prior_weight: float = PRIOR_WEIGHT) -> ItemCFScorer:
-        rows = {d: _interactions(e, num_users, num_items[d]) for d, e in train.items()}
+        rows = {d: BipartiteGraph(num_users, num_items[d], e).interactions()
+                for d, e in train.items()}
         similarity = {d: {src: _cosine(rows[src], rows[d], drop_diagonal=src == d)
                           for src in rows} for d in rows}
         prior = {d: (prior_weight * np.log1p(np.asarray(r.sum(axis=0)).ravel())

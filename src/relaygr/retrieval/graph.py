@@ -99,22 +99,39 @@ def to_torch(m: sp.spmatrix) -> torch.Tensor:
     return torch.sparse_coo_tensor(idx, val, coo.shape, check_invariants=False).coalesce()
 
 
+@dataclass(frozen=True)
+class SharedUsers:
+    """Pairs (partner item, target item) with at least one training user in common: how many
+    (``shared``) and the Jaccard index of their user sets."""
+
+    partner_items: np.ndarray
+    target_items: np.ndarray
+    shared: np.ndarray
+    jaccard: np.ndarray
+
+    @classmethod
+    def of(cls, target: BipartiteGraph, partner: BipartiteGraph) -> SharedUsers:
+        r_t, r_p = target.interactions(), partner.interactions()
+        deg_t = np.asarray(r_t.sum(axis=0)).ravel()
+        deg_p = np.asarray(r_p.sum(axis=0)).ravel()
+        co = (r_p.T @ r_t).tocoo()                      # (I_p, I_t) users in common
+        jaccard = co.data / (deg_p[co.row] + deg_t[co.col] - co.data)
+        return cls(co.row.astype(np.int64), co.col.astype(np.int64), co.data, jaccard)
+
+
 def bridge_links(target: BipartiteGraph, partner: BipartiteGraph, min_jaccard: float,
                  min_shared: int = 2) -> np.ndarray:
     """``(partner.num_items,)`` int64: for each partner item, the target item bought by the most
-    nearly the same users (Jaccard of their user sets >= ``min_jaccard``, at least
-    ``min_shared`` users in common), or -1. The same product listed in both catalogues under two
-    ids shows up this way."""
-    r_t, r_p = target.interactions(), partner.interactions()
-    deg_t = np.asarray(r_t.sum(axis=0)).ravel()
-    deg_p = np.asarray(r_p.sum(axis=0)).ravel()
-    co = (r_p.T @ r_t).tocoo()                          # (I_p, I_t) users in common
-    jaccard = co.data / (deg_p[co.row] + deg_t[co.col] - co.data)
-    keep = (co.data >= min_shared) & (jaccard >= min_jaccard)
-    rows, cols, score = co.row[keep], co.col[keep], jaccard[keep]
+    nearly the same users (the highest Jaccard of their user sets, >= ``min_jaccard``, with at
+    least ``min_shared`` users in common; among equals the lowest id), or -1 where none
+    qualifies. The same product listed in both catalogues under two ids shows up this way."""
+    pairs = SharedUsers.of(target, partner)
+    keep = (pairs.shared >= min_shared) & (pairs.jaccard >= min_jaccard)
+    rows, cols, score = pairs.partner_items[keep], pairs.target_items[keep], pairs.jaccard[keep]
+    order = np.lexsort((cols, -score, rows))             # by partner item, best first
+    first = np.unique(rows[order], return_index=True)[1]
     links = np.full(partner.num_items, -1, dtype=np.int64)
-    order = np.lexsort((-cols, score))                  # ascending score: the best is written last
-    links[rows[order]] = cols[order]
+    links[rows[order][first]] = cols[order][first]
     return links
 
 

@@ -4,9 +4,11 @@
 
 - ``item_vectors(domain)``: every item's vector of the domain, ``(num_items, vector_dim)``
   float32 (the FAISS index's rows; ``vector_dim`` is ``dim + 1`` with the popularity prior);
-- ``user_vector(domain, item_ids, user=None)``: a user's vector from its recent items in the
-  domain (GraphSAGE over the user's own neighbourhood; equal to the full-graph vector when the
-  items are the user's training items and ``user`` its id);
+- ``user_vector(domain, item_ids, user=None, partner_item_ids=())``: a user's vector from its
+  recent items in the domain, and in the partner domain where the tower reads them
+  (``SCCDRConfig.partner_items``, ``SCCDRConfig.bridges``) (GraphSAGE over the user's own
+  neighbourhood; equal to the full-graph vector when the items are the user's training items
+  and ``user`` its id; a repeated item counts once, as in the graph);
 - ``user_vectors(domain)``: every known user's vector (evaluation).
 
 Scores are inner products (of unit vectors under cosine similarity). The full-graph pass is
@@ -34,7 +36,7 @@ class DomainTower(nn.Module):
     with ``partner`` (``SCCDRConfig.partner_items``) the encoder propagates over ``graph`` with
     the partner's items appended (``BipartiteGraph.with_partner``), so a user's vector reads
     both domains' items while the tower's output items stay the domain's own; ``bridges``
-    (``SCCDRConfig.bridge_jaccard``) are extra (user, item) edges of propagation only, the
+    (``SCCDRConfig.bridges``) are extra (user, item) edges of propagation only, the
     partner purchases of products this domain lists too (``graph.bridged_edges``)."""
 
     def __init__(self, graph: BipartiteGraph, cfg: SCCDRConfig,
@@ -61,6 +63,7 @@ class DomainTower(nn.Module):
 
     @property
     def reads_partner(self) -> bool:
+        """Whether the partner's items are nodes of this tower's propagation graph."""
         return self.propagation.num_items != self.graph.num_items
 
     def item_bias(self) -> torch.Tensor | None:
@@ -109,7 +112,7 @@ class RetrievalModel(nn.Module):
             partner_of = {one: other, other: one}
             if cfg.partner_items:
                 partners = {d: graphs[p] for d, p in partner_of.items()}
-            if cfg.bridge_jaccard > 0:
+            if cfg.bridges:
                 for d, p in partner_of.items():
                     self.links[d] = bridge_links(graphs[d], graphs[p], cfg.bridge_jaccard)
                     bridges[d] = bridged_edges(graphs[p], self.links[d])
@@ -157,25 +160,29 @@ class RetrievalModel(nn.Module):
         """``(dim,)`` float32 from the user's recent items (module doc). Needs GraphSAGE.
 
         ``partner_item_ids``: the user's items in the partner domain, read when the tower reads
-        them (``SCCDRConfig.partner_items``; refused otherwise); none is allowed."""
+        them: as nodes of their own (``SCCDRConfig.partner_items``) and through their links to
+        this domain's items (``SCCDRConfig.bridges``); refused by a tower that reads neither.
+        Either list may be empty, not both (``InvalidInputError``)."""
         tower = self.tower(domain)
         if not isinstance(tower.encoder, SAGETower):
             raise ConfigError("user_vector needs the GraphSAGE encoder")
         items = self._item_ids(item_ids, tower.graph.num_items, "item_ids")
-        if len(items) == 0:
-            raise InvalidInputError("item_ids must be a non-empty list of item ids")
         if len(partner_item_ids):
             links = self.links.get(domain)
             if not tower.reads_partner and links is None:
                 raise ConfigError(f"the {domain} tower reads no partner items (trained without "
-                                  "partner_items or bridge_jaccard)")
+                                  "partner_items or bridges)")
             partner = self._item_ids(partner_item_ids, self._partner_items(domain),
                                      "partner_item_ids")
             if links is not None:      # bridged: the partner purchase as this domain's item
                 bridged = torch.from_numpy(links[partner.numpy()])
-                items = torch.cat([items, bridged[bridged >= 0]]).unique()
+                items = torch.cat([items, bridged[bridged >= 0]])
             if tower.reads_partner:
                 items = torch.cat([items, partner + tower.graph.num_items])
+        items = items.unique()         # the graph counts a (user, item) edge once
+        if len(items) == 0:
+            raise InvalidInputError("the user has no item this tower reads (item_ids and "
+                                    "partner_item_ids are both empty or unlinked)")
         if user is not None and not 0 <= user < tower.graph.num_users:
             raise InvalidInputError(f"user {user} is not in [0, {tower.graph.num_users})")
         out = self.encode(domain)

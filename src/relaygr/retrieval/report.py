@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from relaygr.errors import CheckpointError
+from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.checkpoint import load_seed, load_splits, read_run_info
 from relaygr.retrieval.evaluate import (
     ItemCFScorer,
@@ -42,6 +42,8 @@ from relaygr.retrieval.evaluate import (
 from relaygr.retrieval.splits import DomainSplit, Protocol
 
 Metrics = dict[str, dict[str, float]]   # domain -> metric -> value
+
+BUILT_IN = ("model", "popularity", "itemcf", "model+itemcf")   # rows every report has
 
 # item-CF's weight beside the model: its sum grows with the user's history (MovieLens users hold
 # ~165 items, Amazon ones ~6), so the grid spans three decades
@@ -115,6 +117,7 @@ def model_scorer(model: Any, domains: tuple[str, ...]) -> VectorScorer:
 
 
 def item_cf(splits: dict[str, DomainSplit], num_users: int) -> ItemCFScorer:
+    """Item-CF over the splits' training rows (never their validation or test rows)."""
     return ItemCFScorer.of({d: s.train for d, s in splits.items()},
                            {d: s.num_items for d, s in splits.items()}, num_users)
 
@@ -132,6 +135,10 @@ def choose_fusion_weight(model: Scorer, other: Scorer, splits: dict[str, DomainS
 
 def report(run_dir: Path, protocol: Protocol, baselines: dict[str, Path]) -> dict[str, Any]:
     """The JSON report of the module doc."""
+    taken = set(baselines) & set(BUILT_IN)
+    if taken:
+        raise ConfigError(f"baseline names {sorted(taken)} are the report's own rows; "
+                          "name the runs otherwise")
     info = read_run_info(run_dir)
     splits = {seed: load_splits(run_dir, seed, info.domains) for seed in info.seeds}
     runs = {"model": score_run(run_dir, protocol)}
