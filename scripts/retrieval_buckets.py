@@ -21,7 +21,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from relaygr.retrieval.checkpoint import TrainedRetrieval, load_seed, read_run_info
@@ -65,10 +64,8 @@ def by_partner(run: Path, trained: TrainedRetrieval, scorers: dict[str, Scorer],
         same = np.unique(pairs.target_items[both & (pairs.jaccard >= 1.0)])
         mostly = np.unique(pairs.target_items[both & (pairs.jaccard >= 0.5)])
         degree = np.bincount(splits[d].train[:, 1], minlength=splits[d].num_items)
-        shape = (graphs[p].num_items, graphs[d].num_items)
-        where = (pairs.partner_items, pairs.target_items)
-        shared = sp.csc_matrix((pairs.shared, where), shape=shape)
-        jaccard = sp.csc_matrix((pairs.jaccard, where), shape=shape)
+        shared = pairs.matrix(pairs.shared).tocsc()
+        jaccard = pairs.matrix(pairs.jaccard).tocsc()
         bought = graphs[p].interactions()
         valid = splits[d].valid
         linked = np.zeros(len(valid), bool)

@@ -16,7 +16,7 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 import scipy.sparse as sp
 
-from relaygr.retrieval.graph import BipartiteGraph
+from relaygr.retrieval.graph import BipartiteGraph, SharedUsers
 
 FULL_KS = (50, 100, 200)
 
@@ -57,19 +57,6 @@ class PopularityScorer:
         return np.broadcast_to(c, (len(users), len(items))) if items.ndim == 1 else c
 
 
-def _cosine(a: sp.csr_matrix, b: sp.csr_matrix, drop_diagonal: bool) -> sp.csr_matrix:
-    """``(I_a, I_b)``: items of ``a`` against items of ``b`` by the users they share,
-    ``co(i, j) / sqrt(deg(i) deg(j))``."""
-    co = (a.T @ b).tocsr()
-    if drop_diagonal:
-        co.setdiag(0)
-        co.eliminate_zeros()
-    inv_a = 1.0 / np.sqrt(np.maximum(np.asarray(a.sum(axis=0)).ravel(), 1.0))
-    inv_b = 1.0 / np.sqrt(np.maximum(np.asarray(b.sum(axis=0)).ravel(), 1.0))
-    out: sp.csr_matrix = (sp.diags(inv_a) @ co @ sp.diags(inv_b)).tocsr().astype(np.float32)
-    return out
-
-
 @dataclass(frozen=True)
 class ItemCFScorer:
     """Item-based collaborative filtering over both domains' training rows, no training.
@@ -90,10 +77,16 @@ class ItemCFScorer:
     @classmethod
     def of(cls, train: dict[str, np.ndarray], num_items: dict[str, int], num_users: int,
            prior_weight: float = PRIOR_WEIGHT) -> ItemCFScorer:
-        rows = {d: BipartiteGraph(num_users, num_items[d], e).interactions()
-                for d, e in train.items()}
-        similarity = {d: {src: _cosine(rows[src], rows[d], drop_diagonal=src == d)
-                          for src in rows} for d in rows}
+        graphs = {d: BipartiteGraph(num_users, num_items[d], e) for d, e in train.items()}
+        rows = {d: g.interactions() for d, g in graphs.items()}
+        similarity: dict[str, dict[str, sp.csr_matrix]] = {}
+        for d in graphs:
+            similarity[d] = {}
+            for src in graphs:
+                pairs = SharedUsers.of(graphs[d], graphs[src])
+                # an item is not its own neighbour
+                keep = pairs.partner_items != pairs.target_items if src == d else None
+                similarity[d][src] = pairs.matrix(pairs.cosine, keep)
         prior = {d: (prior_weight * np.log1p(np.asarray(r.sum(axis=0)).ravel())
                      ).astype(np.float32) for d, r in rows.items()}
         return cls(rows, similarity, prior)

@@ -102,21 +102,34 @@ def to_torch(m: sp.spmatrix) -> torch.Tensor:
 @dataclass(frozen=True)
 class SharedUsers:
     """Pairs (partner item, target item) with at least one training user in common: how many
-    (``shared``) and the Jaccard index of their user sets."""
+    (``shared``), the Jaccard index and the cosine similarity (``shared / sqrt(deg deg)``) of
+    their user sets. ``shape`` is ``(partner items, target items)``."""
 
     partner_items: np.ndarray
     target_items: np.ndarray
     shared: np.ndarray
     jaccard: np.ndarray
+    cosine: np.ndarray
+    shape: tuple[int, int]
 
     @classmethod
     def of(cls, target: BipartiteGraph, partner: BipartiteGraph) -> SharedUsers:
         r_t, r_p = target.interactions(), partner.interactions()
-        deg_t = np.asarray(r_t.sum(axis=0)).ravel()
-        deg_p = np.asarray(r_p.sum(axis=0)).ravel()
+        deg_t = np.asarray(r_t.sum(axis=0)).ravel()[None]
+        deg_p = np.asarray(r_p.sum(axis=0)).ravel()[None]
         co = (r_p.T @ r_t).tocoo()                      # (I_p, I_t) users in common
-        jaccard = co.data / (deg_p[co.row] + deg_t[co.col] - co.data)
-        return cls(co.row.astype(np.int64), co.col.astype(np.int64), co.data, jaccard)
+        d_p, d_t = deg_p[0, co.row], deg_t[0, co.col]
+        return cls(co.row.astype(np.int64), co.col.astype(np.int64), co.data,
+                   co.data / (d_p + d_t - co.data), co.data / np.sqrt(d_p * d_t),
+                   (partner.num_items, target.num_items))
+
+    def matrix(self, values: np.ndarray, keep: np.ndarray | None = None) -> sp.csr_matrix:
+        """``values`` (one per pair, e.g. ``cosine``) as a ``shape`` float32 matrix, only the
+        pairs ``keep`` marks when given."""
+        rows, cols = self.partner_items, self.target_items
+        if keep is not None:
+            rows, cols, values = rows[keep], cols[keep], values[keep]
+        return sp.csr_matrix((values.astype(np.float32), (rows, cols)), shape=self.shape)
 
 
 def bridge_links(target: BipartiteGraph, partner: BipartiteGraph, min_jaccard: float,

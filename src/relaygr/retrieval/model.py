@@ -44,8 +44,8 @@ class DomainTower(nn.Module):
                  bridges: np.ndarray | None = None) -> None:
         super().__init__()
         self.graph = graph
-        nodes = graph if bridges is None or not len(bridges) else graph.with_edges(bridges)
-        self.propagation = nodes if partner is None else nodes.with_partner(partner)
+        bridged = graph if bridges is None or not len(bridges) else graph.with_edges(bridges)
+        self.propagation = bridged if partner is None else bridged.with_partner(partner)
         self.encoder_kind = cfg.encoder
         nodes = self.propagation
         if cfg.encoder is Encoder.SAGE:

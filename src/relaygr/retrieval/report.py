@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from relaygr.errors import CheckpointError, ConfigError
-from relaygr.retrieval.checkpoint import load_seed, load_splits, read_run_info
+from relaygr.retrieval.checkpoint import RunInfo, load_seed, read_run_info
 from relaygr.retrieval.evaluate import (
     ItemCFScorer,
     PopularityScorer,
@@ -39,6 +39,7 @@ from relaygr.retrieval.evaluate import (
     hr_ndcg,
     sampled_ranks,
 )
+from relaygr.retrieval.model import RetrievalModel
 from relaygr.retrieval.splits import DomainSplit, Protocol
 
 Metrics = dict[str, dict[str, float]]   # domain -> metric -> value
@@ -91,13 +92,17 @@ class RunScores:
         return mean_std(list(self.per_seed.values()))
 
 
+def _check_protocol(run_dir: Path, info: RunInfo, protocol: Protocol) -> None:
+    if not protocol.accepts(info.split):
+        raise CheckpointError(f"{run_dir} holds {info.split.value} splits; protocol "
+                              f"{protocol.value} needs {protocol.split_kind.value}")
+
+
 def score_run(run_dir: Path, protocol: Protocol,
               reference: dict[int, dict[str, DomainSplit]] | None = None) -> RunScores:
     """Test metrics of every seed of ``run_dir`` (checked against ``reference`` splits)."""
     info = read_run_info(run_dir)
-    if not protocol.accepts(info.split):
-        raise CheckpointError(f"{run_dir} holds {info.split.value} splits; protocol "
-                              f"{protocol.value} needs {protocol.split_kind.value}")
+    _check_protocol(run_dir, info, protocol)
     per_seed: dict[int, Metrics] = {}
     for seed in info.seeds:
         trained = load_seed(run_dir, info, seed)
@@ -110,7 +115,7 @@ def score_run(run_dir: Path, protocol: Protocol,
     return RunScores(per_seed)
 
 
-def model_scorer(model: Any, domains: tuple[str, ...]) -> VectorScorer:
+def model_scorer(model: RetrievalModel, domains: tuple[str, ...]) -> VectorScorer:
     """A trained ``RetrievalModel``'s served vectors as a scorer."""
     return VectorScorer({d: model.user_vectors(d) for d in domains},
                         {d: model.item_vectors(d) for d in domains})
@@ -140,24 +145,29 @@ def report(run_dir: Path, protocol: Protocol, baselines: dict[str, Path]) -> dic
         raise ConfigError(f"baseline names {sorted(taken)} are the report's own rows; "
                           "name the runs otherwise")
     info = read_run_info(run_dir)
-    splits = {seed: load_splits(run_dir, seed, info.domains) for seed in info.seeds}
-    runs = {"model": score_run(run_dir, protocol)}
+    _check_protocol(run_dir, info, protocol)
+    splits: dict[int, dict[str, DomainSplit]] = {}
+    runs: dict[str, RunScores] = {}
+    model_m: dict[int, Metrics] = {}
     pop: dict[int, Metrics] = {}
-    for seed, sp in splits.items():
-        scorer = PopularityScorer.of({d: s.train for d, s in sp.items()},
-                                     {d: s.num_items for d, s in sp.items()})
-        pop[seed] = evaluate_splits(scorer, sp, protocol)
-    runs["popularity"] = RunScores(pop)
     cf: dict[int, Metrics] = {}
     fused: dict[int, Metrics] = {}
     weights: dict[str, float] = {}
-    for seed, sp in splits.items():
+    for seed in info.seeds:            # each seed's model and its splits, loaded once
+        trained = load_seed(run_dir, info, seed)
+        sp = splits[seed] = trained.splits
+        model = model_scorer(trained.model, info.domains)
+        model_m[seed] = evaluate_splits(model, sp, protocol)
+        pop[seed] = evaluate_splits(PopularityScorer.of({d: s.train for d, s in sp.items()},
+                                                        {d: s.num_items for d, s in sp.items()}),
+                                    sp, protocol)
         item_cf_scorer = item_cf(sp, info.num_users)
         cf[seed] = evaluate_splits(item_cf_scorer, sp, protocol)
-        model = model_scorer(load_seed(run_dir, info, seed).model, info.domains)
         weight = choose_fusion_weight(model, item_cf_scorer, sp)
         weights[str(seed)] = weight
         fused[seed] = evaluate_splits(SumScorer(model, item_cf_scorer, weight), sp, protocol)
+    runs["model"] = RunScores(model_m)
+    runs["popularity"] = RunScores(pop)
     runs["itemcf"] = RunScores(cf)
     for name, path in baselines.items():
         runs[name] = score_run(path, protocol, reference=splits)
