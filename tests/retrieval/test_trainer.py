@@ -20,7 +20,7 @@ from relaygr.retrieval.checkpoint import (
     save_splits,
     write_run_info,
 )
-from relaygr.retrieval.config import PRESETS
+from relaygr.retrieval.config import PRESETS, SCCDRConfig
 from relaygr.retrieval.data import load_pair
 from relaygr.retrieval.splits import DomainSplit, SplitKind, make_split
 from relaygr.retrieval.trainer import RetrievalTrainer
@@ -70,7 +70,7 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
 @pytest.mark.parametrize("option", ["none", "share_user_embedding", "partner_items", "bridges"])
 def test_run_directory_round_trip(tmp_path: Path, option: str) -> None:
     splits, num_users = _splits(tmp_path)
-    extra = {} if option == "none" else {option: True}
+    extra = {"bridges": False} if option == "none" else {option: True}
     cfg = PRESETS["sccdr"].with_(**SMALL, **extra)
     result = RetrievalTrainer(cfg, splits, num_users, seed=1, progress_bar=False).fit()
     run = tmp_path / "run"
@@ -107,6 +107,14 @@ def test_a_bad_run_json_is_refused_naming_the_field(tmp_path: Path) -> None:
         RunInfo.from_dict({**info.to_dict(), "format": "something else"})
     with pytest.raises(CheckpointError, match="not a retrieval run"):
         RunInfo.from_dict([])   # type: ignore[arg-type]
+
+
+def test_the_cross_domain_presets_link_catalogues_and_older_runs_read_as_unlinked() -> None:
+    assert PRESETS["sccdr"].bridges and PRESETS["mixed"].bridges
+    assert not PRESETS["single"].bridges and not PRESETS["lightgcn"].bridges
+    # a run.json written before the option existed was trained without links
+    older = {k: v for k, v in PRESETS["sccdr"].to_dict().items() if k != "bridges"}
+    assert SCCDRConfig.from_dict(older).bridges is False
 
 
 @pytest.mark.parametrize(("schedule", "final_lr"), [("constant", 1e-2), ("cosine", 0.0)])

@@ -7,8 +7,9 @@ loss weights), chosen by measurement on a validation split (docs/retrieval.md).
 Presets name the variants compared in the harness:
 
 - ``sccdr``: separated intra/inter CL (distinct views per domain, stop-gradient on the partner
-  side of inter-CL) and the Katz curriculum for inter-CL negatives.
-- ``mixed``: the same losses in one objective, no stop-gradient, uniform inter-CL negatives.
+  side of inter-CL) and the Katz curriculum for inter-CL negatives; item bridges on.
+- ``mixed``: the same losses in one objective, no stop-gradient, uniform inter-CL negatives;
+  item bridges on.
 - ``single``: each domain's GraphSAGE alone, matching loss only.
 - ``lightgcn``: each domain's LightGCN alone, matching loss only.
 """
@@ -174,8 +175,10 @@ class SCCDRConfig:
 
 
 PRESETS: dict[str, SCCDRConfig] = {
-    "sccdr": SCCDRConfig(),
-    "mixed": SCCDRConfig(stop_gradient=StopGradient.NONE, pacing=Pacing.NONE),
+    # the two cross-domain objectives link cross-listed products (``bridges``): chosen on
+    # validation, docs/retrieval.md; a single-domain run has no partner and ignores it
+    "sccdr": SCCDRConfig(bridges=True),
+    "mixed": SCCDRConfig(stop_gradient=StopGradient.NONE, pacing=Pacing.NONE, bridges=True),
     "single": SCCDRConfig(lambda_intra=0.0, lambda_inter=0.0, pacing=Pacing.NONE),
     "lightgcn": SCCDRConfig(encoder=Encoder.LIGHTGCN, lambda_intra=0.0, lambda_inter=0.0,
                             pacing=Pacing.NONE, num_layers=3),
