@@ -72,7 +72,8 @@ def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
     assert "already holds seed(s) [1]" in capsys.readouterr().err
     assert main([*common, "--out", str(grown), "--seeds", "2", "--add-seeds",
                  "--set", "temperature=0.3"]) == 2
-    assert "another config" in capsys.readouterr().err
+    assert "another config than this training (temperature: 0.6 there)" in \
+        capsys.readouterr().err
     assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]
 
 

@@ -106,8 +106,13 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     a, b = old.to_dict(), json.loads(json.dumps(new.to_dict()))   # as run.json would hold it
     differ = sorted(k for k in a if k != "seeds" and a[k] != b[k])
     if differ:
+        was, now = a["config"], b["config"]
+        fields = sorted(k for k in {**was, **now} if was.get(k) != now.get(k))
+        named = "" if not fields else \
+            " (" + ", ".join(f"{k}: {was.get(k)!r} there" for k in fields) + ")"
         raise CheckpointError(f"{run_dir} records another {', '.join(differ)} than this "
-                              "training; train into a new run directory")
+                              f"training{named}; train into a new run directory, or match "
+                              "it with --set")
     again = sorted(set(old.seeds) & set(new.seeds))
     if again:
         raise CheckpointError(f"{run_dir} already holds seed(s) {again}")
