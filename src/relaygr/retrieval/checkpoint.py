@@ -107,7 +107,7 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     differ = sorted(k for k in a if k != "seeds" and a[k] != b[k])
     if differ:
         was, now = a["config"], b["config"]
-        fields = sorted(k for k in {**was, **now} if was.get(k) != now.get(k))
+        fields = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
         named = "" if not fields else \
             " (" + ", ".join(f"{k}: {was.get(k)!r} there" for k in fields) + ")"
         raise CheckpointError(f"{run_dir} records another {', '.join(differ)} than this "

@@ -115,10 +115,10 @@ class SharedUsers:
     @classmethod
     def of(cls, target: BipartiteGraph, partner: BipartiteGraph) -> SharedUsers:
         r_t, r_p = target.interactions(), partner.interactions()
-        deg_t = np.asarray(r_t.sum(axis=0)).ravel()[None]
-        deg_p = np.asarray(r_p.sum(axis=0)).ravel()[None]
+        deg_t = np.asarray(r_t.sum(axis=0)).ravel()
+        deg_p = np.asarray(r_p.sum(axis=0)).ravel()
         co = (r_p.T @ r_t).tocoo()                      # (I_p, I_t) users in common
-        d_p, d_t = deg_p[0, co.row], deg_t[0, co.col]
+        d_p, d_t = deg_p[co.row], deg_t[co.col]
         return cls(co.row.astype(np.int64), co.col.astype(np.int64), co.data,
                    co.data / (d_p + d_t - co.data), co.data / np.sqrt(d_p * d_t),
                    (partner.num_items, target.num_items))
