@@ -1,5 +1,6 @@
-"""``relaygr eval --retrieval RUN`` with a trained retrieval run (``relaygr train-retrieval``) as
-the cascade's retrieval stage: the stage ``serve --retrieval-run`` serves, offline."""
+"""``relaygr eval --retrieval`` with the stages ``relaygr serve`` serves, offline: a trained
+retrieval run (``relaygr train-retrieval``, ``serve --retrieval-run``) and serve's default, the
+ranker's own item embeddings (``--retrieval item-embeddings``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from relaygr.cli.eval_stages import RECENT_EVENTS, TrainedRunStage
+from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cli.eval_stages import RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
+from relaygr.train import load_trained
 from relaygr.train.stages import RetrievalQuery
-from tests.cascade.retrieval_runs import brute_force, train_run, write_ratings
+from tests.cascade.retrieval_runs import BruteForce, brute_force, train_run, write_ratings
 from tests.cli.test_train_eval import TINY_SETTINGS
+from tests.tolerance import reorder_tolerance
+
+
+def _train_ranker(data: Path, out: Path) -> Path:
+    settings = [arg for s in TINY_SETTINGS for arg in ("--set", s)]
+    assert main(["train", "--dataset", "ml-1m", "--data-dir", str(data), "--out", str(out),
+                 "--preset", "quick", "--no-progress", *settings]) == 0
+    return out
 
 
 def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
@@ -22,10 +34,7 @@ def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
     data = tmp_path / "data"
     write_ratings(data)
     retrieval = train_run(data, tmp_path / "sage")
-    ranker = tmp_path / "hstu"
-    settings = [arg for s in TINY_SETTINGS for arg in ("--set", s)]
-    assert main(["train", "--dataset", "ml-1m", "--data-dir", str(data), "--out", str(ranker),
-                 "--preset", "quick", "--no-progress", *settings]) == 0
+    ranker = _train_ranker(data, tmp_path / "hstu")
     seqs = load_sequences("ml-1m", data)
     stage = TrainedRunStage.load(retrieval, seqs, "ml-1m")
     cases = leave_one_out(seqs).test
@@ -52,5 +61,53 @@ def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
                  str(data), "--retrieval", str(retrieval), "--fit-stage-weight",
+                 "--no-progress"]) == 2
+    assert "needs an HSTU run as the stage" in capsys.readouterr().err
+
+
+def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_embeddings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    write_ratings(data)
+    ranker = _train_ranker(data, tmp_path / "hstu")
+    seqs = load_sequences("ml-1m", data)
+    recent = 8        # shorter than the histories, so the window matters
+    model = load_trained(ranker, "cpu").model
+    stage = EmbeddingStage(EmbeddingRetrieval.of(model, recent))
+    cases = leave_one_out(seqs).test
+    histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[:4], cases.history_lengths[:4],
+                                                      strict=True)]
+    assert min(len(h) for h in histories) > recent
+    # the user: the normalised mean of its latest events' embeddings; the items: the model's
+    # retrieval vectors (row i is id i + 1), what the FAISS index holds
+    raw = model.item_emb.weight.detach().double()
+    vectors = torch.cat([torch.zeros(1, raw.shape[1]), model.item_embeddings().detach()]).double()
+    k = 50
+    proposals = stage.propose(RetrievalQuery(cases.users[:4], histories, []), k)
+    for j, history in enumerate(histories):
+        user = raw[history[-recent:]].mean(0)
+        user = user / user.norm()
+        scores = (vectors @ user).numpy()
+        unseen = np.setdiff1d(np.arange(1, len(vectors)), history)   # id 0 pads, never an item
+        order = unseen[np.argsort(-scores[unseen], kind="stable")]
+        terms = float((vectors.abs() @ user.abs()).max())
+        exact = BruteForce(order, scores[order], reorder_tolerance(vectors.shape[1], terms))
+        ids, _ = proposals.row(j)
+        exact.check(ids.numpy(), k)
+    # a catalogue too small for k unseen items is proposed whole, padded past its end
+    whole = stage.propose(RetrievalQuery(cases.users[:1], histories[:1], []), 10_000)
+    assert len(whole.row(0)[0]) == seqs.num_items - len(np.unique(histories[0]))
+    report = tmp_path / "eval.json"
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
+                 str(data), "--retrieval", "item-embeddings", "--retrieve-k", str(k),
+                 "--heads", "cascade", "--no-progress", "--json", str(report)]) == 0
+    written = json.loads(report.read_text())
+    assert written["retrieval_stage"]["name"] == "item-embeddings"
+    recall = written["retrieval_stage"][f"recall@{k}"]
+    assert 0 < recall < 1
+    assert written["heads"]["cascade"]["hr@10"] <= recall
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
+                 str(data), "--retrieval", "item-embeddings", "--fit-stage-weight",
                  "--no-progress"]) == 2
     assert "needs an HSTU run as the stage" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
     relaygr eval --checkpoint RUN_DIR --dataset ml-1m --data-dir DIR [--json PATH]
                  [--split test|valid] [--heads retrieval,ranking,cascade]
-                 [--retrieval head|RUN] [--retrieve-k 200] [--users N [--seed S]]
+                 [--retrieval head|item-embeddings|RUN] [--retrieve-k 200] [--users N [--seed S]]
                  [--stage-weight W | --fit-stage-weight]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from relaygr.cli.eval_stages import TrainedRunStage
+from relaygr.cli.eval_stages import EmbeddingStage, TrainedRunStage
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
@@ -69,9 +69,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated heads to evaluate (retrieval, ranking, cascade)")
     parser.add_argument("--retrieval", default="head",
                         help="the cascade's retrieval stage: head (the model's own retrieval "
-                             "head), an HSTU run directory whose retrieval head proposes (a "
-                             "separate model over the same item ids), or a retrieval run "
-                             "(relaygr train-retrieval) on the same dataset")
+                             "head), item-embeddings (relaygr serve's default stage: the model's "
+                             "item embeddings, the user the mean of its latest events'), an HSTU "
+                             "run directory whose retrieval head proposes (a separate model over "
+                             "the same item ids), or a retrieval run (relaygr train-retrieval) "
+                             "on the same dataset")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
     parser.add_argument("--stage-weight", type=float, default=0.0,
@@ -126,14 +128,22 @@ def _held_out(trained: TrainedModel, split: LeaveOneOutSplit) -> LeaveOneOutSpli
 
 def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
            ) -> RetrievalStage:
-    """``--retrieval``: a registered stage name, or a run directory: an HSTU run's retrieval
-    head (``CheckpointRetrieval``) or a trained retrieval run (``TrainedRunStage``)."""
+    """``--retrieval``: a registered stage name, serve's default stage (``EmbeddingStage``), or a
+    run directory: an HSTU run's retrieval head (``CheckpointRetrieval``) or a trained retrieval
+    run (``TrainedRunStage``)."""
     if args.retrieval in RETRIEVAL_STAGES:
         return retrieval_stage(args.retrieval, ranker.model)
+    if args.retrieval == EmbeddingStage.name:
+        if args.fit_stage_weight:
+            raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
+                              f"({EmbeddingStage.name} scores are inner products on another "
+                              "scale)")
+        return EmbeddingStage.of(ranker.model)
     path = Path(args.retrieval)
     if not path.is_dir():
-        raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage "
-                          f"({', '.join(sorted(RETRIEVAL_STAGES))}) nor a run directory")
+        names = ", ".join(sorted([*RETRIEVAL_STAGES, EmbeddingStage.name]))
+        raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage ({names}) nor a "
+                          "run directory")
     if stage_run_kind(path) is StageRunKind.RETRIEVAL:
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "

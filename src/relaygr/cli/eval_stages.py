@@ -1,7 +1,12 @@
-"""A trained retrieval run (``relaygr train-retrieval``) as the retrieval stage of ``relaygr
-eval``'s cascade: the stage ``relaygr serve --retrieval-run`` serves (``TrainedRetrieval``: the
-user tower on the latest events, FAISS over the item tower), behind the offline cascade's
-``RetrievalStage`` interface.
+"""The stages ``relaygr serve`` serves, behind the offline cascade's ``RetrievalStage`` interface
+(``relaygr eval --retrieval``):
+
+- ``TrainedRunStage``: a trained retrieval run (``relaygr train-retrieval``), the stage ``relaygr
+  serve --retrieval-run`` serves (``TrainedRetrieval``: the user tower on the latest events, FAISS
+  over the item tower).
+- ``EmbeddingStage``: serve's default without a run (``EmbeddingRetrieval``: FAISS over the
+  ranker's own item embeddings, the user the normalised mean of its latest events' embeddings),
+  ``--retrieval item-embeddings``.
 
 The offline cascade removes the user's whole history from the proposals (as the model's own
 retrieval head does there), and hands the stage the dataset's user id (``UserSequences.user_ids``)
@@ -17,9 +22,11 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import StagesConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.data.sequences import UserSequences
 from relaygr.errors import CatalogueMismatchError
+from relaygr.model import HSTU
 from relaygr.train.stages import Proposals, RetrievalQuery
 
 # The user tower's window at request time, as serving's default reads it.
@@ -47,6 +54,34 @@ class TrainedRunStage:
         for j, (user, history) in enumerate(zip(query.users, query.histories, strict=True)):
             found, score = self.stage.scored(np.asarray(history), k,
                                              int(self.user_ids[user]), exclude=history)
+            ids[j, :len(found)] = torch.from_numpy(found)
+            scores[j, :len(found)] = torch.from_numpy(score.astype(np.float32))
+        return Proposals(ids, scores)
+
+
+class EmbeddingStage:
+    """``propose(query, k) -> Proposals`` of serve's default stage, ``EmbeddingRetrieval``
+    (module docstring), over the same ``RECENT_EVENTS`` latest events serve reads. The index is
+    asked for ``k`` more items than the user has distinct events, so that ``k`` are left once
+    the history is removed (or the whole unseen catalogue, where it is smaller)."""
+
+    name = EmbeddingRetrieval.name
+
+    def __init__(self, stage: EmbeddingRetrieval) -> None:
+        self.stage = stage
+
+    @classmethod
+    def of(cls, model: HSTU) -> EmbeddingStage:
+        return cls(EmbeddingRetrieval.of(model, RECENT_EVENTS))
+
+    def propose(self, query: RetrievalQuery, k: int) -> Proposals:
+        ids = torch.zeros((len(query.histories), k), dtype=torch.long)
+        scores = torch.full((len(query.histories), k), -math.inf)
+        for j, history in enumerate(query.histories):
+            events = np.asarray(history, dtype=np.int64)
+            found, score = self.stage.scored(events, k + len(np.unique(events)))
+            unseen = ~np.isin(found, events)
+            found, score = found[unseen][:k], score[unseen][:k]
             ids[j, :len(found)] = torch.from_numpy(found)
             scores[j, :len(found)] = torch.from_numpy(score.astype(np.float32))
         return Proposals(ids, scores)
