@@ -83,12 +83,13 @@ def brute_force(run: Path, ranker_movies: np.ndarray, history: np.ndarray,
                 user_id: int | None, recent_events: int) -> BruteForce:
     """The exact scores of the run's vectors over the items both it and the ranker know (dense
     ranker ids: ``ranker_movies[i]`` is id ``i + 1``): the user vector from the known items
-    among ``history``'s last ``recent_events`` (ranker ids), its id embedding if trained."""
+    among ``history`` (ranker ids), the latest ``recent_events`` of them, its id embedding if
+    trained."""
     model, domain, users, items = load_run(run)
     run_of = {int(m): j for j, m in enumerate(items.tolist())}
     ranker_of = {int(m): i + 1 for i, m in enumerate(ranker_movies.tolist())}
-    recent = [run_of[m] for m in ranker_movies[history[-recent_events:] - 1].tolist()
-              if m in run_of]
+    recent = [run_of[m] for m in ranker_movies[history - 1].tolist()
+              if m in run_of][-recent_events:]
     user = None if user_id is None or user_id not in users else \
         int(np.flatnonzero(users == user_id)[0])
     vectors, query = model.item_vectors(domain), model.user_vector(domain, recent, user)

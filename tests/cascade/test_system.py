@@ -262,7 +262,9 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     visit_list = visits(count=12)
     live, _ = serve("relay", visit_list)
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(EmbeddingRetrieval.of(model, 64), 64, 0.0, 0.0)
+    live_stages = config("relay").stages      # the booked candidates come from the same stage
+    stages = EarlierStages(EmbeddingRetrieval.of(model, live_stages.retrieval_history),
+                           live_stages.retrieval_k, 0.0, 0.0)
     book = CandidateBook()
     grown = {u: items for u, (items, _) in histories().items()}
     for v in visit_list:   # the visits run one at a time: each sees the previous one's events

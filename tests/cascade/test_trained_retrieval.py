@@ -22,6 +22,7 @@ from tests.cascade.retrieval_runs import (
     MOVIES,
     USERS,
     brute_force,
+    load_run,
     train_run,
     write_ratings,
 )
@@ -56,8 +57,8 @@ def test_proposals_are_the_exact_top_k_of_the_runs_vectors(run: Path, ranker: np
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
     known = set(np.flatnonzero(np.isin(ranker, MOVIES)) + 1)
     for user, history in _histories(ranker).items():
-        if not np.isin(ranker[history[-RECENT:] - 1], MOVIES).any():
-            with pytest.raises(EmptyInputError, match="none of the user's last 6 events"):
+        if not np.isin(ranker[history - 1], load_run(run)[3]).any():   # nothing it trained on
+            with pytest.raises(EmptyInputError, match=f"none of the user's {len(history)} events"):
                 stage.propose(history, 40, user)
             continue
         for user_id in (user, None):                 # a user the run trained on, and a new one
@@ -66,12 +67,25 @@ def test_proposals_are_the_exact_top_k_of_the_runs_vectors(run: Path, ranker: np
             assert set(got.tolist()) <= known        # never an item the ranker cannot score
 
 
+def test_the_window_holds_the_latest_events_of_items_the_run_knows(run: Path) -> None:
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", PARTIAL), RECENT)
+    run_movies = load_run(run)[3]                              # the movies it trained on
+    known = np.flatnonzero(np.isin(PARTIAL, run_movies)) + 1   # as ranker ids
+    unknown = np.flatnonzero(~np.isin(PARTIAL, run_movies)) + 1
+    # the latest RECENT events are all unknown to the run: the window reaches past them
+    history = np.concatenate([known[:RECENT + 2], unknown[:RECENT]])
+    np.testing.assert_array_equal(stage.user_vector(history),
+                                  stage.user_vector(known[2:RECENT + 2]))
+    with pytest.raises(EmptyInputError, match=f"none of the user's {RECENT} events"):
+        stage.user_vector(unknown[:RECENT])
+
+
 def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
         run: Path) -> None:
     ranker = PARTIAL
     model = make_model(0, num_items=len(ranker), max_seq_len=256)
     histories = {u: h for u, h in _histories(ranker, seed=1).items()
-                 if np.isin(ranker[h[-RECENT:] - 1], MOVIES).any()}
+                 if np.isin(ranker[h - 1], load_run(run)[3]).any()}
     store = InMemoryHistoryStore.from_sequences({u: (h, None) for u, h in histories.items()},
                                                 num_items=len(ranker))
     config = SystemConfig(

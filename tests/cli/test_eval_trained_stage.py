@@ -100,12 +100,23 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     report = tmp_path / "eval.json"
     assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
                  str(data), "--retrieval", "item-embeddings", "--retrieve-k", str(k),
-                 "--heads", "cascade", "--no-progress", "--json", str(report)]) == 0
-    written = json.loads(report.read_text())
-    assert written["retrieval_stage"]["name"] == "item-embeddings"
-    recall = written["retrieval_stage"][f"recall@{k}"]
-    assert 0 < recall < 1
-    assert written["heads"]["cascade"]["hr@10"] <= recall
+                 "--retrieval-history", str(recent), "--heads", "cascade", "--no-progress",
+                 "--json", str(report)]) == 0
+    written = json.loads(report.read_text())["retrieval_stage"]
+    assert (written["name"], written["history"]) == ("item-embeddings", recent)
+    # the eval's stage reads the window asked for: its recall is this stage's over every user
+    every = [seqs.sequence(u)[:n] for u, n in zip(cases.users, cases.history_lengths,
+                                                  strict=True)]
+    found = stage.propose(RetrievalQuery(cases.users, every, []), k)
+    hits = [t in found.row(j)[0].tolist() for j, t in enumerate(cases.targets.tolist())]
+    assert written[f"recall@{k}"] == pytest.approx(np.mean(hits), abs=1e-12)
+    heads = json.loads(report.read_text())["heads"]
+    assert heads["cascade"]["hr@10"] <= written[f"recall@{k}"]
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
+                 str(data), "--retrieval", "item-embeddings", "--retrieval-history", "0",
+                 "--no-progress"]) == 2
+    assert "--retrieval-history must be >= 1" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
                  str(data), "--retrieval", "item-embeddings", "--fit-stage-weight",

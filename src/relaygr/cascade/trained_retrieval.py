@@ -5,13 +5,15 @@ popularity prior in its last column); the vectors of the items the ranker also k
 FAISS inner-product index (``Retriever``), so an item the ranker cannot score is never proposed.
 
 At request time, the user tower: GraphSAGE's user side recomputed from the user's latest
-``recent_events`` events (``RetrievalModel.user_vector``): each layer combines the user's own
+``recent_events`` events of items the run knows (``RetrievalModel.user_vector``; events of items
+it does not know are passed over, so a short window still holds ``recent_events`` of them where
+the history has that many): each layer combines the user's own
 state with the mean of its recent items' states of that layer. The user's own layer-0 state is
 its trained ID embedding when the run trained on that user (``dataset_users``: the cascade's user
 ids are the dataset's, as when serving a dataset's users), else zero (an unseen user: the tower's
 cold-start rule). So the vector follows the events the user has now, not those it had at training
-time; with the user's training items it is exactly the trained vector. Events of items the run
-does not know are skipped; a user with none of its recent events known gets ``EmptyInputError``.
+time; with the user's training items it is exactly the trained vector. A user with no event of
+an item the run knows gets ``EmptyInputError``.
 
 Ids: the run numbers users and items its own way; ``catalogue.npz`` holds the dataset's id of
 each. The ranker's ids are mapped through the dataset's ids (``RankerCatalogue``). Runs on another
@@ -108,12 +110,13 @@ class TrainedRetrieval:
                    recent_events, f"{Path(run_dir).name} (seed {seed})", index)
 
     def user_vector(self, history: np.ndarray, user_id: int | None = None) -> np.ndarray:
-        """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events."""
-        recent = self.to_run[np.asarray(history[-self.recent_events:], dtype=np.int64)]
-        recent = recent[recent >= 0]
+        """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events of
+        items the run knows."""
+        known = self.to_run[np.asarray(history, dtype=np.int64)]
+        recent = known[known >= 0][-self.recent_events:]
         if recent.size == 0:
-            raise EmptyInputError(f"none of the user's last {self.recent_events} events is an "
-                                  f"item of retrieval run {self.name}")
+            raise EmptyInputError(f"none of the user's {len(history)} events is an item of "
+                                  f"retrieval run {self.name}")
         return self.model.user_vector(self.domain, recent.tolist(), self.run_user(user_id))
 
     def run_user(self, user_id: int | None) -> int | None:

@@ -2,7 +2,8 @@
 
     relaygr eval --checkpoint RUN_DIR --dataset ml-1m --data-dir DIR [--json PATH]
                  [--split test|valid] [--heads retrieval,ranking,cascade]
-                 [--retrieval head|item-embeddings|RUN] [--retrieve-k 200] [--users N [--seed S]]
+                 [--retrieval head|item-embeddings|RUN] [--retrieve-k 200]
+                 [--retrieval-history N] [--users N [--seed S]]
                  [--stage-weight W | --fit-stage-weight]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
@@ -30,7 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from relaygr.cli.eval_stages import EmbeddingStage, TrainedRunStage
+from relaygr.cli.eval_stages import RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
@@ -76,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "on the same dataset")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
+    parser.add_argument("--retrieval-history", type=int, default=RECENT_EVENTS,
+                        help="latest events the user vector of item-embeddings or a retrieval "
+                             "run reads (default: serve's, StagesConfig.retrieval_history)")
     parser.add_argument("--stage-weight", type=float, default=0.0,
                         help="the cascade ranks by ranker score + this x the stage's score "
                              "(default 0: the ranker alone)")
@@ -133,12 +137,14 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     run (``TrainedRunStage``)."""
     if args.retrieval in RETRIEVAL_STAGES:
         return retrieval_stage(args.retrieval, ranker.model)
+    if args.retrieval_history < 1:
+        raise ConfigError(f"--retrieval-history must be >= 1, got {args.retrieval_history}")
     if args.retrieval == EmbeddingStage.name:
         if args.fit_stage_weight:
             raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
                               f"({EmbeddingStage.name} scores are inner products on another "
                               "scale)")
-        return EmbeddingStage.of(ranker.model)
+        return EmbeddingStage.of(ranker.model, args.retrieval_history)
     path = Path(args.retrieval)
     if not path.is_dir():
         names = ", ".join(sorted([*RETRIEVAL_STAGES, EmbeddingStage.name]))
@@ -148,7 +154,7 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
-        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name)
+        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, args.retrieval_history)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
     return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
@@ -215,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
     Console().print(_table(results, title))
     if recall:
-        print(f"retrieval stage ({args.retrieval}): " +
+        window = f", the latest {args.retrieval_history} events" \
+            if isinstance(stage, EmbeddingStage | TrainedRunStage) else ""
+        print(f"retrieval stage ({args.retrieval}{window}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
     if "cascade_minus_stage" in extra:
         print("cascade - stage (paired, +- standard error): " + ", ".join(
@@ -228,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         if recall:
             report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k,
                                          "stage_weight": args.stage_weight, **recall, **extra}
+            if isinstance(stage, EmbeddingStage | TrainedRunStage):
+                report["retrieval_stage"]["history"] = args.retrieval_history
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 

@@ -29,7 +29,7 @@ from relaygr.errors import CatalogueMismatchError
 from relaygr.model import HSTU
 from relaygr.train.stages import Proposals, RetrievalQuery
 
-# The user tower's window at request time, as serving's default reads it.
+# The user's window at request time (its latest events), as serving's default reads it.
 RECENT_EVENTS = StagesConfig.retrieval_history
 
 
@@ -40,13 +40,14 @@ class TrainedRunStage:
         self.stage, self.user_ids = stage, user_ids
 
     @classmethod
-    def load(cls, run_dir: Path, seqs: UserSequences, dataset: str) -> TrainedRunStage:
+    def load(cls, run_dir: Path, seqs: UserSequences, dataset: str,
+             recent_events: int = RECENT_EVENTS) -> TrainedRunStage:
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "
                                          "run's catalogue records integer ids")
         ranker = RankerCatalogue(dataset, items, dataset_users=True)
-        return cls(TrainedRetrieval.load(run_dir, ranker, RECENT_EVENTS), seqs.user_ids)
+        return cls(TrainedRetrieval.load(run_dir, ranker, recent_events), seqs.user_ids)
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         ids = torch.zeros((len(query.histories), k), dtype=torch.long)
@@ -61,9 +62,10 @@ class TrainedRunStage:
 
 class EmbeddingStage:
     """``propose(query, k) -> Proposals`` of serve's default stage, ``EmbeddingRetrieval``
-    (module docstring), over the same ``RECENT_EVENTS`` latest events serve reads. The index is
-    asked for ``k`` more items than the user has distinct events, so that ``k`` are left once
-    the history is removed (or the whole unseen catalogue, where it is smaller)."""
+    (module docstring), by default over the same ``RECENT_EVENTS`` latest events serve reads.
+    The index is asked for ``k`` more items than the user has distinct events, so that ``k``
+    are left once the history is removed (or the whole unseen catalogue, where it is
+    smaller)."""
 
     name = EmbeddingRetrieval.name
 
@@ -71,8 +73,8 @@ class EmbeddingStage:
         self.stage = stage
 
     @classmethod
-    def of(cls, model: HSTU) -> EmbeddingStage:
-        return cls(EmbeddingRetrieval.of(model, RECENT_EVENTS))
+    def of(cls, model: HSTU, recent_events: int = RECENT_EVENTS) -> EmbeddingStage:
+        return cls(EmbeddingRetrieval.of(model, recent_events))
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         ids = torch.zeros((len(query.histories), k), dtype=torch.long)
