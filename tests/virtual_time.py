@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class _JumpingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _JumpingSelector(selectors.DefaultSelector):
     """Polls instead of sleeping; a wait for a timer moves the owning loop's clock instead."""
 
     def __init__(self) -> None:

@@ -28,7 +28,7 @@ from relaygr.bench.protocol import SystemContext
 from relaygr.bench.qps_search import QpsSearch
 from relaygr.bench.report import BenchReport
 from relaygr.bench.search import LengthSweep, Outcome, Trial
-from relaygr.bench.workload import SyntheticWorkload, workload_builder
+from relaygr.bench.workload import SyntheticWorkload, WorkloadBuilder, workload_builder
 from tests.bench.fakes import SimulatedServer, lindley_latencies_ms
 from tests.bench.simulated_plan import (
     CONFIG,
@@ -57,7 +57,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     return report, out, probe, buffer.getvalue()
 
 
-def oracle(mode: str, builder: SyntheticWorkload, qps: float) -> Outcome:
+def oracle(mode: str, builder: WorkloadBuilder, qps: float) -> Outcome:
     """The point's P99 and verdict, offline: the sequential rule over all its requests."""
     budget = CONFIG.budget
     workload = builder.build(qps, budget.warmup_requests + budget.measured_at(qps))
@@ -306,6 +306,7 @@ def test_the_sweep_measures_its_deciding_fail_again_on_a_fresh_system(
     fake_steal(monkeypatch, 0.0)
     assert CONFIG.sweep is not None
     config = replace(CONFIG, budget=replace(CONFIG.budget, max_remeasures=0))
+    assert config.sweep is not None
     built: list[int] = []
 
     def counting(ctx: SystemContext) -> SimulatedServer:

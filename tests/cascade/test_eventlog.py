@@ -38,7 +38,9 @@ def test_appends_are_replayed_onto_the_same_base(tmp_path: Path) -> None:
         a, b = first.get(user), second.get(user)
         assert a.items.tolist() == b.items.tolist() and a.version == b.version
         assert (a.timestamps is None) == (b.timestamps is None)
-    assert second.get(2).timestamps.tolist() == [100, 160, 200]
+    timestamps = second.get(2).timestamps
+    assert timestamps is not None
+    assert timestamps.tolist() == [100, 160, 200]
     assert list(second) == [1, 2, 3]
 
 

@@ -155,7 +155,7 @@ def test_an_append_that_loses_the_race_reads_again_and_lands_after_the_winner(
     rival = RedisHistoryStore.connect(redis_url, num_items=100)
     store.append(1, [1, 2], [10, 11])
     read = store._sums
-    calls = []
+    calls: list[Any] = []
 
     def read_then_rival_appends(user_id: int, *counts: int) -> Any:
         state = read(user_id, *counts)

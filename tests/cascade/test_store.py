@@ -27,6 +27,7 @@ from relaygr.errors import (
 def test_append_and_get_hold_exactly_the_events() -> None:
     store = InMemoryHistoryStore(num_items=100)
     first = store.append(7, [3, 1, 4], [10, 10, 12])
+    assert first.timestamps is not None
     assert first.items.tolist() == [3, 1, 4] and first.timestamps.tolist() == [10, 10, 12]
     store.append(7, np.array([1, 5]), np.array([12, 20]))
     got = store.get(7)
@@ -97,7 +98,7 @@ def test_bad_input_is_a_typed_error_and_changes_nothing() -> None:
         (UnknownUserError, lambda: store.get(3)),
         (UnknownUserError, lambda: store.version_at(3, 0)),
         (InvalidInputError, lambda: store.get(-1)),
-        (InvalidInputError, lambda: store.append(True, [1])),  # type: ignore[arg-type]
+        (InvalidInputError, lambda: store.append(True, [1])),
         (ItemOutOfRangeError, lambda: store.append(1, [0], [300])),
         (ItemOutOfRangeError, lambda: store.append(3, [11])),
         (InvalidInputError, lambda: store.append(3, [1.5])),
@@ -133,7 +134,8 @@ def test_synthetic_histories_are_seeded_bounded_and_popularity_skewed() -> None:
         history = store.get(user)
         assert np.array_equal(history.items, again[user][0])
         assert 8 <= history.num_events <= 64
-        assert np.all(np.diff(history.timestamps) >= 0)  # type: ignore[arg-type]
+        assert history.timestamps is not None
+        assert np.all(np.diff(history.timestamps) >= 0)
         lengths.append(history.num_events)
         all_items.append(history.items)
     assert any(not np.array_equal(again[u][0], other[u][0]) for u in again)

@@ -16,7 +16,7 @@ from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
-from relaygr.engine.instance import InstanceConfig
+from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.engine.helpers import flops_cost_model
@@ -75,6 +75,15 @@ def serve(mode: str, visit_list: list[Visit], **changes: object
     return asyncio.run(main()), system
 
 
+def ranking_instances(system: RelaySystem) -> list[RankingInstance]:
+    """The system's instances, built in this process (``build_instance``), typed."""
+    out = []
+    for inst in system.instances:
+        assert isinstance(inst, RankingInstance)
+        out.append(inst)
+    return out
+
+
 def test_every_mode_ranks_like_the_baseline() -> None:
     plan = visits()
     baseline, _ = serve("baseline", plan)
@@ -88,7 +97,7 @@ def test_every_mode_ranks_like_the_baseline() -> None:
         if mode is not Mode.BASELINE:
             cached = sum(1 for r in out if r.path is not RankPath.FULL)
             assert cached > 0, f"{mode.value} never used its cache"
-        for inst in system.instances:
+        for inst in ranking_instances(system):
             if inst.residency is not None:
                 inst.residency.pool.check_integrity()
                 if inst.residency.host is not None:
@@ -99,7 +108,7 @@ def test_affinity_sends_both_legs_to_the_same_instance() -> None:
     out, system = serve("relay", visits(seed=3))
     for rec in out:
         assert rec.preinfer_instance == rec.instance
-    ranked_by = {inst.name: sum(inst.paths.values()) for inst in system.instances}
+    ranked_by = {inst.name: sum(inst.paths.values()) for inst in ranking_instances(system)}
     assert all(count > 0 for count in ranked_by.values())      # users spread over both
 
 
@@ -166,13 +175,13 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
             # compute held, so that work queues up on any machine, however fast
             release = threading.Event()
             holds = [asyncio.ensure_future(i.executor.run(release.wait))
-                     for i in system.instances]
+                     for i in ranking_instances(system)]
             tasks = [asyncio.ensure_future(system.recommend(v)) for v in first_visits.values()]
             # every visit pre-infers (a tiny SLO) behind the held compute, and its ranking
             # request, once the earlier stages are done, waits on the victim for that prefix
-            while not any(i.scheduler.prefill_waiters for i in system.instances):
+            while not any(i.scheduler.prefill_waiters for i in ranking_instances(system)):
                 await asyncio.sleep(0.001)
-            victim = max(system.instances, key=lambda i: i.scheduler.prefill_waiters)
+            victim = max(ranking_instances(system), key=lambda i: i.scheduler.prefill_waiters)
             failing = asyncio.ensure_future(system.fail_instance(victim.name))
             release.set()       # the stop waits for the compute in flight, then fails the rest
             await asyncio.gather(failing, *holds)
@@ -181,7 +190,7 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
             await system.stop()
 
     out = asyncio.run(main())
-    want = {}
+    want: dict[int, Recommendation] = {}
     for v, rec in zip(plan, baseline, strict=True):
         want.setdefault(v.user_id, rec)
     assert len(out) == len(want)
@@ -268,6 +277,7 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     book = CandidateBook()
     grown = {u: items for u, (items, _) in histories().items()}
     for v in visit_list:   # the visits run one at a time: each sees the previous one's events
+        assert v.num_candidates is not None
         seen = np.concatenate([grown[v.user_id], np.asarray(v.recent_items, dtype=np.int64)])
         book.add(v.user_id, seen, v.num_candidates,
                  *stages.candidates(seen, v.num_candidates))

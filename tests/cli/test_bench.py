@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,8 @@ from relaygr.model import HSTUConfig
 
 def test_plans_measure_every_phase_within_their_budgets() -> None:
     profile = profile_named("cpu")
-    model = HSTUConfig(num_items=profile.num_items, **profile.model_size)
+    size: dict[str, Any] = profile.model_size       # dim, num_layers, num_heads: ints
+    model = HSTUConfig(num_items=profile.num_items, **size)
     full = run_plan(profile, False, 50.0, 0, "cpu", model)
     quick = run_plan(profile, True, 50.0, 0, "cpu", model)
     assert full.sweep is not None and quick.sweep is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from relaygr.data import (
 from relaygr.errors import CheckpointError, ConfigError, DataFormatError
 
 
-def _table(users: list[object], items: list[object], stamps: list[int | None] | None = None,
+def _table(users: Sequence[object], items: Sequence[object], stamps: list[int | None] | None = None,
            order: list[int] | None = None) -> InteractionTable:
     n = len(users)
     ts = has = None

@@ -82,7 +82,9 @@ def test_prefill_then_rank_follows_and_events_append(tmp_path: Path) -> None:
         assert ranked["instance"] == pre["instance"]
         assert ranked["path"] in ("pending_wait", "device_hit")
         n = store.num_events(4)
-        last = int(store.get(4).timestamps[-1])
+        timestamps = store.get(4).timestamps
+        assert timestamps is not None
+        last = int(timestamps[-1])
         visit = {"user_id": 4, "recent_items": [9], "recent_timestamps": [last + 1]}
         assert (await client.post("/v1/recommend", json=visit)).status_code == 200
         assert store.num_events(4) == n + 1

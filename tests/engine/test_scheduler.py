@@ -29,7 +29,7 @@ class Trace:
         self.events.append("rank:" + ",".join(payloads))
         return [p.upper() for p in payloads]
 
-    def prefill(self, name: str, rounds: int) -> tuple:  # type: ignore[type-arg]
+    def prefill(self, name: str, rounds: int) -> tuple:
         state = {"left": rounds}
 
         def step() -> None:

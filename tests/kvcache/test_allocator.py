@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,7 +60,7 @@ def test_plan_uses_freed_runs_then_the_fewest_candidates_in_order() -> None:
     alloc = RunAllocator(10)
     runs = [alloc.allocate(2) for _ in range(5)]           # [0,2) [2,4) [4,6) [6,8) [8,10)
     assert all(r is not None for r in runs)
-    a, _, c, d, e = runs  # type: ignore[misc]
+    a, _, c, d, e = cast(list[PageRun], runs)
     assert alloc.plan(2, [c], [a]) == Placement(PageRun(4, 2), 0)
     # candidates a, d, e: a alone gives 2 pages, d gives [6,8), d+e coalesce to [6,10)
     assert alloc.plan(4, [], [a, d, e]) == Placement(PageRun(6, 4), 3)

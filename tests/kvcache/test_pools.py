@@ -56,6 +56,7 @@ def test_write_then_view_round_trips_and_views_alias_the_arena() -> None:
 def test_write_at_an_offset_and_slice_tokens() -> None:
     arena = KVArena(LAYOUT, 10 * PAGE_BYTES, page_tokens=4)
     kv = make_kv(PrefixId(1, 9, 0))
+    assert kv.timestamps is not None
     head = PrefixKV(kv.k[:, :, :5], kv.v[:, :, :5], kv.timestamps[:5], kv.last_hidden * 0)
     arena.write(0, head, 0, timed=True)
     arena.write(0, slice_tokens(kv, 5), 5, timed=True)

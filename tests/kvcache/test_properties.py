@@ -36,6 +36,12 @@ tokens = st.integers(1, 26)         # up to 7 pages of 4 tokens: sometimes too l
 versions = st.integers(0, 2)
 
 
+def deadline(entry: Entry) -> float:
+    """A READY entry's lease deadline (``mark_ready`` always sets one)."""
+    assert entry.lease_deadline_s is not None
+    return entry.lease_deadline_s
+
+
 class DevicePoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -51,7 +57,7 @@ class DevicePoolMachine(RuleBasedStateMachine):
         now = self.clock()
         return {e.pid: e for e in self.entries() if e.pid.user_id != except_user and (
             e.state is EntryState.PENDING or e.pins > 0
-            or (e.state is EntryState.READY and e.lease_deadline_s > now))}  # type: ignore[operator]
+            or (e.state is EntryState.READY and deadline(e) > now))}
 
     @rule(user=users, num_tokens=tokens, version=versions, timed=st.booleans())
     def begin(self, user: int, num_tokens: int, version: int, timed: bool) -> None:
@@ -142,10 +148,10 @@ class DevicePoolMachine(RuleBasedStateMachine):
     @rule()
     def expire_leases(self) -> None:
         ready_due = sum(1 for e in self.entries() if e.state is EntryState.READY and not e.pins
-                        and e.lease_deadline_s <= self.clock())  # type: ignore[operator]
+                        and deadline(e) <= self.clock())
         assert self.pool.expire_leases() == ready_due
         assert not any(e.state is EntryState.READY and not e.pins
-                       and e.lease_deadline_s <= self.clock()  # type: ignore[operator]
+                       and deadline(e) <= self.clock()
                        for e in self.entries())
 
     @invariant()

@@ -90,6 +90,7 @@ def test_prefill_extension_equals_prefill_of_concatenation(first: int, second: i
     assert_close(extended.last_hidden, whole.last_hidden)
     if ts is not None:
         assert extended.timestamps is not None
+        assert whole.timestamps is not None
         assert torch.equal(extended.timestamps, whole.timestamps)
 
 

@@ -7,12 +7,13 @@ the shapes are small and the tile size is tiny, so that every block spans severa
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
 
 from relaygr.errors import ConfigError
-from relaygr.model import HSTUConfig, PrefillInput
+from relaygr.model import HSTU, HSTUConfig, PrefillInput
 from relaygr.model import fused as fused_module
 from relaygr.model.fused import EagerAttention, FusedAttention
 from tests.model.helpers import assert_close, make_model, random_history
@@ -21,7 +22,7 @@ from tests.model.helpers import assert_close, make_model, random_history
 TINY_TILES = 2 * 64
 
 
-def _pair(**overrides: object) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _pair(**overrides: object) -> tuple[HSTU, HSTU]:
     fused = make_model(attention="fused", attention_tile_elems=TINY_TILES, num_heads=2,
                        **overrides)
     eager = make_model(attention="eager", num_heads=2, **overrides)
@@ -39,9 +40,10 @@ def test_fused_equals_eager_on_every_pass(length: int, suffix: int, timed: bool)
     cands = torch.randint(1, 501, (45,), generator=gen)
     query_ts = None if ts is None else int(ts[-1]) + 60
     prefix, prefix_ts = items[:length], None if ts is None else ts[:length]
-    rest = {"suffix_items": items[length:] if suffix else None,
-            "suffix_timestamps": ts[length:] if ts is not None and suffix else None,
-            "query_timestamp": query_ts}
+    rest: dict[str, Any] = {
+        "suffix_items": items[length:] if suffix else None,
+        "suffix_timestamps": ts[length:] if ts is not None and suffix else None,
+        "query_timestamp": query_ts}
     kv_fused, kv_eager = fused.prefill(prefix, prefix_ts), eager.prefill(prefix, prefix_ts)
     assert_close(kv_fused.k, kv_eager.k)
     assert_close(kv_fused.v, kv_eager.v)

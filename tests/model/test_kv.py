@@ -42,6 +42,7 @@ def test_moves_to_cuda_and_back() -> None:
     on_gpu = kv.to("cuda")
     assert on_gpu.device.type == "cuda" and on_gpu.num_tokens == 3
     back = on_gpu.to("cpu")
+    assert back.timestamps is not None and kv.timestamps is not None
     assert torch.equal(back.k, kv.k) and torch.equal(back.timestamps, kv.timestamps)
     pinned = kv.pin_memory()
     assert pinned.k.is_pinned()

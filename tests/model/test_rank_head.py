@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import cast
 
-from relaygr.model import RankInput
+import torch
+from torch import nn
+
+from relaygr.model import HSTU, RankInput
 from tests.model.helpers import make_model, random_history
 
 DIM = 32
@@ -16,13 +19,14 @@ TEMPERATURE = 0.05
 TOLERANCE = DIM * torch.finfo(torch.float32).eps * (1 / TEMPERATURE)
 
 
-def _residual_model(seed: int, zero_mlp: bool):  # type: ignore[no-untyped-def]
+def _residual_model(seed: int, zero_mlp: bool) -> HSTU:
     model = make_model(seed, dim=DIM, rank_score="retrieval_residual",
                        retrieval_similarity="cosine", retrieval_temperature=TEMPERATURE)
     if zero_mlp:
         with torch.no_grad():
-            model.rank_head[-1].weight.zero_()
-            model.rank_head[-1].bias.zero_()
+            last = cast(nn.Linear, model.rank_head[-1])
+            last.weight.zero_()
+            last.bias.zero_()
     return model
 
 

@@ -54,9 +54,10 @@ def request(prefix: int, prefix_bytes: int = 100, host: bool = False) -> Trigger
 def test_each_reason_in_order_and_counted() -> None:
     clock = FakeClock()
     trigger = make_trigger("sequence-aware", linear_model(), CONFIG, SLO_MS, clock)
+    # pytest.approx stands in for the floats: the dataclass's == compares field by field
     assert trigger.decide(request(900), POOL) == TriggerDecision(
-        False, TriggerReason.NOT_AT_RISK, pytest.approx(10.0), pytest.approx(1.9),
-        pytest.approx(10.0))
+        False, TriggerReason.NOT_AT_RISK,
+        pytest.approx(10.0), pytest.approx(1.9), pytest.approx(10.0))  # type: ignore[arg-type]
     assert trigger.decide(request(0), POOL).reason is TriggerReason.NOT_AT_RISK
     # At risk but the host tier holds it: reload, even when the pool is full.
     full_pool = PoolUsage(used_bytes=450, budget_bytes=1000)
@@ -64,8 +65,8 @@ def test_each_reason_in_order_and_counted() -> None:
     # 450 + 100 > 0.5 * 1000; 400 + 100 fits exactly.
     assert trigger.decide(request(1000), full_pool).reason is TriggerReason.FOOTPRINT_FULL
     assert trigger.decide(request(1000), PoolUsage(400, 1000)) == TriggerDecision(
-        True, TriggerReason.ADMITTED, pytest.approx(11.0), pytest.approx(2.0),
-        pytest.approx(11.0))
+        True, TriggerReason.ADMITTED,
+        pytest.approx(11.0), pytest.approx(2.0), pytest.approx(11.0))  # type: ignore[arg-type]
     assert trigger.bucket.level_tokens == 1000.0
     assert trigger.decide(request(1000), POOL).admit
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND

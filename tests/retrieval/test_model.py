@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
-from relaygr.retrieval.config import SCCDRConfig
+from relaygr.retrieval.config import Encoder, Pacing, SCCDRConfig, Similarity
 from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 from relaygr.retrieval.model import RetrievalModel
 
@@ -33,7 +33,7 @@ def test_adjacencies() -> None:
 @pytest.mark.parametrize("similarity", ["cosine", "dot"])
 def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) -> None:
     torch.manual_seed(0)
-    cfg = SCCDRConfig(dim=8, num_layers=2, similarity=similarity)
+    cfg = SCCDRConfig(dim=8, num_layers=2, similarity=Similarity(similarity))
     model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, cfg)
     users, items = model.user_vectors("a"), model.item_vectors("a")
     assert users.dtype == np.float32 and items.shape == (4, 9) and items.flags.c_contiguous
@@ -51,7 +51,7 @@ def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) ->
 
 def test_lightgcn_has_no_request_time_user_tower() -> None:
     model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)},
-                           SCCDRConfig(encoder="lightgcn", dim=4))
+                           SCCDRConfig(encoder=Encoder.LIGHTGCN, dim=4))
     assert model.item_vectors("a").shape == (4, 5)   # dim + the popularity column
     with pytest.raises(ConfigError):
         model.user_vector("a", [0])
@@ -59,14 +59,14 @@ def test_lightgcn_has_no_request_time_user_tower() -> None:
 
 def test_config_is_validated() -> None:
     with pytest.raises(ConfigError):
-        SCCDRConfig(stop_gradient="sometimes")
+        SCCDRConfig(stop_gradient="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         SCCDRConfig(edge_dropout=1.0)
     with pytest.raises(ConfigError):
         SCCDRConfig(inter_negatives=65, pool_size=64)
     with pytest.raises(ConfigError):
         SCCDRConfig().with_(no_such_key=1)
-    cfg = SCCDRConfig(pacing="root")
+    cfg = SCCDRConfig(pacing=Pacing.ROOT)
     assert SCCDRConfig.from_dict(cfg.to_dict()) == cfg
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from relaygr.retrieval.checkpoint import (
 )
 from relaygr.retrieval.config import PRESETS, SCCDRConfig
 from relaygr.retrieval.data import load_pair
+from relaygr.retrieval.encoders import SAGETower
 from relaygr.retrieval.splits import DomainSplit, SplitKind, make_split
 from relaygr.retrieval.trainer import RetrievalTrainer
 from tests.retrieval.conftest import write_pair
@@ -62,9 +64,9 @@ def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path:
     outs = {d: trainer.model.tower(d)() for d in splits}
     anchors = torch.arange(10)
     loss = trainer._inter(outs["aa"], "bb", outs["bb"], anchors, epoch=0)
-    loss.backward()   # type: ignore[no-untyped-call]
+    loss.backward()
     assert all(p.grad is None for p in trainer.model.tower("bb").parameters())
-    assert trainer.model.tower("aa").encoder.user_emb.weight.grad is not None
+    assert cast(SAGETower, trainer.model.tower("aa").encoder).user_emb.weight.grad is not None
 
 
 @pytest.mark.parametrize("option", ["none", "share_user_embedding", "partner_items", "bridges"])
@@ -97,10 +99,12 @@ def test_a_bad_run_json_is_refused_naming_the_field(tmp_path: Path) -> None:
     cfg = PRESETS["sccdr"].with_(**SMALL)
     info = RunInfo("aa_bb", ("aa", "bb"), 10, SplitKind.CVGAE, "sccdr", cfg, (1,), {"x": 1})
     assert RunInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
-    for change, named in [({"split": "holdout"}, "RunInfo.split"),
-                          ({"seeds": "one"}, "RunInfo.seeds"),
-                          ({"extra": 1}, "extra"),
-                          ({"config": {**cfg.to_dict(), "tau": 0.5}}, "tau")]:
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"split": "holdout"}, "RunInfo.split"),
+        ({"seeds": "one"}, "RunInfo.seeds"),
+        ({"extra": 1}, "extra"),
+        ({"config": {**cfg.to_dict(), "tau": 0.5}}, "tau")]
+    for change, named in changes:
         with pytest.raises(CheckpointError, match=named):
             RunInfo.from_dict({**info.to_dict(), **change})
     with pytest.raises(CheckpointError, match="not a retrieval run"):
@@ -131,7 +135,7 @@ def test_embedding_l2_is_the_mean_squared_norm_of_the_rows_a_step_uses(tmp_path:
     splits, num_users = _splits(tmp_path)
     cfg = PRESETS["single"].with_(**SMALL, embedding_l2=1e-3)
     trainer = RetrievalTrainer(cfg, splits, num_users, seed=0, progress_bar=False)
-    encoder = trainer.model.tower("aa").encoder
+    encoder = cast(SAGETower, trainer.model.tower("aa").encoder)   # "single" is GraphSAGE
     with torch.no_grad():
         encoder.user_emb.weight.fill_(0.5)
         encoder.item_emb.weight.fill_(0.25)

@@ -44,7 +44,9 @@ def test_recommend_ranks_exactly_and_revisits_reuse_the_prefix() -> None:
         assert out["preinfer"]["action"] == "prefill"
         assert out["path"] in ("pending_wait", "device_hit")
 
-        last_ts = int(store.get(3).timestamps[-1])
+        timestamps = store.get(3).timestamps
+        assert timestamps is not None
+        last_ts = int(timestamps[-1])
         visit = {"user_id": 3, "recent_items": [7, 8], "recent_timestamps": [last_ts + 5,
                                                                            last_ts + 9],
                  "request_ts": last_ts + 10}
@@ -90,7 +92,9 @@ def test_events_append_and_create_users() -> None:
 
     async def body(client: httpx.AsyncClient) -> None:
         n = store.num_events(4)
-        last_ts = int(store.get(4).timestamps[-1])
+        timestamps = store.get(4).timestamps
+        assert timestamps is not None
+        last_ts = int(timestamps[-1])
         r = await client.post("/v1/events", json={"user_id": 4, "items": [1, 2, 3],
                                                   "timestamps": [last_ts, last_ts, last_ts + 1]})
         assert r.status_code == 200 and r.json() == {"user_id": 4, "num_events": n + 3}
@@ -119,7 +123,7 @@ def test_instances_in_processes_serve_the_same_api() -> None:
         assert ranked.json()["instance"] == pre["instance"]
         assert_scores(ranked.json()["scores"], reference_scores(service, 5, [4, 2]))
         pids.extend(i.link.process.pid for i in system.instances)
-        await service.backend.system.fail_instance("rank-1")
+        await system.fail_instance("rank-1")
         assert (await client.get("/readyz")).json()["healthy_instances"] == 1
         again = (await client.post("/v1/rank", json={"user_id": 5, "candidates": [4, 2]}))
         assert again.status_code == 200 and again.json()["instance"] == "rank-0"

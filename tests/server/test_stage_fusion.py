@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -60,7 +61,7 @@ def _service(runs: tuple[Path, Path], weight: float, mode: str = "relay") -> Rel
     return build_embedded(source, system, ServerConfig(), flops_cost_model(load_model(source).cfg))
 
 
-def _served(service: RelayService, users: list[int]) -> list[dict[str, object]]:
+def _served(service: RelayService, users: list[int]) -> list[dict[str, Any]]:
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
         return [await client.post("/v1/recommend", json={"user_id": u, "num_candidates": K})
                 for u in users]

@@ -85,6 +85,7 @@ def test_a_user_at_max_seq_len_appends_and_is_served_from_the_slid_window() -> N
                                                   "timestamps": [last + 1] * fill})
         assert r.status_code == 200 and r.json()["num_events"] == WIDTH, r.text
         history = store.get(user)
+        assert history.timestamps is not None
         visit = {"user_id": user, "recent_items": [9], "recent_timestamps": [last + 2],
                  "request_ts": last + 3}
         r = await client.post("/v1/recommend", json=visit)       # one more event: 422 on main

@@ -76,9 +76,10 @@ def test_training_windows_and_batch_orders_are_exact(tmp_path: Path) -> None:
     assert rank.candidates.shape == (5, 5)
     for j in range(5):
         cut = int((rank.history[j] != 0).sum())
-        row = [r for r in range(len(data)) if data.inputs[r, :cut].tolist() ==
-               rank.history[j, :cut].tolist() and data.targets[r, cut - 1] == rank.candidates[j, 0]]
-        assert row, "each ranking example is a prefix of a training row and its next item"
+        rows = [r for r in range(len(data)) if data.inputs[r, :cut].tolist() ==
+                rank.history[j, :cut].tolist()
+                and data.targets[r, cut - 1] == rank.candidates[j, 0]]
+        assert rows, "each ranking example is a prefix of a training row and its next item"
 
 
 def test_retrieval_loss_matches_a_direct_computation(tmp_path: Path) -> None:
@@ -133,6 +134,7 @@ def test_catalogue_softmax_in_blocks_equals_the_whole_softmax(tmp_path: Path,
         loss = retrieval_loss(model, batch, 1, "catalogue", gen)
         torch.testing.assert_close(loss, whole, rtol=0.0, atol=tol)
         loss.backward()
+        assert model.item_emb.weight.grad is not None
         grads.append(model.item_emb.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1], rtol=0.0, atol=tol)
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import statistics
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -86,8 +87,9 @@ def _probe_main(conn: Connection, weights: _Weights, threads: int, barrier: Barr
     executor.shutdown()
 
 
-async def _passes(executor: ComputeExecutor, call: Callable[[], object], barrier: Barrier,
-                  repeats: int, warmup: int, pace_s: float = 0.0) -> list[float]:
+async def _passes(executor: ComputeExecutor, call: Callable[[], object],
+                  barrier: threading.Barrier, repeats: int, warmup: int,
+                  pace_s: float = 0.0) -> list[float]:
     """ms of each of ``repeats`` calls after ``warmup``, each started with the other
     instances' (the worker's compute seconds, as the instance's scheduler times a batch), each
     timed call after ``pace_s`` of idling."""
