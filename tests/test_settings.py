@@ -59,6 +59,8 @@ def test_nested_mappings_become_the_parts_configs() -> None:
      "SystemConfig.instance.batch.max_requests must be a positive int, got 0"),
     (SystemConfig, {"stages": {"retrieval_k": 8}},
      "SystemConfig.stages.retrieval_k must be >= num_candidates"),
+    (SystemConfig, {"stages": {"retrieval_recency": 0}},
+     "SystemConfig.stages.retrieval_recency must be in (0, 1], got 0"),
     (SystemConfig, {"overload": 3}, "SystemConfig.overload: Input should be a dictionary"),
     (TrainConfig, {"max_epochs": 3.5}, "TrainConfig.max_epochs: Input should be a valid integer"),
     (SCCDRConfig, {"stop_gradient": "sometimes"}, "SCCDRConfig.stop_gradient"),

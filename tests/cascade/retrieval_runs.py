@@ -80,11 +80,11 @@ class BruteForce:
 
 
 def brute_force(run: Path, ranker_movies: np.ndarray, history: np.ndarray,
-                user_id: int | None, recent_events: int) -> BruteForce:
+                user_id: int | None, recent_events: int, recency: float = 1.0) -> BruteForce:
     """The exact scores of the run's vectors over the items both it and the ranker know (dense
     ranker ids: ``ranker_movies[i]`` is id ``i + 1``): the user vector from the known items
-    among ``history`` (ranker ids), the latest ``recent_events`` of them, its id embedding if
-    trained."""
+    among ``history`` (ranker ids), the latest ``recent_events`` of them weighted by
+    ``recency`` (``RetrievalModel.user_vector``), its id embedding if trained."""
     model, domain, users, items = load_run(run)
     run_of = {int(m): j for j, m in enumerate(items.tolist())}
     ranker_of = {int(m): i + 1 for i, m in enumerate(ranker_movies.tolist())}
@@ -92,7 +92,8 @@ def brute_force(run: Path, ranker_movies: np.ndarray, history: np.ndarray,
               if m in run_of][-recent_events:]
     user = None if user_id is None or user_id not in users else \
         int(np.flatnonzero(users == user_id)[0])
-    vectors, query = model.item_vectors(domain), model.user_vector(domain, recent, user)
+    vectors = model.item_vectors(domain)
+    query = model.user_vector(domain, recent, user, recency=recency)
     scores = vectors.astype(np.float64) @ query.astype(np.float64)
     both = np.asarray([j for j, m in enumerate(items.tolist()) if m in ranker_of])
     order = both[np.argsort(-scores[both], kind="stable")]

@@ -272,7 +272,8 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     live, _ = serve("relay", visit_list)
     model = make_model(0, num_items=NUM_ITEMS)
     live_stages = config("relay").stages      # the booked candidates come from the same stage
-    stages = EarlierStages(EmbeddingRetrieval.of(model, live_stages.retrieval_history),
+    stages = EarlierStages(EmbeddingRetrieval.of(model, live_stages.retrieval_history,
+                                                 live_stages.retrieval_recency),
                            live_stages.retrieval_k, 0.0, 0.0)
     book = CandidateBook()
     grown = {u: items for u, (items, _) in histories().items()}

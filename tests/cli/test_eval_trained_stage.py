@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cli.eval_stages import RECENT_EVENTS, EmbeddingStage, TrainedRunStage
+from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.train import load_trained
@@ -44,7 +44,7 @@ def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
     proposals = stage.propose(RetrievalQuery(cases.users[:3], histories, []), k)
     for j, history in enumerate(histories):
         exact = brute_force(retrieval, np.asarray(seqs.id_map.items), history,
-                            int(seqs.user_ids[cases.users[j]]), RECENT_EVENTS)
+                            int(seqs.user_ids[cases.users[j]]), RECENT_EVENTS, RECENCY)
         unseen = ~np.isin(exact.ids, history)        # the offline cascade removes the history
         ids, _ = proposals.row(j)
         expected = type(exact)(exact.ids[unseen], exact.scores[unseen], exact.tol)
@@ -71,21 +71,24 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     write_ratings(data)
     ranker = _train_ranker(data, tmp_path / "hstu")
     seqs = load_sequences("ml-1m", data)
-    recent = 8        # shorter than the histories, so the window matters
+    recent, recency = 8, 0.6        # a window shorter than the histories, so it matters
     model = load_trained(ranker, "cpu").model
-    stage = EmbeddingStage(EmbeddingRetrieval.of(model, recent))
+    stage = EmbeddingStage(EmbeddingRetrieval.of(model, recent, recency))
     cases = leave_one_out(seqs).test
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[:4], cases.history_lengths[:4],
                                                       strict=True)]
     assert min(len(h) for h in histories) > recent
-    # the user: the normalised mean of its latest events' embeddings; the items: the model's
-    # retrieval vectors (row i is id i + 1), what the FAISS index holds
+    # the user: the normalised mean of its latest events' embeddings, the k-th newest weighing
+    # recency ** k; the items: the model's retrieval vectors (row i is id i + 1), what the FAISS
+    # index holds
     raw = model.item_emb.weight.detach().double()
     vectors = torch.cat([torch.zeros(1, raw.shape[1]), model.item_embeddings().detach()]).double()
     k = 50
     proposals = stage.propose(RetrievalQuery(cases.users[:4], histories, []), k)
     for j, history in enumerate(histories):
-        user = raw[history[-recent:]].mean(0)
+        weights = torch.tensor([recency ** k for k in range(recent - 1, -1, -1)],
+                               dtype=torch.float64)
+        user = (weights[:, None] * raw[history[-recent:]]).sum(0)
         user = user / user.norm()
         scores = (vectors @ user).numpy()
         unseen = np.setdiff1d(np.arange(1, len(vectors)), history)   # id 0 pads, never an item
@@ -100,10 +103,11 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     report = tmp_path / "eval.json"
     assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
                  str(data), "--retrieval", "item-embeddings", "--retrieve-k", str(k),
-                 "--retrieval-history", str(recent), "--heads", "cascade", "--no-progress",
-                 "--json", str(report)]) == 0
+                 "--retrieval-history", str(recent), "--retrieval-recency", str(recency),
+                 "--heads", "cascade", "--no-progress", "--json", str(report)]) == 0
     written = json.loads(report.read_text())["retrieval_stage"]
-    assert (written["name"], written["history"]) == ("item-embeddings", recent)
+    assert (written["name"], written["history"], written["recency"]) == \
+        ("item-embeddings", recent, recency)
     # the eval's stage reads the window asked for: its recall is this stage's over every user
     every = [seqs.sequence(u)[:n] for u, n in zip(cases.users, cases.history_lengths,
                                                   strict=True)]
@@ -117,6 +121,10 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
                  str(data), "--retrieval", "item-embeddings", "--retrieval-history", "0",
                  "--no-progress"]) == 2
     assert "--retrieval-history must be >= 1" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
+                 str(data), "--retrieval", "item-embeddings", "--retrieval-recency", "1.5",
+                 "--no-progress"]) == 2
+    assert "--retrieval-recency in (0, 1]" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m", "--data-dir",
                  str(data), "--retrieval", "item-embeddings", "--fit-stage-weight",

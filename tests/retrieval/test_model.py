@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 import torch
 
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
 from relaygr.retrieval.config import Encoder, Pacing, SCCDRConfig, Similarity
+from relaygr.retrieval.encoders import SAGETower
 from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 from relaygr.retrieval.model import RetrievalModel
 
@@ -47,6 +50,28 @@ def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) ->
         model.user_vector("a", [])
     with pytest.raises(InvalidInputError):
         model.user_vector("b", [0])
+
+
+def test_recency_weighs_each_item_by_its_newest_event() -> None:
+    torch.manual_seed(0)
+    model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, SCCDRConfig(dim=8, num_layers=2))
+    events, r = [2, 0, 1, 0], 0.5          # oldest first; item 0 recurs and is also the newest
+    encoder = cast(SAGETower, model.tower("a").encoder)
+    states = model.encode("a").item_states
+    weights = {0: r ** 0, 1: r ** 1, 2: r ** 3}           # its newest event's weight
+    with torch.no_grad():
+        h = encoder.user_emb.weight[3]
+        for layer, layer_states in enumerate(states):
+            agg = torch.stack([w * layer_states[i].double() for i, w in weights.items()]).sum(0)
+            h = encoder._step(layer, h, (agg / sum(weights.values())).float())
+        want = torch.cat([torch.nn.functional.normalize(h, dim=-1), torch.ones(1)]).numpy()
+    np.testing.assert_allclose(model.user_vector("a", events, user=3, recency=r), want, atol=TOL)
+    # recency 1 is the graph's plain mean, order ignored: the trained vector again
+    np.testing.assert_allclose(model.user_vector("a", events, user=3, recency=1.0),
+                               model.user_vectors("a")[3], atol=TOL)
+    for bad in (0.0, 1.5):
+        with pytest.raises(InvalidInputError, match="recency"):
+            model.user_vector("a", events, user=3, recency=bad)
 
 
 def test_lightgcn_has_no_request_time_user_tower() -> None:
@@ -109,6 +134,8 @@ def test_partner_items_extend_the_user_side_only() -> None:
     assert not np.allclose(alone, users[3], atol=1e-3)
     with pytest.raises(ItemOutOfRangeError):
         model.user_vector("a", [0], partner_item_ids=[3])      # b has items 0..2
+    with pytest.raises(InvalidInputError, match="no place"):   # recency orders item_ids alone
+        model.user_vector("a", [0], partner_item_ids=[1], recency=0.5)
     # user 4 has b items only: they alone give its vector in a's tower
     np.testing.assert_allclose(model.user_vector("a", [], user=4, partner_item_ids=[0]),
                                users[4], atol=TOL)

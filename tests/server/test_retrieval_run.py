@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from relaygr.cascade.config import MEASURED_STAGE_DELAYS
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.cli import serve
 from relaygr.data import load_sequences
@@ -69,7 +69,8 @@ def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path
         body_ = answer.json()
         history = histories[user]
         proposed = stage.propose(history, 64, user)
-        brute_force(retrieval, ranker, history, user, 6).check(proposed, 64)
+        brute_force(retrieval, ranker, history, user, 6,
+                    StagesConfig().retrieval_recency).check(proposed, 64)
         fresh = proposed[~np.isin(proposed, history)][:16]      # pre-processing's filter
         # the ranked proposals, best first, in the API's ids
         assert sorted(body_["candidates"]) == sorted(ranker[fresh - 1].tolist())

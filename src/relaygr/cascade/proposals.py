@@ -8,8 +8,8 @@ Strategies are deterministic (same events, same proposals) and safe to call from
 pool's threads concurrently once built.
 
 - ``EmbeddingRetrieval``: the ranking model's own item embeddings in a FAISS index, the user
-  vector the normalised mean of the embeddings of the user's latest events (a two-tower-style
-  proxy that needs no ranking-model pass). The default.
+  vector the normalised, recency-weighted mean of the embeddings of the user's latest events (a
+  two-tower-style proxy that needs no ranking-model pass). The default.
 - ``TrainedRetrieval`` (``relaygr.cascade.trained_retrieval``): a trained retrieval run's towers.
 - ``HSTURunRetrieval`` (``relaygr.cascade.hstu_retrieval``): another HSTU run's retrieval head.
 """
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from relaygr.cascade.retrieval import Retriever
-from relaygr.errors import EmptyInputError
+from relaygr.errors import ConfigError, EmptyInputError
 from relaygr.model import HSTU
 
 
@@ -46,24 +46,37 @@ class RetrievalStage(Protocol):
 
 
 class EmbeddingRetrieval:
-    """FAISS over the ranking model's item embeddings; user = mean of recent embeddings."""
+    """FAISS over the ranking model's item embeddings; user = recency-weighted mean of its
+    latest events' embeddings."""
 
     name = "item-embeddings"
 
-    def __init__(self, model: HSTU, retriever: Retriever, recent_events: int) -> None:
-        """``recent_events``: how many of the latest events form the user vector."""
+    def __init__(self, model: HSTU, retriever: Retriever, recent_events: int,
+                 recency: float = 1.0) -> None:
+        """``recent_events``: how many of the latest events form the user vector; ``recency``
+        in (0, 1]: the k-th newest of them weighs ``recency ** k`` (1: their plain mean)."""
+        if recent_events < 1 or not 0 < recency <= 1:
+            raise ConfigError(f"EmbeddingRetrieval needs recent_events >= 1 and recency in "
+                              f"(0, 1], got {recent_events} and {recency}")
         self.embeddings = model.item_emb.weight.detach().to("cpu", torch.float32)
         self.retriever = retriever
         self.recent_events = recent_events
+        self.recency = recency
 
     @classmethod
-    def of(cls, model: HSTU, recent_events: int) -> EmbeddingRetrieval:
-        return cls(model, Retriever.from_model(model), recent_events)
+    def of(cls, model: HSTU, recent_events: int, recency: float = 1.0) -> EmbeddingRetrieval:
+        return cls(model, Retriever.from_model(model), recent_events, recency)
 
     def user_vector(self, history: np.ndarray) -> Tensor:
-        """``[1, d]``: normalised mean embedding of the last ``recent_events`` events."""
+        """``[1, d]``: the normalised, recency-weighted mean embedding of the last
+        ``recent_events`` events."""
         recent = torch.from_numpy(np.ascontiguousarray(history[-self.recent_events:]))
-        vec = self.embeddings[recent].mean(0, keepdim=True)
+        if self.recency == 1:
+            vec = self.embeddings[recent].mean(0, keepdim=True)
+        else:
+            newest_first = torch.arange(len(recent) - 1, -1, -1, dtype=torch.float32)
+            weights = self.recency ** newest_first
+            vec = (weights[:, None] * self.embeddings[recent]).sum(0, keepdim=True)
         return vec / vec.norm().clamp_min(1e-12)
 
     def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:

@@ -116,7 +116,8 @@ class EarlierStages:
         with ``retrieval``, default the ranking model's item embeddings (``EmbeddingRetrieval``):
         one construction for every transport (the embedded system, the Ray ingress)."""
         stages = config.stages
-        return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history),
+        return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                                      stages.retrieval_recency),
                    stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
                    stages.preprocess_delay_ms / 1e3, book)
 

@@ -6,14 +6,15 @@ FAISS inner-product index (``Retriever``), so an item the ranker cannot score is
 
 At request time, the user tower: GraphSAGE's user side recomputed from the user's latest
 ``recent_events`` events of items the run knows (``RetrievalModel.user_vector``; events of items
-it does not know are passed over, so a short window still holds ``recent_events`` of them where
-the history has that many): each layer combines the user's own
-state with the mean of its recent items' states of that layer. The user's own layer-0 state is
-its trained ID embedding when the run trained on that user (``dataset_users``: the cascade's user
-ids are the dataset's, as when serving a dataset's users), else zero (an unseen user: the tower's
-cold-start rule). So the vector follows the events the user has now, not those it had at training
-time; with the user's training items it is exactly the trained vector. A user with no event of
-an item the run knows gets ``EmptyInputError``.
+it does not know are passed over, so the window still holds ``recent_events`` of them where the
+history has that many): each layer combines the user's own state with the mean of its recent
+items' states of that layer, the k-th newest weighing ``recency ** k`` (1: the graph's plain
+mean). The user's own layer-0 state is its trained ID embedding when the run trained on that
+user (``dataset_users``: the cascade's user ids are the dataset's, as when serving a dataset's
+users), else zero (an unseen user: the tower's cold-start rule). So the vector follows the events
+the user has now, not those it had at training time; with the user's training items and a plain
+mean it is exactly the trained vector. A user with no event of an item the run knows gets
+``EmptyInputError``.
 
 Ids: the run numbers users and items its own way; ``catalogue.npz`` holds the dataset's id of
 each. The ranker's ids are mapped through the dataset's ids (``RankerCatalogue``). Runs on another
@@ -64,9 +65,12 @@ class TrainedRetrieval:
 
     def __init__(self, model: RetrievalModel, domain: str, run_ids: RunCatalogue,
                  ranker: RankerCatalogue, recent_events: int, name: str = "trained",
-                 index: RetrievalConfig | None = None) -> None:
+                 index: RetrievalConfig | None = None, recency: float = 1.0) -> None:
+        if recent_events < 1 or not 0 < recency <= 1:
+            raise ConfigError(f"TrainedRetrieval needs recent_events >= 1 and recency in "
+                              f"(0, 1], got {recent_events} and {recency}")
         self.model, self.domain, self.name = model, domain, name
-        self.recent_events = recent_events
+        self.recent_events, self.recency = recent_events, recency
         self.dataset_users = ranker.dataset_users
         run_items = run_ids.items[domain]
         ranker_items = np.asarray(ranker.items, dtype=np.int64)
@@ -87,8 +91,8 @@ class TrainedRetrieval:
 
     @classmethod
     def load(cls, run_dir: Path, ranker: RankerCatalogue, recent_events: int,
-             seed: int | None = None, index: RetrievalConfig | None = None
-             ) -> TrainedRetrieval:
+             seed: int | None = None, index: RetrievalConfig | None = None,
+             recency: float = 1.0) -> TrainedRetrieval:
         """Seed ``seed`` (default: the run's first) of the run in ``run_dir``, its target
         domain; ``CatalogueMismatchError`` when its data is not the ranker's."""
         info = read_run_info(run_dir)
@@ -107,17 +111,18 @@ class TrainedRetrieval:
                               "run was evaluated with")
         trained = load_seed(run_dir, info, seed)
         return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
-                   recent_events, f"{Path(run_dir).name} (seed {seed})", index)
+                   recent_events, f"{Path(run_dir).name} (seed {seed})", index, recency)
 
     def user_vector(self, history: np.ndarray, user_id: int | None = None) -> np.ndarray:
         """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events of
-        items the run knows."""
+        items the run knows, the k-th newest weighing ``recency ** k`` in its mean."""
         known = self.to_run[np.asarray(history, dtype=np.int64)]
         recent = known[known >= 0][-self.recent_events:]
         if recent.size == 0:
             raise EmptyInputError(f"none of the user's {len(history)} events is an item of "
                                   f"retrieval run {self.name}")
-        return self.model.user_vector(self.domain, recent.tolist(), self.run_user(user_id))
+        return self.model.user_vector(self.domain, recent.tolist(), self.run_user(user_id),
+                                      recency=self.recency)
 
     def run_user(self, user_id: int | None) -> int | None:
         """The run's id of the cascade's user ``user_id`` (None: not one the run trained on)."""

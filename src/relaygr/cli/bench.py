@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                                                 torch_threads=torch.get_num_threads(),
                                                 build=build_instance)
     parts = SharedParts(model, cost_model,
-                        EmbeddingRetrieval.of(model, system.stages.retrieval_history), processes)
+                        EmbeddingRetrieval.of(model, system.stages.retrieval_history,
+                                              system.stages.retrieval_recency), processes)
     if args.retrieval_run is not None:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
     factories = mode_factories(setup.modes, system, parts)
@@ -299,7 +300,8 @@ def _trained_ml1m(run: Path, system: SystemConfig) -> TrainedRetrieval:
     """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order)."""
     movies = read_movie_ids(ML1MConfig().path)
     return TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
-                                 system.stages.retrieval_history)
+                                 system.stages.retrieval_history,
+                                 recency=system.stages.retrieval_recency)
 
 
 def ml1m_phase(profile: BenchProfile, search: QpsSearchConfig) -> WorkloadPhaseConfig:

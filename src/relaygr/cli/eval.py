@@ -3,7 +3,7 @@
     relaygr eval --checkpoint RUN_DIR --dataset ml-1m --data-dir DIR [--json PATH]
                  [--split test|valid] [--heads retrieval,ranking,cascade]
                  [--retrieval head|item-embeddings|RUN] [--retrieve-k 200]
-                 [--retrieval-history N] [--users N [--seed S]]
+                 [--retrieval-history N] [--retrieval-recency R] [--users N [--seed S]]
                  [--stage-weight W | --fit-stage-weight]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
@@ -31,7 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from relaygr.cli.eval_stages import RECENT_EVENTS, EmbeddingStage, TrainedRunStage
+from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
@@ -80,6 +80,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--retrieval-history", type=int, default=RECENT_EVENTS,
                         help="latest events the user vector of item-embeddings or a retrieval "
                              "run reads (default: serve's, StagesConfig.retrieval_history)")
+    parser.add_argument("--retrieval-recency", type=float, default=RECENCY,
+                        help="in (0, 1]: the k-th newest of those events weighs this ** k in "
+                             "the user's mean (default: serve's, StagesConfig.retrieval_recency; "
+                             "1: the plain mean)")
     parser.add_argument("--stage-weight", type=float, default=0.0,
                         help="the cascade ranks by ranker score + this x the stage's score "
                              "(default 0: the ranker alone)")
@@ -137,14 +141,15 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     run (``TrainedRunStage``)."""
     if args.retrieval in RETRIEVAL_STAGES:
         return retrieval_stage(args.retrieval, ranker.model)
-    if args.retrieval_history < 1:
-        raise ConfigError(f"--retrieval-history must be >= 1, got {args.retrieval_history}")
+    if args.retrieval_history < 1 or not 0 < args.retrieval_recency <= 1:
+        raise ConfigError("--retrieval-history must be >= 1 and --retrieval-recency in (0, 1], "
+                          f"got {args.retrieval_history} and {args.retrieval_recency}")
     if args.retrieval == EmbeddingStage.name:
         if args.fit_stage_weight:
             raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
                               f"({EmbeddingStage.name} scores are inner products on another "
                               "scale)")
-        return EmbeddingStage.of(ranker.model, args.retrieval_history)
+        return EmbeddingStage.of(ranker.model, args.retrieval_history, args.retrieval_recency)
     path = Path(args.retrieval)
     if not path.is_dir():
         names = ", ".join(sorted([*RETRIEVAL_STAGES, EmbeddingStage.name]))
@@ -154,7 +159,8 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
-        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, args.retrieval_history)
+        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, args.retrieval_history,
+                                    args.retrieval_recency)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
     return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
@@ -221,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
     Console().print(_table(results, title))
     if recall:
-        window = f", the latest {args.retrieval_history} events" \
+        window = f", the latest {args.retrieval_history} events, recency " \
+            f"{args.retrieval_recency:g}" \
             if isinstance(stage, EmbeddingStage | TrainedRunStage) else ""
         print(f"retrieval stage ({args.retrieval}{window}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
@@ -238,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                                          "stage_weight": args.stage_weight, **recall, **extra}
             if isinstance(stage, EmbeddingStage | TrainedRunStage):
                 report["retrieval_stage"]["history"] = args.retrieval_history
+                report["retrieval_stage"]["recency"] = args.retrieval_recency
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 

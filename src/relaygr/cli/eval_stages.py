@@ -29,8 +29,10 @@ from relaygr.errors import CatalogueMismatchError
 from relaygr.model import HSTU
 from relaygr.train.stages import Proposals, RetrievalQuery
 
-# The user's window at request time (its latest events), as serving's default reads it.
+# The user's window at request time (its latest events) and their weights, as serving's
+# defaults read them.
 RECENT_EVENTS = StagesConfig.retrieval_history
+RECENCY = StagesConfig.retrieval_recency
 
 
 class TrainedRunStage:
@@ -41,13 +43,14 @@ class TrainedRunStage:
 
     @classmethod
     def load(cls, run_dir: Path, seqs: UserSequences, dataset: str,
-             recent_events: int = RECENT_EVENTS) -> TrainedRunStage:
+             recent_events: int = RECENT_EVENTS, recency: float = RECENCY) -> TrainedRunStage:
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "
                                          "run's catalogue records integer ids")
         ranker = RankerCatalogue(dataset, items, dataset_users=True)
-        return cls(TrainedRetrieval.load(run_dir, ranker, recent_events), seqs.user_ids)
+        return cls(TrainedRetrieval.load(run_dir, ranker, recent_events, recency=recency),
+                   seqs.user_ids)
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         ids = torch.zeros((len(query.histories), k), dtype=torch.long)
@@ -62,7 +65,8 @@ class TrainedRunStage:
 
 class EmbeddingStage:
     """``propose(query, k) -> Proposals`` of serve's default stage, ``EmbeddingRetrieval``
-    (module docstring), by default over the same ``RECENT_EVENTS`` latest events serve reads.
+    (module docstring), by default over the same ``RECENT_EVENTS`` latest events and weights
+    (``RECENCY``) serve reads.
     The index is asked for ``k`` more items than the user has distinct events, so that ``k``
     are left once the history is removed (or the whole unseen catalogue, where it is
     smaller)."""
@@ -73,8 +77,9 @@ class EmbeddingStage:
         self.stage = stage
 
     @classmethod
-    def of(cls, model: HSTU, recent_events: int = RECENT_EVENTS) -> EmbeddingStage:
-        return cls(EmbeddingRetrieval.of(model, recent_events))
+    def of(cls, model: HSTU, recent_events: int = RECENT_EVENTS,
+           recency: float = RECENCY) -> EmbeddingStage:
+        return cls(EmbeddingRetrieval.of(model, recent_events, recency))
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         ids = torch.zeros((len(query.histories), k), dtype=torch.long)

@@ -57,14 +57,18 @@ class SAGETower(nn.Module):
         return TowerOutput(h[:self.num_users], h[self.num_users:], tuple(states))
 
     def user_from_items(self, items: torch.Tensor, item_states: tuple[torch.Tensor, ...],
-                        user: int | None) -> torch.Tensor:
+                        user: int | None, weights: torch.Tensor | None = None) -> torch.Tensor:
         """A user's unit vector from its item ids (``(n,)``, n >= 1) and the item layer states of
-        a full-graph pass; ``user`` None means an unseen user (zero layer-0 embedding)."""
+        a full-graph pass; ``user`` None means an unseen user (zero layer-0 embedding).
+        ``weights`` (``(n,)``, positive): a weighted mean over the items instead of the plain
+        mean the graph's aggregation takes (equal weights give exactly the plain mean)."""
         dim = self.user_emb.embedding_dim
         h = (self.user_emb.weight[user] if user is not None
              else torch.zeros(dim, dtype=self.user_emb.weight.dtype))
+        share = None if weights is None else (weights / weights.sum()).to(h.dtype)[:, None]
         for layer, states in enumerate(item_states):
-            h = self._step(layer, h, states[items].mean(dim=0))
+            agg = states[items].mean(dim=0) if share is None else (share * states[items]).sum(0)
+            h = self._step(layer, h, agg)
         return F.normalize(h, dim=-1) if self.normalize else h
 
 

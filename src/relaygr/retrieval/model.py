@@ -156,17 +156,27 @@ class RetrievalModel(nn.Module):
 
     @torch.no_grad()
     def user_vector(self, domain: str, item_ids: Sequence[int], user: int | None = None,
-                    partner_item_ids: Sequence[int] = ()) -> np.ndarray:
+                    partner_item_ids: Sequence[int] = (), recency: float = 1.0) -> np.ndarray:
         """``(dim,)`` float32 from the user's recent items (module doc). Needs GraphSAGE.
 
         ``partner_item_ids``: the user's items in the partner domain, read when the tower reads
         them: as nodes of their own (``SCCDRConfig.partner_items``) and through their links to
         this domain's items (``SCCDRConfig.bridges``); refused by a tower that reads neither.
-        Either list may be empty, not both (``InvalidInputError``)."""
+        Either list may be empty, not both (``InvalidInputError``).
+
+        ``recency`` in (0, 1]: ``item_ids`` are events in time order, oldest first, and the k-th
+        newest weighs ``recency ** k`` in the tower's mean over the user's items (an item that
+        recurs weighs as its newest event). 1: the plain mean of the graph, order ignored. Below
+        1 the partner's items have no place in that order and are refused."""
         tower = self.tower(domain)
         if not isinstance(tower.encoder, SAGETower):
             raise ConfigError("user_vector needs the GraphSAGE encoder")
         items = self._item_ids(item_ids, tower.graph.num_items, "item_ids")
+        if not 0 < recency <= 1:
+            raise InvalidInputError(f"recency must be in (0, 1], got {recency}")
+        if recency < 1 and len(partner_item_ids):
+            raise InvalidInputError("recency weighs item_ids by their order; partner_item_ids "
+                                    "have no place in it")
         if len(partner_item_ids):
             links = self.links.get(domain)
             if not tower.reads_partner and links is None:
@@ -179,14 +189,21 @@ class RetrievalModel(nn.Module):
                 items = torch.cat([items, bridged[bridged >= 0]])
             if tower.reads_partner:
                 items = torch.cat([items, partner + tower.graph.num_items])
-        items = items.unique()         # the graph counts a (user, item) edge once
+        weights = None
+        if recency < 1 and len(items):
+            newest_first = torch.arange(len(items) - 1, -1, -1, dtype=torch.float64)
+            items, inverse = items.unique(return_inverse=True)
+            weights = torch.zeros(len(items), dtype=torch.float64).scatter_reduce_(
+                0, inverse, recency ** newest_first, reduce="amax")
+        else:
+            items = items.unique()     # the graph counts a (user, item) edge once
         if len(items) == 0:
             raise InvalidInputError("the user has no item this tower reads (item_ids and "
                                     "partner_item_ids are both empty or unlinked)")
         if user is not None and not 0 <= user < tower.graph.num_users:
             raise InvalidInputError(f"user {user} is not in [0, {tower.graph.num_users})")
         out = self.encode(domain)
-        vec = tower.encoder.user_from_items(items, out.item_states, user)
+        vec = tower.encoder.user_from_items(items, out.item_states, user, weights)
         return tower.served_users(vec[None])[0].numpy().astype(np.float32)
 
     def _partner_items(self, domain: str) -> int:

@@ -216,7 +216,8 @@ def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                                      "retrieval run's catalogue records integer ids")
     ranker = RankerCatalogue(read_run_config(source.checkpoint).dataset.name,
                              np.asarray(id_map.items), not source.synthetic_users)
-    stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history)
+    stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history,
+                                  recency=system.stages.retrieval_recency)
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
         f"{id_map.num_items} items indexed; stage weight {system.stages.stage_weight:g}; stage "
         f"delays {system.stages.retrieval_delay_ms:g} + {system.stages.preprocess_delay_ms:g} ms")
