@@ -254,7 +254,8 @@ def test_jsonable() -> None:
 def test_the_book_holds_every_visit_as_the_cascade_will_see_it() -> None:
     num_items = 300
     model = make_model(0, num_items=num_items)
-    parts = SharedParts(model, flops_cost_model(model.cfg), EmbeddingRetrieval.of(model, 8))
+    parts = SharedParts(model, flops_cost_model(model.cfg),
+                        EmbeddingRetrieval.of(model, 8, recency=1.0))
     population = SyntheticConfig(num_users=20, num_items=num_items, num_candidates=16,
                                  prefix_len=FixedLength(40), short_gap_share=1.0,
                                  short_gap_mean_s=0.5)
@@ -288,7 +289,7 @@ def test_the_parts_place_instances_on_a_layout() -> None:
     instances on threads of this process have no layout to choose."""
     model = make_model(0, num_items=50)
     cost_model = flops_cost_model(model.cfg)
-    retrieval = EmbeddingRetrieval.of(model, 8)
+    retrieval = EmbeddingRetrieval.of(model, 8, recency=1.0)
     with pytest.raises(ConfigError):
         SharedParts(model, cost_model, retrieval).processes_on(Layout(1, 2))
     own = InstanceProcesses.for_model(model, cost_model, 2, torch_threads=1,

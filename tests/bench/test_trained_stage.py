@@ -29,10 +29,11 @@ def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path
                             ).build(qps=20.0, num_requests=6)
     movies = read_movie_ids(ratings)
     assert set(movies.tolist()) <= set(MOVIES.tolist())
-    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies), 6)
+    recency = StagesConfig().retrieval_recency          # the system's below
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies), 6, recency=recency)
     model = make_model(0, num_items=workload.num_items, max_seq_len=256)
-    parts = SharedParts(model, flops_cost_model(model.cfg), EmbeddingRetrieval.of(model, 6),
-                        measured={"ml1m": stage})
+    parts = SharedParts(model, flops_cost_model(model.cfg),
+                        EmbeddingRetrieval.of(model, 6, recency=recency), measured={"ml1m": stage})
     base = SystemConfig(num_instances=1,
                         stages=StagesConfig(num_candidates=8, retrieval_k=32,
                                             retrieval_history=6),

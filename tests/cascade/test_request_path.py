@@ -82,7 +82,8 @@ def make_path(fleet: ScriptedFleet, mode: str = "relay") -> RequestPath:
     model = make_model(0, num_items=NUM_ITEMS)
     store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
     cfg = config(mode)
-    stages = EarlierStages(EmbeddingRetrieval.of(model, cfg.stages.retrieval_history),
+    stages = EarlierStages(EmbeddingRetrieval.of(model, cfg.stages.retrieval_history,
+                                                 recency=cfg.stages.retrieval_recency),
                            cfg.stages.retrieval_k, 0.0, 0.0)
     return RequestPath(fleet, cfg, store, HistoryWindow.for_model(model.cfg, cfg), stages)
 

@@ -201,7 +201,7 @@ def test_instance_failing_under_in_flight_requests_still_answers_them() -> None:
 
 def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 64, 0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 16, recency=1.0), 64, 0.0, 0.0)
     history = np.arange(1, 40, dtype=np.int64)
     marker = torch.tensor([7, 8, 9])             # not what retrieval would return
     book = CandidateBook()
@@ -227,7 +227,7 @@ def test_the_candidate_book_replays_exact_histories_and_misses_fall_back_to_live
 
 def test_stage_scores_follow_the_kept_candidates_live_and_replayed() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
-    retrieval = EmbeddingRetrieval.of(model, 16)
+    retrieval = EmbeddingRetrieval.of(model, 16, recency=1.0)
     history = np.arange(1, 40, dtype=np.int64)
     ids, scores = retrieval.scored(history, 64)
     assert np.array_equal(ids, retrieval.propose(history, 64))
@@ -257,7 +257,7 @@ def test_stage_scores_follow_the_kept_candidates_live_and_replayed() -> None:
 
 def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
-    stages = EarlierStages(EmbeddingRetrieval.of(model, 16), 4 * NUM_ITEMS, 0.0, 0.0)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 16, recency=1.0), 4 * NUM_ITEMS, 0.0, 0.0)
     try:
         history = np.arange(1, 40, dtype=np.int64)
         every = stages.candidates(history, NUM_ITEMS)[0]       # all items not in the history
@@ -273,7 +273,7 @@ def test_a_booked_system_ranks_what_a_live_one_ranks() -> None:
     model = make_model(0, num_items=NUM_ITEMS)
     live_stages = config("relay").stages      # the booked candidates come from the same stage
     stages = EarlierStages(EmbeddingRetrieval.of(model, live_stages.retrieval_history,
-                                                 live_stages.retrieval_recency),
+                                                 recency=live_stages.retrieval_recency),
                            live_stages.retrieval_k, 0.0, 0.0)
     book = CandidateBook()
     grown = {u: items for u, (items, _) in histories().items()}

@@ -17,7 +17,7 @@ from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.engine.instance import InstanceConfig
-from relaygr.errors import CatalogueMismatchError, EmptyInputError
+from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
 from tests.cascade.retrieval_runs import (
     MOVIES,
     USERS,
@@ -31,6 +31,7 @@ from tests.model.helpers import make_model
 from tests.virtual_time import run_virtual
 
 RECENT = 6
+RECENCY = 0.7      # below 1: the window's order counts
 # The ranker lacks every 7th movie and knows 20 the run never saw: both sides have items the
 # other cannot name.
 PARTIAL = np.sort(np.concatenate([np.delete(MOVIES, np.s_[::7]),
@@ -54,7 +55,7 @@ def _histories(ranker: np.ndarray, seed: int = 0) -> dict[int, np.ndarray]:
 @pytest.mark.parametrize("ranker", [np.sort(MOVIES), PARTIAL], ids=["same", "partial"])
 def test_proposals_are_the_exact_top_k_of_the_runs_vectors(run: Path, ranker: np.ndarray
                                                            ) -> None:
-    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT, recency=RECENCY)
     known = set(np.flatnonzero(np.isin(ranker, MOVIES)) + 1)
     for user, history in _histories(ranker).items():
         if not np.isin(ranker[history - 1], load_run(run)[3]).any():   # nothing it trained on
@@ -63,21 +64,37 @@ def test_proposals_are_the_exact_top_k_of_the_runs_vectors(run: Path, ranker: np
             continue
         for user_id in (user, None):                 # a user the run trained on, and a new one
             got = stage.propose(history, 40, user_id)
-            brute_force(run, ranker, history, user_id, RECENT).check(got, 40)
+            brute_force(run, ranker, history, user_id, RECENT, RECENCY).check(got, 40)
             assert set(got.tolist()) <= known        # never an item the ranker cannot score
 
 
 def test_the_window_holds_the_latest_events_of_items_the_run_knows(run: Path) -> None:
-    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", PARTIAL), RECENT)
-    run_movies = load_run(run)[3]                              # the movies it trained on
-    known = np.flatnonzero(np.isin(PARTIAL, run_movies)) + 1   # as ranker ids
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", PARTIAL), RECENT,
+                                  recency=RECENCY)
+    run_movies = load_run(run)[3]
+    known = np.flatnonzero(np.isin(PARTIAL, run_movies)) + 1   # ranker ids of its movies
     unknown = np.flatnonzero(~np.isin(PARTIAL, run_movies)) + 1
-    # the latest RECENT events are all unknown to the run: the window reaches past them
-    history = np.concatenate([known[:RECENT + 2], unknown[:RECENT]])
+    # known and unknown events interleaved, the newest unknown: the window holds the latest
+    # RECENT known events, and their ages count known events only (the newest known weighs 1)
+    history = np.stack([known[:RECENT + 2], unknown[:RECENT + 2]], axis=1).reshape(-1)
+    window = known[2:RECENT + 2]
+    run_ids = [int(np.flatnonzero(run_movies == PARTIAL[i - 1])[0]) for i in window.tolist()]
     np.testing.assert_array_equal(stage.user_vector(history),
-                                  stage.user_vector(known[2:RECENT + 2]))
+                                  stage.model.user_vector(stage.domain, run_ids,
+                                                          recency=RECENCY))
+    np.testing.assert_array_equal(stage.user_vector(history), stage.user_vector(window))
     with pytest.raises(EmptyInputError, match=f"none of the user's {RECENT} events"):
         stage.user_vector(unknown[:RECENT])
+
+
+def test_the_served_stages_refuse_a_window_or_recency_out_of_range(run: Path) -> None:
+    model = make_model(0, num_items=20)
+    for recent, recency in ((0, 0.7), (4, 0.0), (4, 1.5)):
+        with pytest.raises(ConfigError, match="recency in"):
+            EmbeddingRetrieval.of(model, recent, recency=recency)
+        with pytest.raises(ConfigError, match="recency in"):
+            TrainedRetrieval.load(run, RankerCatalogue("ml-1m", PARTIAL), recent,
+                                  recency=recency)
 
 
 def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
@@ -94,7 +111,8 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
                             **MEASURED_STAGE_DELAYS),
         instance=InstanceConfig(device_budget_bytes=8 << 20, host_budget_bytes=16 << 20,
                                 page_tokens=16))
-    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT)
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT,
+                                  recency=config.stages.retrieval_recency)
     system = RelaySystem(config, model, store, flops_cost_model(model.cfg), stage)
     users = list(histories)
 
@@ -106,7 +124,8 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
             await system.stop()
 
     for user, rec in zip(users, asyncio.run(main()), strict=True):
-        want = brute_force(run, ranker, histories[user], user, RECENT)
+        want = brute_force(run, ranker, histories[user], user, RECENT,
+                           config.stages.retrieval_recency)
         proposed = stage.propose(histories[user], 40, user)
         want.check(proposed, 40)
         fresh = proposed[~np.isin(proposed, histories[user])][:16]  # pre-processing's filter
@@ -118,10 +137,10 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
 
 def test_runs_of_another_catalogue_are_refused_by_name(run: Path) -> None:
     with pytest.raises(CatalogueMismatchError, match="trained on 'ml-1m', the ranker on 'x'"):
-        TrainedRetrieval.load(run, RankerCatalogue("x", np.sort(MOVIES)), RECENT)
+        TrainedRetrieval.load(run, RankerCatalogue("x", np.sort(MOVIES)), RECENT, recency=1.0)
     elsewhere = np.arange(1, 301, dtype=np.int64)      # same dataset name, other ids
     with pytest.raises(CatalogueMismatchError, match=r"knows \d+ of the ranker's 300 items"):
-        TrainedRetrieval.load(run, RankerCatalogue("ml-1m", elsewhere), RECENT)
+        TrainedRetrieval.load(run, RankerCatalogue("ml-1m", elsewhere), RECENT, recency=1.0)
 
 
 def test_simulated_delays_are_waited_after_the_measured_retrieval_and_reported() -> None:
@@ -130,9 +149,10 @@ def test_simulated_delays_are_waited_after_the_measured_retrieval_and_reported()
 
     async def both() -> tuple[float, float, float, float]:
         loop = asyncio.get_running_loop()
-        simulated = EarlierStages(EmbeddingRetrieval.of(model, 8), 32, 0.030, 0.020,
+        simulated = EarlierStages(EmbeddingRetrieval.of(model, 8, recency=1.0), 32, 0.030, 0.020,
                                   clock=loop.time)
-        measured = EarlierStages(EmbeddingRetrieval.of(model, 8), 32, 0.0, 0.0, clock=loop.time)
+        measured = EarlierStages(EmbeddingRetrieval.of(model, 8, recency=1.0), 32, 0.0, 0.0,
+                                 clock=loop.time)
         try:
             a = (await simulated.run(history, 8)).timing
             b = (await measured.run(history, 8)).timing

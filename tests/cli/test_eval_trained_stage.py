@@ -4,6 +4,7 @@ ranker's own item embeddings (``--retrieval item-embeddings``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cli import eval as eval_cli
 from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
@@ -20,6 +22,30 @@ from relaygr.train.stages import RetrievalQuery
 from tests.cascade.retrieval_runs import BruteForce, brute_force, train_run, write_ratings
 from tests.cli.test_train_eval import TINY_SETTINGS
 from tests.tolerance import reorder_tolerance
+
+
+def _eval_stage(argv: list[str], ranker: Path, data: Path) -> object:
+    """The stage ``relaygr eval`` builds from ``argv`` (its ``--retrieval...`` options)."""
+    parser = argparse.ArgumentParser(prog="relaygr")
+    eval_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m",
+                              "--data-dir", str(data), *argv])
+    trained = load_trained(ranker, "cpu")
+    return eval_cli._stage(args, trained, load_sequences("ml-1m", data, None, trained.id_map))
+
+
+def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_ratings(data)
+    retrieval = train_run(data, tmp_path / "sage")
+    ranker = _train_ranker(data, tmp_path / "hstu")
+    for name in ("item-embeddings", str(retrieval)):
+        for argv, want in (([], (RECENT_EVENTS, RECENCY)),
+                           (["--retrieval-history", "8", "--retrieval-recency", "0.6"], (8, 0.6))):
+            stage = _eval_stage(["--retrieval", name, *argv], ranker, data)
+            assert isinstance(stage, EmbeddingStage | TrainedRunStage)
+            assert (stage.stage.recent_events, stage.stage.recency) == want
 
 
 def _train_ranker(data: Path, out: Path) -> Path:
@@ -73,7 +99,7 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     seqs = load_sequences("ml-1m", data)
     recent, recency = 8, 0.6        # a window shorter than the histories, so it matters
     model = load_trained(ranker, "cpu").model
-    stage = EmbeddingStage(EmbeddingRetrieval.of(model, recent, recency))
+    stage = EmbeddingStage(EmbeddingRetrieval.of(model, recent, recency=recency))
     cases = leave_one_out(seqs).test
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[:4], cases.history_lengths[:4],
                                                       strict=True)]
@@ -86,7 +112,7 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     k = 50
     proposals = stage.propose(RetrievalQuery(cases.users[:4], histories, []), k)
     for j, history in enumerate(histories):
-        weights = torch.tensor([recency ** k for k in range(recent - 1, -1, -1)],
+        weights = torch.tensor([recency ** age for age in range(recent - 1, -1, -1)],
                                dtype=torch.float64)
         user = (weights[:, None] * raw[history[-recent:]]).sum(0)
         user = user / user.norm()
@@ -94,7 +120,10 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
         unseen = np.setdiff1d(np.arange(1, len(vectors)), history)   # id 0 pads, never an item
         order = unseen[np.argsort(-scores[unseen], kind="stable")]
         terms = float((vectors.abs() @ user.abs()).max())
-        exact = BruteForce(order, scores[order], reorder_tolerance(vectors.shape[1], terms))
+        # the user vector's own float32 sums (the window's, its norm) and the scores' dot
+        # products: two chained reductions
+        exact = BruteForce(order, scores[order],
+                           reorder_tolerance(vectors.shape[1], terms, chained=2))
         ids, _ = proposals.row(j)
         exact.check(ids.numpy(), k)
     # a catalogue too small for k unseen items is proposed whole, padded past its end
@@ -108,7 +137,7 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
     written = json.loads(report.read_text())["retrieval_stage"]
     assert (written["name"], written["history"], written["recency"]) == \
         ("item-embeddings", recent, recency)
-    # the eval's stage reads the window asked for: its recall is this stage's over every user
+    # the eval's recall is this stage's over every user
     every = [seqs.sequence(u)[:n] for u, n in zip(cases.users, cases.history_lengths,
                                                   strict=True)]
     found = stage.propose(RetrievalQuery(cases.users, every, []), k)

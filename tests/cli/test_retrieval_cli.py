@@ -90,4 +90,4 @@ def test_reserved_baseline_names_and_partner_reading_runs_behind_a_ranker_are_re
     assert "the report's own rows" in capsys.readouterr().err
     # served, the tower would read one domain's events only: not the vectors it was evaluated with
     with pytest.raises(ConfigError, match="partner-domain items"):
-        TrainedRetrieval.load(run, RankerCatalogue("aa_bb", np.arange(1, 151)), 8)
+        TrainedRetrieval.load(run, RankerCatalogue("aa_bb", np.arange(1, 151)), 8, recency=1.0)

@@ -37,9 +37,11 @@ class StagesConfig:
     # Items retrieved before pre-processing filters the history out and keeps num_candidates.
     retrieval_k: int = 1024
     num_candidates: int = 256
-    # Retrieval's user vector (either strategy's): a mean over the user's latest
-    # retrieval_history events in which the k-th newest weighs retrieval_recency ** k (1: the
-    # plain mean of the window). ML-1M's next item follows the latest few events: chosen on its
+    # Retrieval's user vector, of the default stage (the ranker's item embeddings) and of a
+    # trained run's tower (an HSTU run as the stage reads the whole history): a mean over the
+    # user's latest retrieval_history events in which the k-th newest weighs
+    # retrieval_recency ** k (1: the plain mean of the window; the tower counts a recurring item
+    # once, at its newest weight). ML-1M's next item follows the latest few events: chosen on its
     # validation users, the item-embeddings stage's recall@200 is 0.615 at 0.7 (the window
     # long enough not to matter: 0.7 ** 64 ~ 1e-10), 0.595 for the plain mean of the latest 4
     # and 0.391 of the latest 64 (docs/retrieval.md, "MovieLens-1M")

@@ -51,8 +51,8 @@ class EmbeddingRetrieval:
 
     name = "item-embeddings"
 
-    def __init__(self, model: HSTU, retriever: Retriever, recent_events: int,
-                 recency: float = 1.0) -> None:
+    def __init__(self, model: HSTU, retriever: Retriever, recent_events: int, *,
+                 recency: float) -> None:
         """``recent_events``: how many of the latest events form the user vector; ``recency``
         in (0, 1]: the k-th newest of them weighs ``recency ** k`` (1: their plain mean)."""
         if recent_events < 1 or not 0 < recency <= 1:
@@ -64,8 +64,10 @@ class EmbeddingRetrieval:
         self.recency = recency
 
     @classmethod
-    def of(cls, model: HSTU, recent_events: int, recency: float = 1.0) -> EmbeddingRetrieval:
-        return cls(model, Retriever.from_model(model), recent_events, recency)
+    def of(cls, model: HSTU, recent_events: int, *, recency: float) -> EmbeddingRetrieval:
+        """``recent_events`` and ``recency`` as ``StagesConfig.retrieval_history`` and
+        ``retrieval_recency`` (no defaults here: the config holds them)."""
+        return cls(model, Retriever.from_model(model), recent_events, recency=recency)
 
     def user_vector(self, history: np.ndarray) -> Tensor:
         """``[1, d]``: the normalised, recency-weighted mean embedding of the last

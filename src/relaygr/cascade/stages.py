@@ -117,7 +117,7 @@ class EarlierStages:
         one construction for every transport (the embedded system, the Ray ingress)."""
         stages = config.stages
         return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history,
-                                                      stages.retrieval_recency),
+                                                      recency=stages.retrieval_recency),
                    stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
                    stages.preprocess_delay_ms / 1e3, book)
 

@@ -65,7 +65,7 @@ class TrainedRetrieval:
 
     def __init__(self, model: RetrievalModel, domain: str, run_ids: RunCatalogue,
                  ranker: RankerCatalogue, recent_events: int, name: str = "trained",
-                 index: RetrievalConfig | None = None, recency: float = 1.0) -> None:
+                 index: RetrievalConfig | None = None, *, recency: float) -> None:
         if recent_events < 1 or not 0 < recency <= 1:
             raise ConfigError(f"TrainedRetrieval needs recent_events >= 1 and recency in "
                               f"(0, 1], got {recent_events} and {recency}")
@@ -91,8 +91,8 @@ class TrainedRetrieval:
 
     @classmethod
     def load(cls, run_dir: Path, ranker: RankerCatalogue, recent_events: int,
-             seed: int | None = None, index: RetrievalConfig | None = None,
-             recency: float = 1.0) -> TrainedRetrieval:
+             seed: int | None = None, index: RetrievalConfig | None = None, *,
+             recency: float) -> TrainedRetrieval:
         """Seed ``seed`` (default: the run's first) of the run in ``run_dir``, its target
         domain; ``CatalogueMismatchError`` when its data is not the ranker's."""
         info = read_run_info(run_dir)
@@ -111,7 +111,8 @@ class TrainedRetrieval:
                               "run was evaluated with")
         trained = load_seed(run_dir, info, seed)
         return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
-                   recent_events, f"{Path(run_dir).name} (seed {seed})", index, recency)
+                   recent_events, f"{Path(run_dir).name} (seed {seed})", index,
+                   recency=recency)
 
     def user_vector(self, history: np.ndarray, user_id: int | None = None) -> np.ndarray:
         """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events of

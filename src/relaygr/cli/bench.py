@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                                                 build=build_instance)
     parts = SharedParts(model, cost_model,
                         EmbeddingRetrieval.of(model, system.stages.retrieval_history,
-                                              system.stages.retrieval_recency), processes)
+                                              recency=system.stages.retrieval_recency), processes)
     if args.retrieval_run is not None:
         parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
     factories = mode_factories(setup.modes, system, parts)

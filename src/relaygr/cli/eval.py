@@ -71,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--retrieval", default="head",
                         help="the cascade's retrieval stage: head (the model's own retrieval "
                              "head), item-embeddings (relaygr serve's default stage: the model's "
-                             "item embeddings, the user the mean of its latest events'), an HSTU "
+                             "item embeddings, the user the recency-weighted mean of its latest "
+                             "events'), an HSTU "
                              "run directory whose retrieval head proposes (a separate model over "
                              "the same item ids), or a retrieval run (relaygr train-retrieval) "
                              "on the same dataset")

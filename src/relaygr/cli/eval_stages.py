@@ -5,8 +5,11 @@
   serve --retrieval-run`` serves (``TrainedRetrieval``: the user tower on the latest events, FAISS
   over the item tower).
 - ``EmbeddingStage``: serve's default without a run (``EmbeddingRetrieval``: FAISS over the
-  ranker's own item embeddings, the user the normalised mean of its latest events' embeddings),
-  ``--retrieval item-embeddings``.
+  ranker's own item embeddings, the user the normalised, recency-weighted mean of its latest
+  events' embeddings), ``--retrieval item-embeddings``.
+
+Both read the user's latest ``StagesConfig.retrieval_history`` events, the k-th newest weighing
+``retrieval_recency ** k``, as serve does (``--retrieval-history``, ``--retrieval-recency``).
 
 The offline cascade removes the user's whole history from the proposals (as the model's own
 retrieval head does there), and hands the stage the dataset's user id (``UserSequences.user_ids``)
@@ -79,7 +82,7 @@ class EmbeddingStage:
     @classmethod
     def of(cls, model: HSTU, recent_events: int = RECENT_EVENTS,
            recency: float = RECENCY) -> EmbeddingStage:
-        return cls(EmbeddingRetrieval.of(model, recent_events, recency))
+        return cls(EmbeddingRetrieval.of(model, recent_events, recency=recency))
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         ids = torch.zeros((len(query.histories), k), dtype=torch.long)

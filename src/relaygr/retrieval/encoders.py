@@ -61,7 +61,7 @@ class SAGETower(nn.Module):
         """A user's unit vector from its item ids (``(n,)``, n >= 1) and the item layer states of
         a full-graph pass; ``user`` None means an unseen user (zero layer-0 embedding).
         ``weights`` (``(n,)``, positive): a weighted mean over the items instead of the plain
-        mean the graph's aggregation takes (equal weights give exactly the plain mean)."""
+        mean the graph's aggregation takes (equal weights give the plain mean up to rounding)."""
         dim = self.user_emb.embedding_dim
         h = (self.user_emb.weight[user] if user is not None
              else torch.zeros(dim, dtype=self.user_emb.weight.dtype))

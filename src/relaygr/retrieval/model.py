@@ -4,11 +4,12 @@
 
 - ``item_vectors(domain)``: every item's vector of the domain, ``(num_items, vector_dim)``
   float32 (the FAISS index's rows; ``vector_dim`` is ``dim + 1`` with the popularity prior);
-- ``user_vector(domain, item_ids, user=None, partner_item_ids=())``: a user's vector from its
-  recent items in the domain, and in the partner domain where the tower reads them
-  (``SCCDRConfig.partner_items``, ``SCCDRConfig.bridges``) (GraphSAGE over the user's own
-  neighbourhood; equal to the full-graph vector when the items are the user's training items
-  and ``user`` its id; a repeated item counts once, as in the graph);
+- ``user_vector(domain, item_ids, user=None, partner_item_ids=(), recency=1.0)``: a user's
+  vector from its recent items in the domain, and in the partner domain where the tower reads
+  them (``SCCDRConfig.partner_items``, ``SCCDRConfig.bridges``) (GraphSAGE over the user's own
+  neighbourhood; equal to the full-graph vector when the items are the user's training items,
+  ``user`` its id and ``recency`` 1; a repeated item counts once, as in the graph; below 1 the
+  newer items weigh more in the mean);
 - ``user_vectors(domain)``: every known user's vector (evaluation).
 
 Scores are inner products (of unit vectors under cosine similarity). The full-graph pass is
