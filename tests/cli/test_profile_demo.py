@@ -55,6 +55,24 @@ def test_profile_with_timestamps_and_the_fused_kernel_names_what_ran(tmp_path: P
     assert "with timestamps" in capsys.readouterr().out
 
 
+def test_profile_times_the_time_bias_in_alternation_and_reports_the_rounds_ratios(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--size", "tiny", "--lengths", "24", "--candidates", "3",
+                 "--suffix", "2", "--repeats", "1", "--time-bias-rounds", "3",
+                 "--json", str(out)]) == 0
+    costs = json.loads(out.read_text())["time_bias"]
+    assert [(c["prefix_tokens"], c["candidates"], c["path"]) for c in costs] == [
+        (24, 3, "prefill"), (24, 3, "full"), (24, 3, "cached")]
+    for c in costs:
+        assert c["rounds"] == 3 and c["plain_ms"] > 0 and c["timed_ms"] > 0
+        # the median of three per-round ratios lies within their range
+        assert 0 < c["ratio_min"] <= c["ratio"] <= c["ratio_max"]
+    assert "the time bias's cost" in capsys.readouterr().out
+    assert main(["profile", "--size", "tiny", "--lengths", "24", "--candidates", "3",
+                 "--time-bias-rounds", "-1", "--json", str(out)]) == 2
+
+
 def test_profile_takes_model_overrides_and_refuses_unknown_ones(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     assert main(["profile", "--size", "tiny", "--lengths", "64", "--candidates", "4",

@@ -10,12 +10,19 @@ the time its FLOPs take at the peak plus its scores at the element-wise rate. Th
 up first (``HSTU.warm_up``: the fused attention kernel compiles there), and the result names the
 attention kernel that ran. The JSON it writes is what the trigger's latency cost model is fitted
 on.
+
+What the time bias costs is a ratio, and two runs on a shared machine can differ by more than it
+(one speed drifted by half within an hour on the project's VM): ``time_bias_rounds`` times every
+pass with and without timestamps in alternation, in this one process, and reports the median of
+the rounds' ratios with their range (``TimeBiasCost``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,7 +38,7 @@ from relaygr.model.flops import (
     rank_flops,
     rank_score_elements,
 )
-from relaygr.timing import time_call
+from relaygr.timing import synchronize, time_call
 
 # The catalogue size does not change latency (one embedding row per token); this is large enough
 # that id validation and lookups behave as in production.
@@ -54,6 +61,25 @@ class ProfileConfig:
     # HSTUConfig fields changed from the size's (e.g. the pass's block sizes, query_block and
     # score_block_elems, which are tuned for a CPU cache: a GPU may want them larger).
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
+    # Rounds of the time bias's cost (TimeBiasCost): each round times every pass of every point
+    # once without and once with timestamps, in alternating order. 0: not measured.
+    time_bias_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class TimeBiasCost:
+    """One pass at one point, with timestamps against without, timed in alternation: medians of
+    each and the median of the rounds' ratios (timed / plain) with their range."""
+
+    prefix_tokens: int
+    candidates: int
+    path: str                     # prefill, full or cached
+    plain_ms: float
+    timed_ms: float
+    ratio: float
+    ratio_min: float
+    ratio_max: float
+    rounds: int
 
 
 @dataclass(frozen=True)
@@ -95,13 +121,15 @@ class ProfileResult:
     points: list[ProfilePoint] = field(default_factory=list)
     elementwise_gelems: float = 0.0   # score elements per second (bias + SiLU), billions
     attention: str = ""               # the attention kernel that ran (HSTU.describe_attention)
+    time_bias: list[TimeBiasCost] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {"device": self.device, "dtype": self.dtype, "threads": self.threads,
                 "host": self.host, "model": self.model, "attention": self.attention,
                 "matmul_peak_gflops": self.matmul_peak_gflops,
                 "elementwise_gelems": self.elementwise_gelems,
-                "config": asdict(self.config), "points": [asdict(p) for p in self.points]}
+                "config": asdict(self.config), "points": [asdict(p) for p in self.points],
+                "time_bias": [asdict(c) for c in self.time_bias]}
 
     def write_json(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,4 +210,66 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
                 full_rank_scores=work["full"][1], cached_rank_scores=work["cached"][1]))
             if progress is not None:
                 progress.advance(task)  # type: ignore[attr-defined]
+    if cfg.time_bias_rounds > 0:
+        result.time_bias = time_bias_cost(model, cfg, device, gen)
     return result
+
+
+def time_bias_cost(model: HSTU, cfg: ProfileConfig, device: torch.device,
+                   gen: torch.Generator) -> list[TimeBiasCost]:
+    """Every pass of every point of ``cfg`` with and without timestamps, ``time_bias_rounds``
+    rounds in alternating order (module docstring)."""
+    s = cfg.suffix_tokens
+    costs = []
+    for n in cfg.prefix_lengths:
+        items = torch.randint(1, PROFILE_NUM_ITEMS + 1, (n + s,), generator=gen)
+        ts = _timestamps(gen, n + s)
+        for c in cfg.candidate_counts:
+            cands = torch.randint(1, PROFILE_NUM_ITEMS + 1, (c,), generator=gen)
+            calls = {timed: _passes(model, items, ts if timed else None, n, cands)
+                     for timed in (False, True)}
+            samples = _alternate(calls, cfg.time_bias_rounds, device)
+            for path in calls[False]:
+                plain, timed_ms = samples[(path, False)], samples[(path, True)]
+                ratios = [t / p for t, p in zip(timed_ms, plain, strict=True)]
+                costs.append(TimeBiasCost(n, c, path, statistics.median(plain),
+                                          statistics.median(timed_ms),
+                                          statistics.median(ratios), min(ratios), max(ratios),
+                                          cfg.time_bias_rounds))
+    return costs
+
+
+def _passes(model: HSTU, items: torch.Tensor, ts: torch.Tensor | None, n: int,
+            cands: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The three passes over ``items`` (its first ``n`` the prefix, the rest the suffix), with
+    the timestamps ``ts`` or none."""
+    prefix, suffix = items[:n], (items[n:] if len(items) > n else None)
+    prefix_ts = None if ts is None else ts[:n]
+    suffix_ts = None if ts is None or suffix is None else ts[n:]
+    query_ts = None if ts is None else int(ts[-1]) + 1
+    kv = model.prefill(prefix, prefix_ts)
+    return {"prefill": partial(model.prefill, prefix, prefix_ts),
+            "full": partial(model.rank, cands, prefix_items=prefix, prefix_timestamps=prefix_ts,
+                            suffix_items=suffix, suffix_timestamps=suffix_ts,
+                            query_timestamp=query_ts),
+            "cached": partial(model.rank, cands, prefix=kv, suffix_items=suffix,
+                              suffix_timestamps=suffix_ts, query_timestamp=query_ts)}
+
+
+def _alternate(calls: dict[bool, dict[str, Callable[[], object]]], rounds: int,
+               device: torch.device) -> dict[tuple[str, bool], list[float]]:
+    """Milliseconds of each call, ``rounds`` times, without and with timestamps in turn (which
+    goes first alternates by round), after one warm-up call of each."""
+    for fns in calls.values():
+        for fn in fns.values():
+            fn()
+    samples: dict[tuple[str, bool], list[float]] = {}
+    for r in range(rounds):
+        for path in calls[False]:
+            for timed in ((False, True) if r % 2 == 0 else (True, False)):
+                synchronize(device)
+                start = time.perf_counter()
+                calls[timed][path]()
+                synchronize(device)
+                samples.setdefault((path, timed), []).append((time.perf_counter() - start) * 1e3)
+    return samples

@@ -13,6 +13,7 @@ from rich.table import Table
 from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
 from relaygr.cli.train import parse_overrides
 from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.errors import ConfigError
 from relaygr.model import MODEL_SIZES
 
 
@@ -37,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--suffix", type=int, default=0, help="suffix tokens per ranking request")
     p.add_argument("--timestamps", action="store_true",
                    help="give histories and queries timestamps (every pass adds the time bias)")
+    p.add_argument("--time-bias-rounds", type=int, default=0, metavar="N",
+                   help="also time every pass with and without timestamps in alternation, N "
+                        "rounds, and report what the time bias costs as their ratio (0: not)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
@@ -96,20 +100,39 @@ def render_limits(result: ProfileResult) -> Table:
     return table
 
 
+def render_time_bias(result: ProfileResult) -> Table:
+    """What the time bias costs each pass: with timestamps over without, timed in alternation."""
+    rounds = result.time_bias[0].rounds
+    table = Table(title=("the time bias's cost: each pass with timestamps against without, timed "
+                         f"in alternation in this process ({rounds} rounds): medians, and the "
+                         "median ratio with its range over the rounds"))
+    for name in ("prefix", "cands", "pass", "plain ms", "timestamps ms", "ratio", "range"):
+        table.add_column(name, justify="right")
+    for c in result.time_bias:
+        table.add_row(str(c.prefix_tokens), str(c.candidates), c.path, f"{c.plain_ms:.1f}",
+                      f"{c.timed_ms:.1f}", f"{c.ratio:.2f}x",
+                      f"[{c.ratio_min:.2f}, {c.ratio_max:.2f}]")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.time_bias_rounds < 0:
+        raise ConfigError(f"--time-bias-rounds must be >= 0, got {args.time_bias_rounds}")
     tune_host_allocator()  # the table must match what a serving process sees
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = ProfileConfig(size=args.size, prefix_lengths=args.lengths,
                         candidate_counts=args.candidates, suffix_tokens=args.suffix,
                         device=args.device, dtype=args.dtype, repeats=args.repeats,
-                        timestamps=args.timestamps,
+                        timestamps=args.timestamps, time_bias_rounds=args.time_bias_rounds,
                         model_overrides=parse_overrides(args.overrides))
     console = Console(width=max(Console().width, 150))
     with Progress(console=console, transient=True) as progress:
         result = run_profile(cfg, progress)
     console.print(render(result))
     console.print(render_limits(result))
+    if result.time_bias:
+        console.print(render_time_bias(result))
     result.write_json(args.json)
     console.print(f"wrote {args.json}")
     return 0

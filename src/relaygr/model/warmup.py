@@ -51,7 +51,8 @@ def warm_up(model: WarmUpModel) -> None:
         count = min(cfg.candidate_block, cfg.num_items)
         candidates = torch.randint(1, cfg.num_items + 1, (count,), generator=gen)
         # one history of several query blocks; one shorter than a tile (whole-segment tiles)
-        for length in (min(cfg.max_seq_len - 1, 2 * cfg.query_block + 17), 40):
+        for length in (min(cfg.max_seq_len - 1, 2 * cfg.query_block + 17),
+                       min(cfg.max_seq_len - 1, 40)):
             items = torch.randint(1, cfg.num_items + 1, (length,), generator=gen)
             for timed in (False, True):
                 ts = _START_TS + torch.arange(length) * _GAP_S if timed else None
