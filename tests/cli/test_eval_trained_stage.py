@@ -17,6 +17,7 @@ from relaygr.cli import eval as eval_cli
 from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
+from relaygr.errors import ConfigError
 from relaygr.train import load_trained
 from relaygr.train.stages import RetrievalQuery
 from tests.cascade.retrieval_runs import BruteForce, brute_force, train_run, write_ratings
@@ -46,6 +47,10 @@ def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
             stage = _eval_stage(["--retrieval", name, *argv], ranker, data)
             assert isinstance(stage, EmbeddingStage | TrainedRunStage)
             assert (stage.stage.recent_events, stage.stage.recency) == want
+    # an HSTU head reads the whole history: a window asked of it is refused, not ignored
+    for head in ("head", str(ranker)):
+        with pytest.raises(ConfigError, match="an HSTU head reads the whole history"):
+            _eval_stage(["--retrieval", head, "--retrieval-recency", "0.5"], ranker, data)
 
 
 def _train_ranker(data: Path, out: Path) -> Path:

@@ -78,10 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "on the same dataset")
     parser.add_argument("--retrieve-k", type=int, default=DEFAULT_RETRIEVE_K,
                         help="items the retrieval stage proposes to the ranker")
-    parser.add_argument("--retrieval-history", type=int, default=RECENT_EVENTS,
+    parser.add_argument("--retrieval-history", type=int, default=None,
                         help="latest events the user vector of item-embeddings or a retrieval "
                              "run reads (default: serve's, StagesConfig.retrieval_history)")
-    parser.add_argument("--retrieval-recency", type=float, default=RECENCY,
+    parser.add_argument("--retrieval-recency", type=float, default=None,
                         help="in (0, 1]: the k-th newest of those events weighs this ** k in "
                              "the user's mean (default: serve's, StagesConfig.retrieval_recency; "
                              "1: the plain mean)")
@@ -140,17 +140,26 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     """``--retrieval``: a registered stage name, serve's default stage (``EmbeddingStage``), or a
     run directory: an HSTU run's retrieval head (``CheckpointRetrieval``) or a trained retrieval
     run (``TrainedRunStage``)."""
+    window = args.retrieval_history is not None or args.retrieval_recency is not None
+    history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
+    recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
+    head = args.retrieval in RETRIEVAL_STAGES or (
+        Path(args.retrieval).is_dir() and stage_run_kind(Path(args.retrieval)) is StageRunKind.HSTU)
+    if window and head:
+        raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
+                          f"{EmbeddingStage.name} and of a retrieval run; an HSTU head reads the "
+                          "whole history")
     if args.retrieval in RETRIEVAL_STAGES:
         return retrieval_stage(args.retrieval, ranker.model)
-    if args.retrieval_history < 1 or not 0 < args.retrieval_recency <= 1:
+    if history < 1 or not 0 < recency <= 1:
         raise ConfigError("--retrieval-history must be >= 1 and --retrieval-recency in (0, 1], "
-                          f"got {args.retrieval_history} and {args.retrieval_recency}")
+                          f"got {history} and {recency}")
     if args.retrieval == EmbeddingStage.name:
         if args.fit_stage_weight:
             raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
                               f"({EmbeddingStage.name} scores are inner products on another "
                               "scale)")
-        return EmbeddingStage.of(ranker.model, args.retrieval_history, args.retrieval_recency)
+        return EmbeddingStage.of(ranker.model, history, recency)
     path = Path(args.retrieval)
     if not path.is_dir():
         names = ", ".join(sorted([*RETRIEVAL_STAGES, EmbeddingStage.name]))
@@ -160,8 +169,7 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
-        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, args.retrieval_history,
-                                    args.retrieval_recency)
+        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, history, recency)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
     return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
@@ -228,9 +236,9 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
     Console().print(_table(results, title))
     if recall:
-        window = f", the latest {args.retrieval_history} events, recency " \
-            f"{args.retrieval_recency:g}" \
-            if isinstance(stage, EmbeddingStage | TrainedRunStage) else ""
+        window = (f", the latest {stage.stage.recent_events} events, recency "
+                  f"{stage.stage.recency:g}"
+                  if isinstance(stage, EmbeddingStage | TrainedRunStage) else "")
         print(f"retrieval stage ({args.retrieval}{window}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
     if "cascade_minus_stage" in extra:
@@ -245,8 +253,8 @@ def run(args: argparse.Namespace) -> int:
             report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k,
                                          "stage_weight": args.stage_weight, **recall, **extra}
             if isinstance(stage, EmbeddingStage | TrainedRunStage):
-                report["retrieval_stage"]["history"] = args.retrieval_history
-                report["retrieval_stage"]["recency"] = args.retrieval_recency
+                report["retrieval_stage"]["history"] = stage.stage.recent_events
+                report["retrieval_stage"]["recency"] = stage.stage.recency
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
