@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from relaygr.bench.hardware import describe_device, elementwise_rate_gelems, matmul_peak_gflops
-from relaygr.model import HSTU, config_for_size
+from relaygr.model import HSTU, PrefixKV, config_for_size
 from relaygr.model.flops import (
     prefill_flops,
     prefill_score_elements,
@@ -174,22 +174,15 @@ def run_profile(cfg: ProfileConfig, progress: object | None = None) -> ProfileRe
     for n in cfg.prefix_lengths:
         items = torch.randint(1, PROFILE_NUM_ITEMS + 1, (n + s,), generator=gen)
         ts = _timestamps(gen, n + s) if cfg.timestamps else None
-        query_ts = None if ts is None else int(ts[-1]) + 1
-        prefix, suffix = items[:n], (items[n:] if s else None)
-        prefix_ts = None if ts is None else ts[:n]
-        suffix_ts = None if ts is None or not s else ts[n:]
+        prefix, prefix_ts = items[:n], (None if ts is None else ts[:n])
         prefill = time_call(partial(model.prefill, prefix, prefix_ts), device, cfg.repeats)
         kv = model.prefill(prefix, prefix_ts)
         work = {"prefill": (prefill_flops(model_cfg, n), prefill_score_elements(model_cfg, n))}
         for c in cfg.candidate_counts:
             cands = torch.randint(1, PROFILE_NUM_ITEMS + 1, (c,), generator=gen)
-            full = time_call(partial(model.rank, cands, prefix_items=prefix,
-                                     prefix_timestamps=prefix_ts, suffix_items=suffix,
-                                     suffix_timestamps=suffix_ts, query_timestamp=query_ts),
-                             device, cfg.repeats)
-            cached = time_call(partial(model.rank, cands, prefix=kv, suffix_items=suffix,
-                                       suffix_timestamps=suffix_ts, query_timestamp=query_ts),
-                               device, cfg.repeats)
+            calls = _passes(model, items, ts, n, cands, kv)
+            full = time_call(calls["full"], device, cfg.repeats)
+            cached = time_call(calls["cached"], device, cfg.repeats)
             work["full"] = (rank_flops(model_cfg, c, n, s, cached=False),
                             rank_score_elements(model_cfg, c, n, s, cached=False))
             work["cached"] = (rank_flops(model_cfg, c, n, s, cached=True),
@@ -240,14 +233,14 @@ def time_bias_cost(model: HSTU, cfg: ProfileConfig, device: torch.device,
 
 
 def _passes(model: HSTU, items: torch.Tensor, ts: torch.Tensor | None, n: int,
-            cands: torch.Tensor) -> dict[str, Callable[[], object]]:
+            cands: torch.Tensor, kv: PrefixKV | None = None) -> dict[str, Callable[[], object]]:
     """The three passes over ``items`` (its first ``n`` the prefix, the rest the suffix), with
-    the timestamps ``ts`` or none."""
+    the timestamps ``ts`` or none; ``kv``: the prefix's prefill, where the caller has it."""
     prefix, suffix = items[:n], (items[n:] if len(items) > n else None)
     prefix_ts = None if ts is None else ts[:n]
     suffix_ts = None if ts is None or suffix is None else ts[n:]
     query_ts = None if ts is None else int(ts[-1]) + 1
-    kv = model.prefill(prefix, prefix_ts)
+    kv = model.prefill(prefix, prefix_ts) if kv is None else kv
     return {"prefill": partial(model.prefill, prefix, prefix_ts),
             "full": partial(model.rank, cands, prefix_items=prefix, prefix_timestamps=prefix_ts,
                             suffix_items=suffix, suffix_timestamps=suffix_ts,

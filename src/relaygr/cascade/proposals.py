@@ -73,23 +73,22 @@ class EmbeddingRetrieval:
         """``[1, d]``: the normalised, recency-weighted mean embedding of the last
         ``recent_events`` events."""
         recent = torch.from_numpy(np.ascontiguousarray(history[-self.recent_events:]))
-        if self.recency == 1:
-            vec = self.embeddings[recent].mean(0, keepdim=True)
-        else:
-            newest_first = torch.arange(len(recent) - 1, -1, -1, dtype=torch.float32)
-            weights = self.recency ** newest_first
-            vec = (weights[:, None] * self.embeddings[recent]).sum(0, keepdim=True)
+        newest_first = torch.arange(len(recent) - 1, -1, -1, dtype=torch.float32)
+        vec = ((self.recency ** newest_first) @ self.embeddings[recent])[None]
         return vec / vec.norm().clamp_min(1e-12)
 
     def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:
         return self.scored(history, k, user_id)[0]
 
-    def scored(self, history: np.ndarray, k: int, user_id: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """The index's top ``k`` with their inner products with the user vector."""
+    def scored(self, history: np.ndarray, k: int, user_id: int | None = None,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The index's top ``k`` with their inner products with the user vector, none of the ids
+        in ``exclude`` (e.g. the whole history, as an offline cascade removes it) among them."""
         if history.size == 0:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
+        skip = None if exclude is None or not len(exclude) else [np.unique(exclude)]
         # up to k: a catalogue smaller than k is retrieved whole
-        found = self.retriever.search(self.user_vector(history), min(k, self.retriever.num_items))
+        most = self.retriever.num_items - (0 if skip is None else len(skip[0]))
+        found = self.retriever.search(self.user_vector(history), min(k, most), skip)
         valid = found.valid[0]
         return found.item_ids[0][valid], found.scores[0][valid]

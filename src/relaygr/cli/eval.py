@@ -140,16 +140,10 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     """``--retrieval``: a registered stage name, serve's default stage (``EmbeddingStage``), or a
     run directory: an HSTU run's retrieval head (``CheckpointRetrieval``) or a trained retrieval
     run (``TrainedRunStage``)."""
-    window = args.retrieval_history is not None or args.retrieval_recency is not None
     history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
     recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
-    head = args.retrieval in RETRIEVAL_STAGES or (
-        Path(args.retrieval).is_dir() and stage_run_kind(Path(args.retrieval)) is StageRunKind.HSTU)
-    if window and head:
-        raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
-                          f"{EmbeddingStage.name} and of a retrieval run; an HSTU head reads the "
-                          "whole history")
     if args.retrieval in RETRIEVAL_STAGES:
+        _no_window(args)
         return retrieval_stage(args.retrieval, ranker.model)
     if history < 1 or not 0 < recency <= 1:
         raise ConfigError("--retrieval-history must be >= 1 and --retrieval-recency in (0, 1], "
@@ -170,9 +164,18 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
         return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, history, recency)
+    _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
     return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
+
+
+def _no_window(args: argparse.Namespace) -> None:
+    """An HSTU head as the stage reads the whole history: a window asked of it is refused."""
+    if args.retrieval_history is not None or args.retrieval_recency is not None:
+        raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
+                          f"{EmbeddingStage.name} and of a retrieval run; an HSTU head reads the "
+                          "whole history")
 
 
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,

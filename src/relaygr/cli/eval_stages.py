@@ -19,6 +19,7 @@ so a user the run trained on starts from its trained embedding, as when serving.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,23 +57,14 @@ class TrainedRunStage:
                    seqs.user_ids)
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
-        ids = torch.zeros((len(query.histories), k), dtype=torch.long)
-        scores = torch.full((len(query.histories), k), -math.inf)
-        for j, (user, history) in enumerate(zip(query.users, query.histories, strict=True)):
-            found, score = self.stage.scored(np.asarray(history), k,
-                                             int(self.user_ids[user]), exclude=history)
-            ids[j, :len(found)] = torch.from_numpy(found)
-            scores[j, :len(found)] = torch.from_numpy(score.astype(np.float32))
-        return Proposals(ids, scores)
+        return _proposals(query, k, lambda user, history: self.stage.scored(
+            history, k, int(self.user_ids[user]), exclude=history))
 
 
 class EmbeddingStage:
     """``propose(query, k) -> Proposals`` of serve's default stage, ``EmbeddingRetrieval``
     (module docstring), by default over the same ``RECENT_EVENTS`` latest events and weights
-    (``RECENCY``) serve reads.
-    The index is asked for ``k`` more items than the user has distinct events, so that ``k``
-    are left once the history is removed (or the whole unseen catalogue, where it is
-    smaller)."""
+    (``RECENCY``) serve reads."""
 
     name = EmbeddingRetrieval.name
 
@@ -85,13 +77,18 @@ class EmbeddingStage:
         return cls(EmbeddingRetrieval.of(model, recent_events, recency=recency))
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
-        ids = torch.zeros((len(query.histories), k), dtype=torch.long)
-        scores = torch.full((len(query.histories), k), -math.inf)
-        for j, history in enumerate(query.histories):
-            events = np.asarray(history, dtype=np.int64)
-            found, score = self.stage.scored(events, k + len(np.unique(events)))
-            unseen = ~np.isin(found, events)
-            found, score = found[unseen][:k], score[unseen][:k]
-            ids[j, :len(found)] = torch.from_numpy(found)
-            scores[j, :len(found)] = torch.from_numpy(score.astype(np.float32))
-        return Proposals(ids, scores)
+        return _proposals(query, k, lambda _, history: self.stage.scored(history, k,
+                                                                         exclude=history))
+
+
+def _proposals(query: RetrievalQuery, k: int,
+               scored: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> Proposals:
+    """``Proposals`` of a serving stage's ``scored(user, history)`` for each user of ``query``
+    (its whole history excluded by the stage), rows padded past their end."""
+    ids = torch.zeros((len(query.histories), k), dtype=torch.long)
+    scores = torch.full((len(query.histories), k), -math.inf)
+    for j, (user, history) in enumerate(zip(query.users, query.histories, strict=True)):
+        found, score = scored(user, np.asarray(history, dtype=np.int64))
+        ids[j, :len(found)] = torch.from_numpy(found)
+        scores[j, :len(found)] = torch.from_numpy(score.astype(np.float32))
+    return Proposals(ids, scores)
