@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig, SystemConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
@@ -97,8 +97,9 @@ def test_the_served_stages_refuse_a_window_or_recency_out_of_range(run: Path) ->
                                   recency=recency)
 
 
-def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
-        run: Path) -> None:
+def _served(run: Path, share: float, stage_weight: float = 0.0
+            ) -> tuple[RelaySystem, TrainedRetrieval, dict[int, np.ndarray]]:
+    """A one-instance cascade over ``run`` at run share ``share``, and the users' histories."""
     ranker = PARTIAL
     model = make_model(0, num_items=len(ranker), max_seq_len=256)
     histories = {u: h for u, h in _histories(ranker, seed=1).items()
@@ -108,24 +109,34 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
     config = SystemConfig(
         num_instances=1,
         stages=StagesConfig(retrieval_k=40, num_candidates=16, retrieval_history=RECENT,
+                            retrieval_run_share=share, stage_weight=stage_weight,
                             **MEASURED_STAGE_DELAYS),
         instance=InstanceConfig(device_budget_bytes=8 << 20, host_budget_bytes=16 << 20,
                                 page_tokens=16))
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT,
                                   recency=config.stages.retrieval_recency)
-    system = RelaySystem(config, model, store, flops_cost_model(model.cfg), stage)
-    users = list(histories)
+    return (RelaySystem(config, model, store, flops_cost_model(model.cfg), stage), stage,
+            histories)
 
+
+def _recommend(system: RelaySystem, users: list[int]) -> list[Recommendation]:
     async def main() -> list[Recommendation]:
         await system.start()
         try:
             return [await system.recommend(Visit(u, num_candidates=16)) for u in users]
         finally:
             await system.stop()
+    return asyncio.run(main())
 
-    for user, rec in zip(users, asyncio.run(main()), strict=True):
-        want = brute_force(run, ranker, histories[user], user, RECENT,
-                           config.stages.retrieval_recency)
+
+def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
+        run: Path) -> None:
+    system, stage, histories = _served(run, share=1.0)      # the run alone
+    assert system.stages.retrieval is stage
+    users = list(histories)
+    for user, rec in zip(users, _recommend(system, users), strict=True):
+        want = brute_force(run, PARTIAL, histories[user], user, RECENT,
+                           system.config.stages.retrieval_recency)
         proposed = stage.propose(histories[user], 40, user)
         want.check(proposed, 40)
         fresh = proposed[~np.isin(proposed, histories[user])][:16]  # pre-processing's filter
@@ -133,6 +144,29 @@ def test_the_cascade_ranks_the_runs_proposals_and_waits_for_no_simulated_delay(
         assert rec.scores.shape == (len(fresh),)
         assert rec.stages is not None and rec.stages.delay_s == 0.0
         assert rec.stages.retrieval_s >= 0 and not rec.stages.replayed
+
+
+def test_a_run_below_a_share_of_one_serves_beside_the_item_embeddings(run: Path) -> None:
+    system, stage, histories = _served(run, share=0.25)
+    served = system.stages.retrieval
+    assert isinstance(served, InterleavedRetrieval)
+    default, channel = served.channels
+    assert channel is stage and isinstance(default, EmbeddingRetrieval)
+    assert (default.recent_events, default.recency) == (RECENT, stage.recency)
+    np.testing.assert_array_equal(served.shares, [0.75, 0.25])
+    users = list(histories)
+    alone = InterleavedRetrieval([(EmbeddingRetrieval.of(system.model, RECENT,
+                                                         recency=stage.recency), 0.75),
+                                  (stage, 0.25)])
+    for user, rec in zip(users, _recommend(system, users), strict=True):
+        proposed = alone.propose(histories[user], 40, user)
+        fresh = proposed[~np.isin(proposed, histories[user])][:16]
+        assert rec.candidates.tolist() == fresh.tolist()
+    # two channels, two score scales: a weight that would fuse them is refused at start
+    with pytest.raises(ConfigError, match="retrieval_run_share to 1"):
+        _served(run, share=0.25, stage_weight=0.5)
+    fused, alone_stage, _ = _served(run, share=1.0, stage_weight=0.5)   # the run alone fuses
+    assert fused.stages.retrieval is alone_stage
 
 
 def test_runs_of_another_catalogue_are_refused_by_name(run: Path) -> None:

@@ -12,9 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cli import eval as eval_cli
-from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
+from relaygr.cli.eval_stages import (
+    RECENCY,
+    RECENT_EVENTS,
+    RUN_SHARE,
+    EmbeddingStage,
+    TrainedRunStage,
+)
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.errors import ConfigError
@@ -46,11 +52,27 @@ def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
                            (["--retrieval-history", "8", "--retrieval-recency", "0.6"], (8, 0.6))):
             stage = _eval_stage(["--retrieval", name, *argv], ranker, data)
             assert isinstance(stage, EmbeddingStage | TrainedRunStage)
-            assert (stage.stage.recent_events, stage.stage.recency) == want
-    # an HSTU head reads the whole history: a window asked of it is refused, not ignored
+            window = stage.window()
+            assert (window["history"], window["recency"]) == want
+            if isinstance(stage, TrainedRunStage):   # beside item-embeddings, as serve serves
+                assert window["run_share"] == RUN_SHARE
+                assert isinstance(stage.stage, InterleavedRetrieval)
+                default, run = stage.stage.channels
+                assert run is stage.run and isinstance(default, EmbeddingRetrieval)
+                assert (default.recent_events, default.recency) == want
+    alone = _eval_stage(["--retrieval", str(retrieval), "--retrieval-run-share", "1"], ranker,
+                        data)
+    assert isinstance(alone, TrainedRunStage) and alone.stage is alone.run
+    # an HSTU head reads the whole history, alone: a window or share asked of it is refused
     for head in ("head", str(ranker)):
-        with pytest.raises(ConfigError, match="an HSTU head reads the whole history"):
-            _eval_stage(["--retrieval", head, "--retrieval-recency", "0.5"], ranker, data)
+        for option in ("--retrieval-recency", "--retrieval-run-share"):
+            with pytest.raises(ConfigError, match="an HSTU head reads the whole history"):
+                _eval_stage(["--retrieval", head, option, "0.5"], ranker, data)
+    with pytest.raises(ConfigError, match="is not a run"):
+        _eval_stage(["--retrieval", "item-embeddings", "--retrieval-run-share", "0.5"], ranker,
+                    data)
+    with pytest.raises(ConfigError, match="set --retrieval-run-share 1"):
+        _eval_stage(["--retrieval", str(retrieval), "--stage-weight", "0.5"], ranker, data)
 
 
 def _train_ranker(data: Path, out: Path) -> Path:
@@ -67,7 +89,8 @@ def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
     retrieval = train_run(data, tmp_path / "sage")
     ranker = _train_ranker(data, tmp_path / "hstu")
     seqs = load_sequences("ml-1m", data)
-    stage = TrainedRunStage.load(retrieval, seqs, "ml-1m")
+    model = load_trained(ranker, "cpu").model
+    stage = TrainedRunStage.load(retrieval, seqs, "ml-1m", model, share=1.0)   # the run alone
     cases = leave_one_out(seqs).test
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[:3], cases.history_lengths[:3],
                                                       strict=True)]
@@ -85,7 +108,10 @@ def test_a_retrieval_run_proposes_its_exact_top_k_and_the_ranker_orders_it(
                  str(data), "--retrieval", str(retrieval), "--retrieve-k", str(k),
                  "--heads", "cascade", "--no-progress", "--json", str(report)]) == 0
     heads = json.loads(report.read_text())["heads"]
-    recall = json.loads(report.read_text())["retrieval_stage"][f"recall@{k}"]
+    reported = json.loads(report.read_text())["retrieval_stage"]
+    recall = reported[f"recall@{k}"]
+    assert (reported["history"], reported["recency"], reported["run_share"]) == (
+        RECENT_EVENTS, RECENCY, RUN_SHARE)                  # serve's stage: beside the default
     assert {"cascade", "stage"} <= set(heads)
     # the ranker reorders the stage's proposals: neither finds a target the stage missed
     assert heads["stage"]["hr@10"] <= recall and heads["cascade"]["hr@10"] <= recall

@@ -52,8 +52,10 @@ K = 16
 WEIGHT = 0.75
 USERS = 8
 STAGES = {"hstu": HSTURunRetrieval, "towers": TrainedRetrieval}
+# the towers' run alone (a share of 1), so that the stage weight fuses one scale
 SYSTEM = system_config(num_instances=1, stages={
-    "retrieval_k": 64, "num_candidates": K, "stage_weight": WEIGHT, **MEASURED_STAGE_DELAYS})
+    "retrieval_k": 64, "num_candidates": K, "stage_weight": WEIGHT, "retrieval_run_share": 1.0,
+    **MEASURED_STAGE_DELAYS})
 Answer = dict[str, Any]
 
 

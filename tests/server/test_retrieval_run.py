@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.cli import serve
 from relaygr.data import load_sequences
@@ -39,18 +40,28 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "rank", train_run(root / "ml", root / "retrieval")
 
 
-def _service(rank: Path, retrieval: Path) -> RelayService:
+def _service(rank: Path, retrieval: Path, share: float = 1.0) -> RelayService:
     source = ModelSource(checkpoint=rank, retrieval_run=retrieval)
     model = load_model(source)
-    system = system_config(num_instances=1,
-                           stages={"retrieval_history": 6, **MEASURED_STAGE_DELAYS})
+    system = system_config(num_instances=1, stages={
+        "retrieval_history": 6, "retrieval_run_share": share, **MEASURED_STAGE_DELAYS})
     return build_embedded(source, system, ServerConfig(), flops_cost_model(model.cfg))
+
+
+def test_by_default_the_run_serves_its_share_beside_the_item_embeddings(
+        runs: tuple[Path, Path]) -> None:
+    service = _service(*runs, share=StagesConfig.retrieval_run_share)
+    stage = service.backend.system.stages.retrieval          # type: ignore[attr-defined]
+    assert isinstance(stage, InterleavedRetrieval)
+    default, run = stage.channels
+    assert isinstance(default, EmbeddingRetrieval) and isinstance(run, TrainedRetrieval)
+    assert stage.shares[1] == StagesConfig.retrieval_run_share
 
 
 def test_recommend_serves_the_runs_top_k_with_per_stage_timings(runs: tuple[Path, Path]
                                                                ) -> None:
     rank, retrieval = runs
-    service = _service(rank, retrieval)
+    service = _service(rank, retrieval)                      # the run alone: its exact top-k
     stage = service.backend.system.stages.retrieval          # type: ignore[attr-defined]
     assert isinstance(stage, TrainedRetrieval)
     users = sorted(service.backend.store)[:6]
@@ -102,6 +113,15 @@ def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> Non
     assert plain.system.stages.delay_s > 0          # without a trained stage: simulated
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         serve_options("--retrieval-run", str(tmp_path))
+    assert options.system.stages.retrieval_run_share == StagesConfig.retrieval_run_share
+    alone = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                          "--retrieval-run-share", "1")
+    assert alone.system.stages.retrieval_run_share == 1.0
+    with pytest.raises(ConfigError, match="share of a --retrieval-run"):
+        serve_options("--checkpoint", str(tmp_path), "--retrieval-run-share", "0.5")
+    with pytest.raises(ConfigError, match="retrieval_run_share must be in"):
+        serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                      "--retrieval-run-share", "0")
 
 
 def serve_options(*argv: str) -> ServeOptions:

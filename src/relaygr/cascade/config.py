@@ -47,6 +47,14 @@ class StagesConfig:
     # and 0.391 of the latest 64 (docs/retrieval.md, "MovieLens-1M")
     retrieval_history: int = 64
     retrieval_recency: float = 0.7
+    # Where a trained retrieval run serves (relaygr train-retrieval; --retrieval-run), the share
+    # of the retrieved list its tower proposes; the rest are the default stage's, interleaved so
+    # that every prefix holds both in these shares (cascade.proposals.InterleavedRetrieval).
+    # 1: the run alone. The two channels find different items: on ML-1M's validation users
+    # (a GraphSAGE run that held their items out) recall@200 is 0.561 for the run alone, 0.615
+    # for the item embeddings alone, 0.662 at a half share, 0.647-0.657 at 0.2-0.4 and 0.6-0.7
+    # (docs/retrieval.md, "MovieLens-1M: the cascade's stage").
+    retrieval_run_share: float = 0.5
     # Time the earlier stages spend on their own (simulated) fleets: the window pre-inference
     # hides in. A request waits for them even when its retrieval computed faster; with a
     # trained retrieval stage they default to 0 instead (MEASURED_STAGE_DELAYS).
@@ -59,9 +67,10 @@ class StagesConfig:
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "retrieval_k", "num_candidates", "retrieval_history")
-        if not 0 < self.retrieval_recency <= 1:
-            raise ConfigError("StagesConfig.retrieval_recency must be in (0, 1], got "
-                              f"{self.retrieval_recency!r}")
+        for name in ("retrieval_recency", "retrieval_run_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"StagesConfig.{name} must be in (0, 1], got "
+                                  f"{getattr(self, name)!r}")
         for name in ("retrieval_delay_ms", "preprocess_delay_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"StagesConfig.{name} must be >= 0")

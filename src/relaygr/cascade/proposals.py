@@ -12,10 +12,13 @@ pool's threads concurrently once built.
   two-tower-style proxy that needs no ranking-model pass). The default.
 - ``TrainedRetrieval`` (``relaygr.cascade.trained_retrieval``): a trained retrieval run's towers.
 - ``HSTURunRetrieval`` (``relaygr.cascade.hstu_retrieval``): another HSTU run's retrieval head.
+- ``InterleavedRetrieval``: two or more of them as channels of one list, each holding its share
+  of every prefix of it (``StagesConfig.retrieval_run_share``: a trained run beside the default).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -43,6 +46,15 @@ class RetrievalStage(Protocol):
                ) -> tuple[np.ndarray, np.ndarray]:
         """``propose``'s ids and the strategy's score of each: ``((<= k,) int64, (<= k,)
         float32)``, the scores non-increasing."""
+
+
+class ExcludingStage(RetrievalStage, Protocol):
+    """A strategy that can leave given ids out of its search (an offline cascade removes the
+    user's whole history; serving leaves that to pre-processing)."""
+
+    def scored(self, history: np.ndarray, k: int, user_id: int | None = None,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``RetrievalStage.scored``, none of the ids in ``exclude`` among the proposals."""
 
 
 class EmbeddingRetrieval:
@@ -92,3 +104,74 @@ class EmbeddingRetrieval:
         found = self.retriever.search(self.user_vector(history), min(k, most), skip)
         valid = found.valid[0]
         return found.item_ids[0][valid], found.scores[0][valid]
+
+
+class InterleavedRetrieval:
+    """Channels (strategies) merged into one list in which every prefix holds each channel's
+    share of its length, to within one item: position ``p`` goes to the channel furthest below
+    its share of ``p + 1`` (ties to the earlier channel), which gives its best item not already
+    in the list; a channel with none left yields its positions to the others. So the list is
+    right however much of it pre-processing keeps (the first ``num_candidates`` unseen of
+    ``retrieval_k``), which a concatenation of the channels' lists would not be.
+
+    The channels score on scales of their own, so the merged list's score of the item at
+    position ``p`` is its reciprocal rank ``1 / (p + 1)``: an order, not a score to fuse with the
+    ranker's (``EarlierStages.of`` refuses a stage weight with it)."""
+
+    def __init__(self, channels: Sequence[tuple[ExcludingStage, float]]) -> None:
+        """``channels``: ``(strategy, share)`` pairs, shares in (0, 1) summing to 1."""
+        shares = np.array([share for _, share in channels], dtype=np.float64)
+        if len(channels) < 2 or not ((shares > 0) & (shares < 1)).all() \
+                or abs(shares.sum() - 1) > 1e-9:
+            raise ConfigError("InterleavedRetrieval needs two or more channels with shares in "
+                              f"(0, 1) summing to 1, got {shares.tolist()}")
+        self.channels = [stage for stage, _ in channels]
+        self.shares = shares
+        self.name = " + ".join(f"{stage.name} ({share:.0%})" for stage, share in channels)
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, k: int) -> np.ndarray:
+        """``(k,)``: the channel of each position, before any channel runs out."""
+        found = self._orders.get(k)
+        if found is not None:
+            return found
+        owner = np.empty(k, dtype=np.int64)
+        taken = np.zeros(len(self.shares))
+        for p in range(k):
+            c = int(np.argmax(self.shares * (p + 1) - taken))   # first of the furthest behind
+            owner[p] = c
+            taken[c] += 1
+        self._orders[k] = owner
+        return owner
+
+    def propose(self, history: np.ndarray, k: int, user_id: int | None = None) -> np.ndarray:
+        return self.scored(history, k, user_id)[0]
+
+    def scored(self, history: np.ndarray, k: int, user_id: int | None = None,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``k`` distinct ids, each channel asked for its top ``k`` (``exclude`` passed
+        on), and their reciprocal ranks."""
+        lists = [stage.scored(history, k, user_id, exclude=exclude)[0].tolist()
+                 for stage in self.channels]
+        nexts = [0] * len(lists)
+        merged: list[int] = []
+        chosen: set[int] = set()
+
+        def take(c: int) -> bool:
+            """Channel ``c``'s best item not yet chosen, appended; False: it has none left."""
+            ids, i = lists[c], nexts[c]
+            while i < len(ids) and ids[i] in chosen:
+                i += 1
+            if i >= len(ids):
+                return False
+            nexts[c] = i + 1
+            merged.append(ids[i])
+            chosen.add(ids[i])
+            return True
+
+        for preferred in self.order(k).tolist():
+            # run out, it yields the place to the others, in order; all run out: done
+            if not take(preferred) and not any(take(c) for c in range(len(lists))):
+                break
+        ranks = np.arange(1, len(merged) + 1, dtype=np.float32)
+        return np.asarray(merged, dtype=np.int64), 1 / ranks

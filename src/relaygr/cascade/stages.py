@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
-from relaygr.errors import EmptyInputError
+from relaygr.cascade.config import StagesConfig, SystemConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval, RetrievalStage
+from relaygr.cascade.trained_retrieval import TrainedRetrieval
+from relaygr.errors import ConfigError, EmptyInputError
 from relaygr.model import HSTU
 
 
@@ -92,6 +93,25 @@ class StageOutput:
     scores: Tensor
 
 
+def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU
+                       ) -> TrainedRetrieval | InterleavedRetrieval:
+    """A trained retrieval run as the cascade serves it: interleaved with the default stage
+    (``model``'s item embeddings) at ``stages.retrieval_run_share``, alone at a share of 1.
+    Interleaved, no stage weight can fuse the two channels' scores: ``ConfigError``."""
+    share = stages.retrieval_run_share
+    if share == 1:
+        return run
+    if stages.stage_weight:
+        raise ConfigError(
+            f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
+            f"ranker's; retrieval run {run.name} serves {share:g} of the candidates beside the "
+            "item embeddings, two scales: set StagesConfig.retrieval_run_share to 1 "
+            "(--retrieval-run-share 1) to fuse the run's")
+    default = EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                    recency=stages.retrieval_recency)
+    return InterleavedRetrieval([(default, 1 - share), (run, share)])
+
+
 class EarlierStages:
     """Retrieval then pre-processing for one request (see the module docstring)."""
 
@@ -112,13 +132,19 @@ class EarlierStages:
     @classmethod
     def of(cls, config: SystemConfig, model: HSTU, retrieval: RetrievalStage | None = None,
            book: CandidateBook | None = None) -> EarlierStages:
-        """The stages ``config`` sets (K, delays), retrieving
-        with ``retrieval``, default the ranking model's item embeddings (``EmbeddingRetrieval``):
-        one construction for every transport (the embedded system, the Ray ingress)."""
+        """The stages ``config`` sets (K, delays), retrieving with ``retrieval``, default the
+        ranking model's item embeddings (``EmbeddingRetrieval``); a trained retrieval run
+        (``TrainedRetrieval``) is interleaved with that default at its
+        ``StagesConfig.retrieval_run_share``, and then no stage weight can fuse their scores
+        (``ConfigError``). One construction for every transport (the embedded system, the Ray
+        ingress, the benchmark)."""
         stages = config.stages
-        return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history,
-                                                      recency=stages.retrieval_recency),
-                   stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
+        if retrieval is None:
+            retrieval = EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                              recency=stages.retrieval_recency)
+        elif isinstance(retrieval, TrainedRetrieval):
+            retrieval = beside_the_default(retrieval, stages, model)
+        return cls(retrieval, stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
                    stages.preprocess_delay_ms / 1e3, book)
 
     def candidates(self, history: np.ndarray, num_candidates: int,

@@ -31,7 +31,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from relaygr.cli.eval_stages import RECENCY, RECENT_EVENTS, EmbeddingStage, TrainedRunStage
+from relaygr.cli.eval_stages import (
+    RECENCY,
+    RECENT_EVENTS,
+    RUN_SHARE,
+    EmbeddingStage,
+    TrainedRunStage,
+)
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
@@ -85,6 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="in (0, 1]: the k-th newest of those events weighs this ** k in "
                              "the user's mean (default: serve's, StagesConfig.retrieval_recency; "
                              "1: the plain mean)")
+    parser.add_argument("--retrieval-run-share", type=float, default=None,
+                        help="in (0, 1]: with a retrieval run, the share of the proposals its "
+                             "tower makes, the rest item-embeddings', interleaved (default: "
+                             "serve's, StagesConfig.retrieval_run_share; 1: the run alone)")
     parser.add_argument("--stage-weight", type=float, default=0.0,
                         help="the cascade ranks by ranker score + this x the stage's score "
                              "(default 0: the ranker alone)")
@@ -142,13 +152,19 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     run (``TrainedRunStage``)."""
     history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
     recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
+    share = RUN_SHARE if args.retrieval_run_share is None else args.retrieval_run_share
     if args.retrieval in RETRIEVAL_STAGES:
         _no_window(args)
         return retrieval_stage(args.retrieval, ranker.model)
     if history < 1 or not 0 < recency <= 1:
         raise ConfigError("--retrieval-history must be >= 1 and --retrieval-recency in (0, 1], "
                           f"got {history} and {recency}")
+    if not 0 < share <= 1:
+        raise ConfigError(f"--retrieval-run-share must be in (0, 1], got {share}")
     if args.retrieval == EmbeddingStage.name:
+        if args.retrieval_run_share is not None:
+            raise ConfigError("--retrieval-run-share is a retrieval run's share beside "
+                              f"{EmbeddingStage.name}; --retrieval {args.retrieval} is not a run")
         if args.fit_stage_weight:
             raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
                               f"({EmbeddingStage.name} scores are inner products on another "
@@ -163,7 +179,12 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
-        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, history, recency)
+        if args.stage_weight and share < 1:
+            raise ConfigError("--stage-weight fuses the stage's scores; a retrieval run beside "
+                              f"{EmbeddingStage.name} (--retrieval-run-share {share:g}) ranks "
+                              "by two scales: set --retrieval-run-share 1")
+        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, ranker.model,
+                                    history, recency, share)
     _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
@@ -171,11 +192,14 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
 
 
 def _no_window(args: argparse.Namespace) -> None:
-    """An HSTU head as the stage reads the whole history: a window asked of it is refused."""
-    if args.retrieval_history is not None or args.retrieval_recency is not None:
+    """An HSTU head as the stage reads the whole history: a window asked of it is refused (and
+    a share: it serves alone)."""
+    if args.retrieval_history is not None or args.retrieval_recency is not None \
+            or args.retrieval_run_share is not None:
         raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
-                          f"{EmbeddingStage.name} and of a retrieval run; an HSTU head reads the "
-                          "whole history")
+                          f"{EmbeddingStage.name} and of a retrieval run, --retrieval-run-share "
+                          "a retrieval run's share; an HSTU head reads the whole history, "
+                          "alone")
 
 
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
@@ -239,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
     Console().print(_table(results, title))
     if recall:
-        window = (f", the latest {stage.stage.recent_events} events, recency "
-                  f"{stage.stage.recency:g}"
-                  if isinstance(stage, EmbeddingStage | TrainedRunStage) else "")
+        window = ""
+        if isinstance(stage, EmbeddingStage | TrainedRunStage):
+            window = ", " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
+                                      for k, v in stage.window().items())
         print(f"retrieval stage ({args.retrieval}{window}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
     if "cascade_minus_stage" in extra:
@@ -256,8 +281,7 @@ def run(args: argparse.Namespace) -> int:
             report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k,
                                          "stage_weight": args.stage_weight, **recall, **extra}
             if isinstance(stage, EmbeddingStage | TrainedRunStage):
-                report["retrieval_stage"]["history"] = stage.stage.recent_events
-                report["retrieval_stage"]["recency"] = stage.stage.recency
+                report["retrieval_stage"].update(stage.window())
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 

@@ -3,7 +3,9 @@
 
 - ``TrainedRunStage``: a trained retrieval run (``relaygr train-retrieval``), the stage ``relaygr
   serve --retrieval-run`` serves (``TrainedRetrieval``: the user tower on the latest events, FAISS
-  over the item tower).
+  over the item tower), interleaved with the default stage below at the run's share
+  (``StagesConfig.retrieval_run_share``, ``--retrieval-run-share``; ``EarlierStages.of``'s
+  construction, ``beside_the_default``).
 - ``EmbeddingStage``: serve's default without a run (``EmbeddingRetrieval``: FAISS over the
   ranker's own item embeddings, the user the normalised, recency-weighted mean of its latest
   events' embeddings), ``--retrieval item-embeddings``.
@@ -26,7 +28,8 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import StagesConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
+from relaygr.cascade.stages import beside_the_default
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.data.sequences import UserSequences
 from relaygr.errors import CatalogueMismatchError
@@ -37,24 +40,41 @@ from relaygr.train.stages import Proposals, RetrievalQuery
 # defaults read them.
 RECENT_EVENTS = StagesConfig.retrieval_history
 RECENCY = StagesConfig.retrieval_recency
+RUN_SHARE = StagesConfig.retrieval_run_share
 
 
 class TrainedRunStage:
-    """``propose(query, k) -> Proposals`` of a ``TrainedRetrieval`` (module docstring)."""
+    """``propose(query, k) -> Proposals`` of a ``TrainedRetrieval`` (``run``), beside the
+    default stage as serve serves it (``stage``; module docstring)."""
 
-    def __init__(self, stage: TrainedRetrieval, user_ids: np.ndarray) -> None:
-        self.stage, self.user_ids = stage, user_ids
+    def __init__(self, run: TrainedRetrieval, stage: TrainedRetrieval | InterleavedRetrieval,
+                 user_ids: np.ndarray) -> None:
+        self.run, self.stage, self.user_ids = run, stage, user_ids
 
     @classmethod
-    def load(cls, run_dir: Path, seqs: UserSequences, dataset: str,
-             recent_events: int = RECENT_EVENTS, recency: float = RECENCY) -> TrainedRunStage:
+    def load(cls, run_dir: Path, seqs: UserSequences, dataset: str, model: HSTU,
+             recent_events: int = RECENT_EVENTS, recency: float = RECENCY,
+             share: float = RUN_SHARE) -> TrainedRunStage:
+        """``model``: the ranker, whose item embeddings are the default stage."""
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "
                                          "run's catalogue records integer ids")
         ranker = RankerCatalogue(dataset, items, dataset_users=True)
-        return cls(TrainedRetrieval.load(run_dir, ranker, recent_events, recency=recency),
-                   seqs.user_ids)
+        run = TrainedRetrieval.load(run_dir, ranker, recent_events, recency=recency)
+        stages = StagesConfig(retrieval_history=recent_events, retrieval_recency=recency,
+                              retrieval_run_share=share)
+        return cls(run, beside_the_default(run, stages, model), seqs.user_ids)
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    def window(self) -> dict[str, float]:
+        """The user's window (latest events, recency) and the run's share, as reported."""
+        share = self.stage.shares[1] if isinstance(self.stage, InterleavedRetrieval) else 1.0
+        return {"history": self.run.recent_events, "recency": self.run.recency,
+                "run_share": float(share)}
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         return _proposals(query, k, lambda user, history: self.stage.scored(
@@ -75,6 +95,10 @@ class EmbeddingStage:
     def of(cls, model: HSTU, recent_events: int = RECENT_EVENTS,
            recency: float = RECENCY) -> EmbeddingStage:
         return cls(EmbeddingRetrieval.of(model, recent_events, recency=recency))
+
+    def window(self) -> dict[str, float]:
+        """The user's window (latest events, recency), as reported."""
+        return {"history": self.stage.recent_events, "recency": self.stage.recency}
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         return _proposals(query, k, lambda _, history: self.stage.scored(history, k,

@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "item ids). Its time is measured on the request's path, so the "
                         "simulated stage delays default to 0 (a --system-config may still set "
                         "stages.retrieval_delay_ms/preprocess_delay_ms)")
+    m.add_argument("--retrieval-run-share", type=float, default=None, metavar="S",
+                   help="in (0, 1]: the share of the retrieved list a `relaygr train-retrieval` "
+                        "--retrieval-run proposes, the rest the checkpoint's item embeddings', "
+                        "interleaved (default: StagesConfig.retrieval_run_share; 1: the run "
+                        "alone, whose scores a --stage-weight may then fuse)")
     m.add_argument("--stage-weight", type=float, default=None, metavar="W",
                    help="/v1/recommend orders by ranker score + W x the retrieval stage's "
                         "score, as `relaygr eval --stage-weight W` (default 0: the ranker "
@@ -139,6 +144,10 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     stages = _part(system_fields, "stages")
     if args.stage_weight is not None:
         stages["stage_weight"] = args.stage_weight
+    if args.retrieval_run_share is not None:
+        if args.retrieval_run is None:
+            raise ConfigError("--retrieval-run-share is the share of a --retrieval-run")
+        stages["retrieval_run_share"] = args.retrieval_run_share
     if args.retrieval_run is not None:
         for name, value in MEASURED_STAGE_DELAYS.items():
             stages.setdefault(name, value)
