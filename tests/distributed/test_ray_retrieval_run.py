@@ -23,7 +23,7 @@ import httpx
 import pytest
 import torch
 
-from relaygr.cascade.config import MEASURED_STAGE_DELAYS
+from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.data import load_sequences
@@ -80,13 +80,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return Runs(root / "ranker", root / "hstu", train_run(root / "ml", root / "towers"))
 
 
-def _embedded(source: ModelSource) -> RelayService:
-    return build_embedded(source, SYSTEM, ServerConfig(),
+def _embedded(source: ModelSource, system: SystemConfig = SYSTEM) -> RelayService:
+    return build_embedded(source, system, ServerConfig(),
                           flops_cost_model(load_model(source).cfg))
 
 
-def _ingress_spec(source: ModelSource) -> IngressSpec:
-    return IngressSpec(source, model_digest(load_model(source)), SYSTEM, ServerConfig())
+def _ingress_spec(source: ModelSource, system: SystemConfig = SYSTEM) -> IngressSpec:
+    return IngressSpec(source, model_digest(load_model(source)), system, ServerConfig())
 
 
 def _answers(service: RelayService, users: list[int]) -> list[Answer]:
@@ -149,11 +149,11 @@ def _other_pair(towers: Path, to: Path) -> Path:
     return to
 
 
-def _builds(source: ModelSource) -> list[Callable[[], object]]:
+def _builds(source: ModelSource, system: SystemConfig = SYSTEM) -> list[Callable[[], object]]:
     """The embedded service, the Ray application (the driver) and an ingress replica."""
-    return [lambda: _embedded(source),
-            lambda: build_application(RayAppSpec(source, SYSTEM, ServerConfig(), replicas=1)),
-            lambda: ingress_service(None, _ingress_spec(source))]
+    return [lambda: _embedded(source, system),
+            lambda: build_application(RayAppSpec(source, system, ServerConfig(), replicas=1)),
+            lambda: ingress_service(None, _ingress_spec(source, system))]
 
 
 def test_a_run_that_does_not_fit_is_refused_as_embedded(runs: Runs, tmp_path: Path) -> None:
@@ -174,6 +174,14 @@ def test_a_run_that_does_not_fit_is_refused_as_embedded(runs: Runs, tmp_path: Pa
                 build()
             said.add((type(refused.value), str(refused.value)))
         assert len(said) == 1, said       # the same type and words from all three
+    # the towers beside the item embeddings (a share below 1): no stage weight fuses two scales
+    beside = SYSTEM.with_(stages={"retrieval_run_share": 0.5})
+    words = set()
+    for build in _builds(runs.source("towers"), beside):
+        with pytest.raises(ConfigError, match="retrieval_run_share to 1") as refused:
+            build()
+        words.add(str(refused.value))
+    assert len(words) == 1, words
 
 
 def test_serve_ray_takes_a_retrieval_run_and_a_stage_weight(tmp_path: Path) -> None:

@@ -93,20 +93,26 @@ class StageOutput:
     scores: Tensor
 
 
+def check_run_share(stages: StagesConfig, run_name: str) -> None:
+    """``ConfigError`` where a stage weight would fuse a retrieval run's scores while the run
+    serves beside the default stage (two score scales; ``beside_the_default``)."""
+    if stages.stage_weight and stages.retrieval_run_share < 1:
+        raise ConfigError(
+            f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
+            f"ranker's; retrieval run {run_name} serves {stages.retrieval_run_share:g} of the "
+            "candidates beside the item embeddings, two scales: set "
+            "StagesConfig.retrieval_run_share to 1 (--retrieval-run-share 1) to fuse the run's")
+
+
 def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU
                        ) -> TrainedRetrieval | InterleavedRetrieval:
     """A trained retrieval run as the cascade serves it: interleaved with the default stage
-    (``model``'s item embeddings) at ``stages.retrieval_run_share``, alone at a share of 1.
-    Interleaved, no stage weight can fuse the two channels' scores: ``ConfigError``."""
+    (``model``'s item embeddings) at ``stages.retrieval_run_share``, alone at a share of 1
+    (``check_run_share`` first)."""
+    check_run_share(stages, run.name)
     share = stages.retrieval_run_share
     if share == 1:
         return run
-    if stages.stage_weight:
-        raise ConfigError(
-            f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
-            f"ranker's; retrieval run {run.name} serves {share:g} of the candidates beside the "
-            "item embeddings, two scales: set StagesConfig.retrieval_run_share to 1 "
-            "(--retrieval-run-share 1) to fuse the run's")
     default = EmbeddingRetrieval.of(model, stages.retrieval_history,
                                     recency=stages.retrieval_recency)
     return InterleavedRetrieval([(default, 1 - share), (run, share)])

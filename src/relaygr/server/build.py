@@ -207,6 +207,7 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
 
 def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                        log: Callable[[str], None]) -> RetrievalStage:
+    from relaygr.cascade.stages import check_run_share
     from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
     from relaygr.train import read_run_config
 
@@ -218,9 +219,13 @@ def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                              np.asarray(id_map.items), not source.synthetic_users)
     stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history,
                                   recency=system.stages.retrieval_recency)
+    check_run_share(system.stages, stage.name)   # here, so that a Ray driver refuses it too
+    share = system.stages.retrieval_run_share
+    beside = "alone" if share == 1 else f"{share:g} of the list, beside the item embeddings"
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
-        f"{id_map.num_items} items indexed; stage weight {system.stages.stage_weight:g}; stage "
-        f"delays {system.stages.retrieval_delay_ms:g} + {system.stages.preprocess_delay_ms:g} ms")
+        f"{id_map.num_items} items indexed, {beside}; stage weight "
+        f"{system.stages.stage_weight:g}; stage delays {system.stages.retrieval_delay_ms:g} + "
+        f"{system.stages.preprocess_delay_ms:g} ms")
     return stage
 
 
