@@ -35,6 +35,7 @@ from tests.bench.simulated_plan import (
     CurveProbe,
     LayoutCurveProbe,
     factory,
+    simulated_baseline_ms,
 )
 from tests.virtual_time import run_virtual
 
@@ -383,3 +384,42 @@ def test_the_baselines_layout_reaches_its_throughput_search_only() -> None:
                                      ("baseline", 576, Layout(1, 2)), ("relay", 576, None)}
     assert run(speedup_at_2=1.5) == {("baseline", 128, None), ("relay", 128, None),
                                      ("baseline", 576, None), ("relay", 576, None)}
+
+
+def test_the_baselines_capacity_is_its_chosen_layouts_or_its_instances_calls() -> None:
+    """Requests a second of the baseline's compute at the length: the chosen layout's
+    instances each computing a call of the batch cap; without layouts timed, one instance's
+    calls times the serving instances."""
+    layouts = operating_point(serving_2x1(speedup_at_2=1.5), SLO_MS, SHARE, 16, 256, SEARCH)
+    assert layouts.baseline_requests_per_s == pytest.approx(2e3 / layouts.cost_ms)
+    calls = operating_point(CurveProbe(slow_ms), SLO_MS, SHARE, 16, 256, SEARCH,
+                            {"instances": 3})
+    assert calls.baseline_batch == 1
+    assert calls.baseline_requests_per_s == pytest.approx(3e3 / calls.batch_curve[0].cost_ms)
+    assert replace(calls, batch_curve=()).baseline_requests_per_s is None
+
+
+def test_the_throughput_searches_start_near_the_baselines_capacity() -> None:
+    """The simulated baseline's pass costs about a quarter of the SLO at the operating point
+    (0.02 + 0.0004 x 576 = 0.2504 ms): 3,994 requests a second, 60 % of which is 2,396 QPS;
+    the grid from the plan's 1,000 has 2,000 below it. Every mode's throughput search starts
+    there, and the JSON says so."""
+    assert CONFIG.throughput is not None and CONFIG.sweep is not None
+    search = replace(CONFIG.throughput.search, start_capacity_share=0.6)
+    config = replace(CONFIG, sweep=SweepConfig(lengths=(128,), qps=CONFIG.sweep.qps),
+                     throughput=replace(CONFIG.throughput, search=search),
+                     mixed=None, limit=None, exactness=None)
+    probe = CurveProbe(lambda t: SERVICE["baseline"](t) * 1e3)
+    report = run_virtual(BenchSuite({m: factory(m) for m in ("baseline", "relay")}, config,
+                                    cost_probe=probe).run())
+    point = report.operating_point
+    assert point is not None and point.prefix_len == 576
+    capacity = 1e3 / simulated_baseline_ms(576)
+    assert point.baseline_requests_per_s == pytest.approx(capacity)
+    for mode in ("baseline", "relay"):
+        found = report.modes[mode].throughput
+        assert found is not None and found.trials[0].point == 2000.0
+    written = json.loads(json.dumps(report.to_json_dict()))["workload"]["throughput"]
+    assert written["search"]["start_qps"] == 2000.0
+    assert written["search"]["start_capacity_share"] == 0.6
+    assert written["operating_point"]["baseline_requests_per_s"] == pytest.approx(capacity)

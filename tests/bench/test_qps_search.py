@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relaygr.bench.config import QpsSearchConfig
 from relaygr.bench.decision import Verdict
 from relaygr.bench.qps_search import QpsSearch, bracket_width
 from relaygr.bench.search import Outcome
@@ -135,3 +136,20 @@ def test_bounds_end_the_search() -> None:
         QpsSearch(0.0)
     with pytest.raises(ConfigError):
         QpsSearch(1.0, budget_s=0.0)
+
+
+def test_a_search_starts_on_its_grid_near_a_share_of_the_baselines_capacity() -> None:
+    cfg = QpsSearchConfig(start_qps=16.0, growth=2.0, max_qps=2000.0, start_capacity_share=0.2)
+    # 0.2 x 195 = 39 req/s: the grid's 16, 32, 64, ... -> 32
+    assert cfg.started_near(195.0).start_qps == 32.0
+    assert cfg.started_near(160.0).start_qps == 32.0      # exactly on the grid: that rate
+    assert cfg.started_near(159.0).start_qps == 16.0
+    assert cfg.started_near(60.0).start_qps == 16.0       # never below start_qps
+    assert cfg.started_near(1e9).start_qps == 2000.0      # nor above max_qps
+    assert cfg.started_near(None) is cfg
+    assert cfg.started_near(195.0).min_qps == cfg.min_qps
+    plain = QpsSearchConfig(start_qps=16.0)
+    assert plain.started_near(1e4) is plain                # no share: from start_qps
+    for share in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="start_capacity_share"):
+            QpsSearchConfig(start_capacity_share=share)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from relaygr.bench.config import BenchConfig
+from relaygr.bench.config import BenchConfig, QpsSearchConfig
 from relaygr.bench.exactness import ExactnessReport
 from relaygr.bench.hardware import describe_device
 from relaygr.bench.operating import OperatingPoint
@@ -40,6 +40,8 @@ class Phases:
     limit: LimitReport | None
     exactness: ExactnessReport | None
     mixed_workload: dict[str, object] | None
+    # the throughput searches' configuration as run (their start near the baseline's capacity)
+    throughput_search: QpsSearchConfig | None = None
 
 
 def mode_report(mode: str, points: Sequence[PointStats], slo_ms: float,
@@ -70,8 +72,11 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
                                                     "lengths": config.sweep.lengths,
                                                     "budget_s": config.sweep.budget_s},
         "throughput": {"prefix_len": phases.prefix_len, "chosen_by": phases.chosen_by,
+                       "search": None if phases.throughput_search is None
+                       else asdict(phases.throughput_search),
                        "operating_point": None if point is None else {
-                           **asdict(point), "reason": point.reason}},
+                           **asdict(point), "reason": point.reason,
+                           "baseline_requests_per_s": point.baseline_requests_per_s}},
         "mixed": phases.mixed_workload, "summaries": dict(summaries)}
     return BenchReport(
         slo_ms=config.slo_ms, device=describe_device(config.device),

@@ -83,10 +83,32 @@ class QpsSearchConfig:
     budget_s: float = 600.0
     min_qps: float = 0.25
     max_qps: float = 2000.0
+    # Where the operating point measured the baseline's compute capacity there (requests a
+    # second, OperatingPoint.baseline_requests_per_s), every mode's search starts at the
+    # highest rate start_qps x growth^k at or below this share of it (``started_near``): a
+    # point far below the answer costs the most time (its requests come slowest) and decides
+    # nothing. None: from start_qps.
+    start_capacity_share: float | None = None
 
     def __post_init__(self) -> None:
         if not self.budget_s > 0:
             raise ConfigError(f"budget_s must be > 0, got {self.budget_s}")
+        if self.start_capacity_share is not None and not 0 < self.start_capacity_share <= 1:
+            raise ConfigError("start_capacity_share must be in (0, 1], got "
+                              f"{self.start_capacity_share}")
+
+    def started_near(self, capacity_rps: float | None) -> QpsSearchConfig:
+        """This search started at the highest rate ``start_qps * growth ** k`` (k >= 0) at or
+        below ``start_capacity_share * capacity_rps``, at most ``max_qps`` (itself without a
+        share or a capacity): on the grid it would climb anyway, so the rates stay
+        comparable between runs and machines."""
+        if self.start_capacity_share is None or not capacity_rps or capacity_rps <= 0:
+            return self
+        target = self.start_capacity_share * capacity_rps
+        if target <= self.start_qps:
+            return self
+        steps = math.floor(math.log(target / self.start_qps, self.growth) + 1e-9)
+        return replace(self, start_qps=min(self.start_qps * self.growth ** steps, self.max_qps))
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,20 @@ class OperatingPoint:
     cap_tokens: int | None = None
 
     @property
+    def baseline_requests_per_s(self) -> float | None:
+        """Requests a second of the baseline's compute at this length as it serves: its
+        layout's instances each computing a call of its batch cap (``layout_curve``), else one
+        instance's calls of that batch (``batch_curve``) times the serving instances; None
+        when neither was timed."""
+        for sample in self.layout_curve:
+            if sample.layout == self.baseline_layout and sample.batch == self.baseline_batch:
+                return sample.requests_per_s
+        for batch in self.batch_curve:
+            if batch.batch == self.baseline_batch:
+                return batch.requests_per_s * int(self.serving.get("instances", 1))
+        return None
+
+    @property
     def statistic(self) -> str:
         """The curve's statistic, as a percentile's name: P99, P50."""
         return f"P{100 * self.quantile:g}"

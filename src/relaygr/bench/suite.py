@@ -270,6 +270,20 @@ class BenchSuite:
                            f"{noise.describe()}")
         return point
 
+    def throughput_search(self, search: QpsSearchConfig, point: OperatingPoint | None
+                          ) -> QpsSearchConfig:
+        """``search`` started near the baseline's capacity at ``point`` (the operating point,
+        where the throughput phase runs at its length; ``QpsSearchConfig.started_near``)."""
+        capacity = None if point is None else point.baseline_requests_per_s
+        started = search.started_near(capacity)
+        if point is not None and capacity is not None \
+                and search.start_capacity_share is not None:
+            self.progress.note(f"throughput searches start at {started.start_qps:g} QPS: "
+                               f"{search.start_capacity_share:g} of the baseline's "
+                               f"{capacity:.0f} req/s of compute at {point.prefix_len} tokens, "
+                               f"on the grid from {search.start_qps:g}")
+        return started
+
     def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None,
                               point: OperatingPoint | None = None) -> tuple[int, str]:
         """The fixed length of phase 2 and why it was chosen."""
@@ -321,16 +335,19 @@ class BenchSuite:
         self._finished("sweep", sweep)
         point = self.operating_point(sweep)
         self._finished("operating_point", point)
-        throughput = None
+        throughput = search = None
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
-        if point is not None and point.prefix_len == prefix_len:
-            self.batch_caps[("baseline", "throughput")] = point.baseline_batch
-            if point.layout_curve and point.baseline_layout != point.layout_curve[0].layout:
-                assert point.baseline_layout is not None
-                self.layouts[("baseline", "throughput")] = point.baseline_layout
+        at_point = point if point is not None and point.prefix_len == prefix_len else None
+        if at_point is not None:
+            self.batch_caps[("baseline", "throughput")] = at_point.baseline_batch
+            if at_point.layout_curve \
+                    and at_point.baseline_layout != at_point.layout_curve[0].layout:
+                assert at_point.baseline_layout is not None
+                self.layouts[("baseline", "throughput")] = at_point.baseline_layout
         if cfg.throughput:
-            throughput = await self.qps_search("throughput", self._fixed(prefix_len),
-                                               cfg.throughput.search, prefix_len)
+            search = self.throughput_search(cfg.throughput.search, at_point)
+            throughput = await self.qps_search("throughput", self._fixed(prefix_len), search,
+                                               prefix_len)
             self._finished("throughput", {"prefix_len": prefix_len, "chosen_by": chosen_by,
                                           "searches": throughput})
         mixed_builder = (workload_builder(cfg.mixed.source, cfg.mixed.params, cfg.seed)
@@ -351,7 +368,7 @@ class BenchSuite:
         exactness = await self.exactness(mixed_builder)
         self._finished("exactness", exactness)
         phases = Phases(point, prefix_len, chosen_by, sweep, throughput, mixed, extra, limit,
-                        exactness, mixed_builder.describe() if cfg.mixed else None)
+                        exactness, mixed_builder.describe() if cfg.mixed else None, search)
         return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,
                         started, time.perf_counter() - t0)
 
