@@ -32,8 +32,9 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
     for plan in (full, quick):
         budget = plan.budget
         assert budget.min_measured_requests <= budget.measured_requests
-        for size in (budget.min_measured_requests, budget.measured_requests):
-            assert P99Rule(budget.confidence).sequential(size).min_samples_to_pass() <= size
+        for requests in (budget.min_measured_requests, budget.measured_requests):
+            rule = P99Rule(budget.confidence).sequential(requests)
+            assert rule.min_samples_to_pass() <= requests
     assert full.budget.confidence == 0.99 > quick.budget.confidence
     assert quick.budget.measured_requests < full.budget.min_measured_requests
     # the full sweep starts at the third length; modes without a length bar sweep every other

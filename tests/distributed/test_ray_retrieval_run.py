@@ -25,6 +25,7 @@ import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
+from relaygr.cascade.proposals import InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.data import load_sequences
 from relaygr.distributed.app import (
@@ -136,6 +137,29 @@ def test_an_ingress_loads_the_runs_stage_and_answers_as_embedded(runs: Runs,
     users = sorted(embedded.backend.store)[:USERS]
     want = _answers(embedded, users)
     _check_as_embedded(_answers(service, users), want, _tolerance(runs, want))
+
+
+def test_an_ingress_serves_the_towers_beside_the_item_embeddings_as_embedded(runs: Runs
+                                                                            ) -> None:
+    """At a share below 1 (no stage weight) the ingress interleaves the towers with the
+    checkpoint's item embeddings, as the embedded server does: the same candidates and
+    scores."""
+    beside = SYSTEM.with_(stages={"stage_weight": 0.0, "retrieval_run_share": 0.5})
+    source = runs.source("towers")
+    service = ingress_service(LocalRanker(["replica-a"], system=beside, source=source),
+                              _ingress_spec(source, beside))
+    stage = service.backend.stages.retrieval                 # type: ignore[attr-defined]
+    assert isinstance(stage, InterleavedRetrieval)
+    assert isinstance(stage.channels[1], TrainedRetrieval)
+    embedded = _embedded(source, beside)
+    users = sorted(embedded.backend.store)[:USERS]
+    want = _answers(embedded, users)
+    tol = _tolerance(runs, want)
+    for got, w in zip(_answers(service, users), want, strict=True):
+        assert got["stage_weight"] == 0.0
+        _check_same(got, (w["candidates"], torch.tensor(w["scores"]),
+                          torch.tensor(w["ranker_scores"]), torch.tensor(w["stage_scores"])),
+                    tol)
 
 
 def _other_pair(towers: Path, to: Path) -> Path:
