@@ -405,9 +405,8 @@ def test_the_throughput_searches_start_near_the_baselines_capacity() -> None:
     the grid from the plan's 1,000 has 2,000 below it. Every mode's throughput search starts
     there, and the JSON says so."""
     assert CONFIG.throughput is not None and CONFIG.sweep is not None
-    search = replace(CONFIG.throughput.search, start_capacity_share=0.6)
     config = replace(CONFIG, sweep=SweepConfig(lengths=(128,), qps=CONFIG.sweep.qps),
-                     throughput=replace(CONFIG.throughput, search=search),
+                     throughput=replace(CONFIG.throughput, start_capacity_share=0.6),
                      mixed=None, limit=None, exactness=None)
     probe = CurveProbe(lambda t: SERVICE["baseline"](t) * 1e3)
     report = run_virtual(BenchSuite({m: factory(m) for m in ("baseline", "relay")}, config,
@@ -421,5 +420,5 @@ def test_the_throughput_searches_start_near_the_baselines_capacity() -> None:
         assert found is not None and found.trials[0].point == 2000.0
     written = json.loads(json.dumps(report.to_json_dict()))["workload"]["throughput"]
     assert written["search"]["start_qps"] == 2000.0
-    assert written["search"]["start_capacity_share"] == 0.6
+    assert written["start_capacity_share"] == 0.6
     assert written["operating_point"]["baseline_requests_per_s"] == pytest.approx(capacity)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaygr.bench.config import QpsSearchConfig
-from relaygr.bench.decision import Verdict
+from relaygr.bench.config import PointBudget, QpsSearchConfig, ThroughputConfig
+from relaygr.bench.decision import P99Rule, Verdict
 from relaygr.bench.qps_search import QpsSearch, bracket_width
 from relaygr.bench.search import Outcome
 from relaygr.errors import ConfigError
@@ -139,17 +139,35 @@ def test_bounds_end_the_search() -> None:
 
 
 def test_a_search_starts_on_its_grid_near_a_share_of_the_baselines_capacity() -> None:
-    cfg = QpsSearchConfig(start_qps=16.0, growth=2.0, max_qps=2000.0, start_capacity_share=0.2)
-    # 0.2 x 195 = 39 req/s: the grid's 16, 32, 64, ... -> 32
-    assert cfg.started_near(195.0).start_qps == 32.0
-    assert cfg.started_near(160.0).start_qps == 32.0      # exactly on the grid: that rate
-    assert cfg.started_near(159.0).start_qps == 16.0
-    assert cfg.started_near(60.0).start_qps == 16.0       # never below start_qps
-    assert cfg.started_near(1e9).start_qps == 2000.0      # nor above max_qps
-    assert cfg.started_near(None) is cfg
-    assert cfg.started_near(195.0).min_qps == cfg.min_qps
-    plain = QpsSearchConfig(start_qps=16.0)
-    assert plain.started_near(1e4) is plain                # no share: from start_qps
+    cfg = QpsSearchConfig(start_qps=16.0, growth=2.0, max_qps=2000.0)
+    # the grid's 16, 32, 64, ...: its highest rate at or below the one asked
+    assert cfg.started_near(39.0).start_qps == 32.0
+    assert cfg.started_near(32.0).start_qps == 32.0       # exactly on the grid: that rate
+    assert cfg.started_near(31.9).start_qps == 16.0
+    assert cfg.started_near(12.0) is cfg                  # never below start_qps
+    assert cfg.started_near(1e9).start_qps == 1024.0      # on the grid below max_qps
+    for rate in (math.inf, math.nan, 0.0, -5.0):
+        assert cfg.started_near(rate) is cfg
+    assert cfg.started_near(39.0).min_qps == cfg.min_qps
+    with pytest.raises(ConfigError, match="growth"):
+        QpsSearchConfig(growth=1.0)
+    # the throughput phase asks for a share of the baseline's capacity (None: not measured)
+    phase = ThroughputConfig(search=cfg, start_capacity_share=0.2)
+    assert phase.search_near(195.0).start_qps == 32.0     # 0.2 x 195 = 39
+    assert phase.search_near(None) is cfg
+    assert ThroughputConfig(search=cfg).search_near(1e4) is cfg     # no share: start_qps
     for share in (0.0, 1.5):
         with pytest.raises(ConfigError, match="start_capacity_share"):
-            QpsSearchConfig(start_capacity_share=share)
+            ThroughputConfig(start_capacity_share=share)
+
+
+def test_a_point_is_never_sized_where_its_p99_rule_cannot_pass() -> None:
+    """The sequential rule is computed per power of two: 257 to 269 requests at 90 % take the
+    rule of 512, which passes a clean point at 270 only; such a point is sized 256."""
+    budget = PointBudget(measured_requests=512, min_measured_requests=230, max_point_s=16.0,
+                         confidence=0.9)
+    sizes = {qps: budget.measured_at(qps) for qps in (14.0, 16.0, 16.1, 16.8, 16.9, 32.0)}
+    assert sizes == {14.0: 230, 16.0: 256, 16.1: 256, 16.8: 256, 16.9: 270, 32.0: 512}
+    for tenth in range(140, 330):
+        n = budget.measured_at(tenth / 10)
+        assert P99Rule(0.9).sequential(n).min_samples_to_pass() <= n, (tenth, n)

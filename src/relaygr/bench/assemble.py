@@ -74,6 +74,8 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
         "throughput": {"prefix_len": phases.prefix_len, "chosen_by": phases.chosen_by,
                        "search": None if phases.throughput_search is None
                        else asdict(phases.throughput_search),
+                       "start_capacity_share": None if config.throughput is None
+                       else config.throughput.start_capacity_share,
                        "operating_point": None if point is None else {
                            **asdict(point), "reason": point.reason,
                            "baseline_requests_per_s": point.baseline_requests_per_s}},

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from relaygr.bench.decision import P99Rule
 from relaygr.bench.operating import LengthSearch
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.errors import ConfigError
@@ -67,8 +68,16 @@ class PointBudget:
         return max(self.warmup_requests, math.ceil(qps * self.warmup_s))
 
     def measured_at(self, qps: float) -> int:
+        """Requests measured at ``qps``: what ``max_point_s`` allows, clamped to the budget's
+        range, and never a size just past a power of two whose sequential P99 rule could not
+        pass within it (257-269 at 90 %: the rule of 512 needs 270): the power below instead."""
         by_time = math.floor(qps * self.max_point_s)
-        return max(self.min_measured_requests, min(self.measured_requests, by_time))
+        n = max(self.min_measured_requests, min(self.measured_requests, by_time))
+        below = 1 << (n.bit_length() - 1)
+        if below < n and below >= self.min_measured_requests \
+                and P99Rule(self.confidence).sequential(n).min_samples_to_pass() > n:
+            return below
+        return n
 
 
 @dataclass(frozen=True)
@@ -83,32 +92,23 @@ class QpsSearchConfig:
     budget_s: float = 600.0
     min_qps: float = 0.25
     max_qps: float = 2000.0
-    # Where the operating point measured the baseline's compute capacity there (requests a
-    # second, OperatingPoint.baseline_requests_per_s), every mode's search starts at the
-    # highest rate start_qps x growth^k at or below this share of it (``started_near``): a
-    # point far below the answer costs the most time (its requests come slowest) and decides
-    # nothing. None: from start_qps.
-    start_capacity_share: float | None = None
 
     def __post_init__(self) -> None:
         if not self.budget_s > 0:
             raise ConfigError(f"budget_s must be > 0, got {self.budget_s}")
-        if self.start_capacity_share is not None and not 0 < self.start_capacity_share <= 1:
-            raise ConfigError("start_capacity_share must be in (0, 1], got "
-                              f"{self.start_capacity_share}")
+        if not self.growth > 1:
+            raise ConfigError(f"growth must be > 1, got {self.growth}")
 
-    def started_near(self, capacity_rps: float | None) -> QpsSearchConfig:
+    def started_near(self, rate_qps: float) -> QpsSearchConfig:
         """This search started at the highest rate ``start_qps * growth ** k`` (k >= 0) at or
-        below ``start_capacity_share * capacity_rps``, at most ``max_qps`` (itself without a
-        share or a capacity): on the grid it would climb anyway, so the rates stay
-        comparable between runs and machines."""
-        if self.start_capacity_share is None or not capacity_rps or capacity_rps <= 0:
-            return self
-        target = self.start_capacity_share * capacity_rps
-        if target <= self.start_qps:
+        below both ``rate_qps`` and ``max_qps``: on the grid it would climb anyway, so the
+        rates stay comparable between runs and machines (itself when ``rate_qps`` is not a
+        finite rate above ``start_qps``)."""
+        target = min(rate_qps, self.max_qps) if math.isfinite(rate_qps) else math.nan
+        if not target > self.start_qps:
             return self
         steps = math.floor(math.log(target / self.start_qps, self.growth) + 1e-9)
-        return replace(self, start_qps=min(self.start_qps * self.growth ** steps, self.max_qps))
+        return replace(self, start_qps=self.start_qps * self.growth ** steps)
 
 
 @dataclass(frozen=True)
@@ -163,10 +163,26 @@ class ThroughputConfig:
     # its length cap (a longer history would not leave room for the queueing any load brings).
     slo_share: float | None = 0.5
     lengths: LengthSearch = field(default_factory=LengthSearch)
+    # At the operating point, every mode's search starts at its grid's highest rate at or
+    # below this share of the baseline's compute capacity there
+    # (OperatingPoint.baseline_requests_per_s; QpsSearchConfig.started_near): a point far below
+    # the answer costs the most time (its requests come slowest) and decides nothing. None:
+    # from search.start_qps.
+    start_capacity_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.slo_share is not None and not 0 < self.slo_share < 1:
             raise ConfigError(f"slo_share must be in (0, 1), got {self.slo_share}")
+        if self.start_capacity_share is not None and not 0 < self.start_capacity_share <= 1:
+            raise ConfigError("start_capacity_share must be in (0, 1], got "
+                              f"{self.start_capacity_share}")
+
+    def search_near(self, capacity_rps: float | None) -> QpsSearchConfig:
+        """``search`` started near ``start_capacity_share`` of ``capacity_rps`` (the
+        baseline's requests a second at the operating point; None: not measured)."""
+        if self.start_capacity_share is None or capacity_rps is None:
+            return self.search
+        return self.search.started_near(self.start_capacity_share * capacity_rps)
 
 
 @dataclass(frozen=True)

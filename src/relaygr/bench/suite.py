@@ -35,7 +35,7 @@ from dataclasses import replace
 
 from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.assemble import Phases, assemble
-from relaygr.bench.config import BenchConfig, QpsSearchConfig
+from relaygr.bench.config import BenchConfig, QpsSearchConfig, ThroughputConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.journal import Journal
@@ -270,19 +270,18 @@ class BenchSuite:
                            f"{noise.describe()}")
         return point
 
-    def throughput_search(self, search: QpsSearchConfig, point: OperatingPoint | None
+    def throughput_search(self, cfg: ThroughputConfig, point: OperatingPoint | None
                           ) -> QpsSearchConfig:
-        """``search`` started near the baseline's capacity at ``point`` (the operating point,
-        where the throughput phase runs at its length; ``QpsSearchConfig.started_near``)."""
+        """``cfg.search`` started near the baseline's capacity at ``point`` (the operating
+        point, where the throughput phase runs at its length; ``ThroughputConfig.search_near``)."""
         capacity = None if point is None else point.baseline_requests_per_s
-        started = search.started_near(capacity)
-        if point is not None and capacity is not None \
-                and search.start_capacity_share is not None:
-            self.progress.note(f"throughput searches start at {started.start_qps:g} QPS: "
-                               f"{search.start_capacity_share:g} of the baseline's "
+        search = cfg.search_near(capacity)
+        if point is not None and capacity is not None and cfg.start_capacity_share is not None:
+            self.progress.note(f"throughput searches start at {search.start_qps:g} QPS: "
+                               f"{cfg.start_capacity_share:g} of the baseline's "
                                f"{capacity:.0f} req/s of compute at {point.prefix_len} tokens, "
-                               f"on the grid from {search.start_qps:g}")
-        return started
+                               f"on the grid from {cfg.search.start_qps:g}")
+        return search
 
     def throughput_prefix_len(self, sweep: dict[str, LengthSweepResult] | None,
                               point: OperatingPoint | None = None) -> tuple[int, str]:
@@ -345,7 +344,7 @@ class BenchSuite:
                 assert at_point.baseline_layout is not None
                 self.layouts[("baseline", "throughput")] = at_point.baseline_layout
         if cfg.throughput:
-            search = self.throughput_search(cfg.throughput.search, at_point)
+            search = self.throughput_search(cfg.throughput, at_point)
             throughput = await self.qps_search("throughput", self._fixed(prefix_len), search,
                                                prefix_len)
             self._finished("throughput", {"prefix_len": prefix_len, "chosen_by": chosen_by,

@@ -201,11 +201,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# The throughput searches start near the answer, at the grid's highest rate at or below this
-# share of the baseline's compute capacity at the operating point (QpsSearchConfig): on this
-# project's 2-core box the baseline's SLO throughput there was 0.16-0.33 of it (seed 81: 32 QPS
-# passed, 64 undecided, of 195 req/s), so a fifth lands a step or so below it; the climb finds
-# the rest.
+# The throughput searches start at the grid's highest rate at or below this share of the
+# baseline's compute capacity at the operating point (ThroughputConfig.start_capacity_share):
+# the baseline's SLO throughput there lies at a fifth to a third of it on this project's 2-core
+# box (docs/runs/2026-11-28-quick-runs-search-from-capacity.md), so the climb starts a step or
+# so below its answer.
 START_CAPACITY_SHARE = 0.2
 # The quick run's modes: today's production path, its best cache-only peer, and the relay.
 QUICK_MODES = ("baseline", "reactive", "relay")
@@ -235,19 +235,22 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     workloads (ML-1M replay and the DLRMv3 profile with and without cross-request reuse). Every
     mode's sweep starts at the third grid length (512 on the cpu profile; it walks down if that
     does not pass), the modes without a bar on length (reactive and the three ablations) sweep
-    every other length; searches start
-    at twice the profile's search start (8 QPS on cpu), go no lower than half of it, and take up
-    to 10 minutes of measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever
-    is more (a fresh system's caches fill first). Quick: verdicts at 90% confidence, 230-256
-    measured requests a point (a pass needs 230 with no overage) after the same warm-up, three
-    modes, every other length from the second, sweep and searches at 4x the profile's sweep
-    load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS), sweeps of 45 s
-    and searches of 40 s of measuring per mode, the searches down to a quarter of that load and
-    none on the mixed workload (it serves the exactness replay, 60 requests at 8 QPS), one
-    re-measure of a point under noise, a 20-request limit point, no extra workloads, and a
-    deadline (``QUICK_DEADLINE_S``) by which the sweep and searches end, so that the whole run
-    takes under five minutes: a smoke figure of the same shape. Both compare throughput at this
-    machine's operating point (``relaygr.bench.operating``, ``slo_share``).
+    every other length; searches start at twice the profile's search start (8 QPS on cpu; the
+    fixed-length one, at the operating point, at its grid's rate at or below a fifth of the
+    baseline's capacity there), go no lower than half of it, and take up to 10 minutes of
+    measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever is more (a fresh
+    system's caches fill first). Quick: verdicts at 90% confidence, 230-512 measured requests a
+    point (a clean pass at 230 of 256 or 270 of 512, one with a single overage at 438 of 512)
+    after the same warm-up, three modes, every other length from the second, sweep and searches
+    from 4x the profile's sweep load (16 QPS on cpu: a passing point takes ~15 s there, a minute
+    at 4 QPS; the fixed-length search from a fifth of the baseline's capacity, on the same x2
+    grid), sweeps of 45 s and searches of 40 s of measuring per mode, the searches down to a
+    quarter of that load and none on the mixed workload (it serves the exactness replay, 60
+    requests at 8 QPS), one re-measure of a point under noise, a 20-request limit point, no
+    extra workloads, and a deadline (``QUICK_DEADLINE_S``) by which the sweep and searches
+    end, so that the whole run takes under five minutes: a smoke figure of the same shape. Both
+    compare throughput at this machine's operating point (``relaygr.bench.operating``,
+    ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -255,18 +258,15 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     if quick:
         # 2 s of warm-up as in the full plan: judged after every request, a point otherwise
         # fails on a fresh system's start-up (docs/runs/2026-11-25-quick-p99-verdicts.md).
-        # Up to 512 requests or the point's 16 s, whichever comes first: the sequential P99
-        # rule at 90 % then passes a point with one overage at 438 requests (a clean one at
-        # 270, a fail as early as ever), where a 256-request point passes a clean one at 230
-        # and leaves a single spike undecided
+        # Up to 512 requests or the point's 16 s: room for the sequential P99 rule to pass a
+        # point with a single overage (at 438 of 512), which 256 requests never can
         budget = PointBudget(measured_requests=512, min_measured_requests=230,
                              warmup_requests=8, warmup_s=2.0, max_point_s=16.0,
                              confidence=0.9, max_remeasures=1)
         load = QUICK_LOAD_SCALE * profile.sweep_qps
         # down to a quarter of the load: at the operating point the P99 of the baseline's pass
         # alone takes half the SLO, and a search that stops above its answer bounds no ratio
-        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=40.0, min_qps=load / 4,
-                                 start_capacity_share=START_CAPACITY_SHARE)
+        search = QpsSearchConfig(start_qps=load, rel_tol=0.3, budget_s=40.0, min_qps=load / 4)
         lengths = profile.sweep_lengths[1::2]
         # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
         # its re-measure; a sweep that needs more stops there with what it has decided
@@ -279,8 +279,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         # from twice the quick start, and never below half of it: a passing point at low QPS
         # costs minutes (540 requests at 2 QPS), and below that the answer is "none" anyway
         search = QpsSearchConfig(start_qps=2 * profile.search_start_qps, rel_tol=0.15,
-                                 budget_s=600.0, min_qps=profile.search_start_qps / 2,
-                                 start_capacity_share=START_CAPACITY_SHARE)
+                                 budget_s=600.0, min_qps=profile.search_start_qps / 2)
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
                             start=lengths[min(2, len(lengths) - 1)],
@@ -294,7 +293,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     return BenchConfig(
         slo_ms=slo_ms, seed=seed, device=device, model=model, population=population,
         budget=budget, sweep=sweep, deadline_s=QUICK_DEADLINE_S if quick else None,
-        throughput=ThroughputConfig(search=search, slo_share=slo_share, lengths=curve),
+        throughput=ThroughputConfig(search=search, slo_share=slo_share, lengths=curve,
+                                    start_capacity_share=START_CAPACITY_SHARE),
         mixed=MixedConfig(source=profile.mixed_source, params=profile.mixed_workload_params(),
                           search=mixed_search),
         limit=LimitConfig(requests=20 if quick else 100, warmup_requests=3 if quick else 10,
