@@ -7,13 +7,12 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from relaygr.bench.protocol import RunClock, SystemContext
 from relaygr.bench.systems import CascadeUnderTest, SharedParts, mode_factories
 from relaygr.bench.workload.ml1m import ML1MConfig, ML1MWorkload, read_movie_ids
 from relaygr.cascade.config import StagesConfig, SystemConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval, RetrievalStage
+from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
 from relaygr.engine.instance import InstanceConfig
@@ -22,9 +21,7 @@ from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 
 
-@pytest.mark.parametrize("share", [1.0, StagesConfig.retrieval_run_share])
-def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path, share: float
-                                                                 ) -> None:
+def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path) -> None:
     ratings = write_ratings(tmp_path / "ml")
     run = train_run(tmp_path / "ml", tmp_path / "run")
     workload = ML1MWorkload(ML1MConfig(path=ratings, visits_per_user=1, events_per_visit=2,
@@ -39,21 +36,13 @@ def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path
                         EmbeddingRetrieval.of(model, 6, recency=recency), measured={"ml1m": stage})
     base = SystemConfig(num_instances=1,
                         stages=StagesConfig(num_candidates=8, retrieval_k=32,
-                                            retrieval_history=6, retrieval_run_share=share),
+                                            retrieval_history=6),
                         instance=InstanceConfig(device_budget_bytes=8 << 20,
                                                 host_budget_bytes=16 << 20, page_tokens=16))
     cut = mode_factories(["relay"], base, parts)["relay"](SystemContext(workload, RunClock()))
     assert isinstance(cut, CascadeUnderTest)
     system = cut.system
-    assert system.stages.book is None
-    served: RetrievalStage = stage      # as serve serves it: alone, or beside item embeddings
-    if share < 1:
-        served = InterleavedRetrieval([(EmbeddingRetrieval.of(model, 6, recency=recency),
-                                        1 - share), (stage, share)])
-        assert isinstance(system.stages.retrieval, InterleavedRetrieval)
-        assert system.stages.retrieval.channels[1] is stage
-    else:
-        assert system.stages.retrieval is stage
+    assert system.stages.book is None and system.stages.retrieval is stage
     stages = system.config.stages
     assert (stages.retrieval_delay_ms, stages.preprocess_delay_ms) == (0, 0)
     assert workload.stage_delays.total_s > 0          # what the replay would otherwise wait
@@ -72,7 +61,7 @@ def test_the_ml1m_replay_retrieves_live_through_the_trained_stage(tmp_path: Path
             await cut.stop()
 
     for (seen, rec), request in zip(asyncio.run(main()), workload.requests, strict=True):
-        proposed = served.propose(seen, 32, request.user_id)
+        proposed = stage.propose(seen, 32, request.user_id)
         assert rec.candidates.tolist() == proposed[~np.isin(proposed, seen)][:8].tolist()
         assert rec.stages is not None and rec.stages.delay_s == 0.0
         assert not rec.stages.replayed

@@ -15,7 +15,11 @@ from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
-from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cascade.trained_retrieval import (
+    RankerCatalogue,
+    TrainedRetrieval,
+    beside_the_default,
+)
 from relaygr.engine.instance import InstanceConfig
 from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
 from tests.cascade.retrieval_runs import (
@@ -115,7 +119,8 @@ def _served(run: Path, share: float, stage_weight: float = 0.0
                                 page_tokens=16))
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT,
                                   recency=config.stages.retrieval_recency)
-    return (RelaySystem(config, model, store, flops_cost_model(model.cfg), stage), stage,
+    served = beside_the_default(stage, config.stages, model)    # as serve serves it
+    return (RelaySystem(config, model, store, flops_cost_model(model.cfg), served), stage,
             histories)
 
 

@@ -117,8 +117,14 @@ def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> Non
     alone = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
                           "--retrieval-run-share", "1")
     assert alone.system.stages.retrieval_run_share == 1.0
-    with pytest.raises(ConfigError, match="share of a --retrieval-run"):
+    with pytest.raises(ConfigError, match="share of a `relaygr train-retrieval`"):
         serve_options("--checkpoint", str(tmp_path), "--retrieval-run-share", "0.5")
+    hstu = tmp_path / "hstu"                     # an HSTU run's retrieval head serves alone
+    hstu.mkdir()
+    (hstu / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="serves alone"):
+        serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(hstu),
+                      "--retrieval-run-share", "0.5")
     with pytest.raises(ConfigError, match="retrieval_run_share must be in"):
         serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
                       "--retrieval-run-share", "0")

@@ -110,13 +110,17 @@ class InterleavedRetrieval:
     """Channels (strategies) merged into one list in which every prefix holds each channel's
     share of its length, to within one item: position ``p`` goes to the channel furthest below
     its share of ``p + 1`` (ties to the earlier channel), which gives its best item not already
-    in the list; a channel with none left yields its positions to the others. So the list is
-    right however much of it pre-processing keeps (the first ``num_candidates`` unseen of
-    ``retrieval_k``), which a concatenation of the channels' lists would not be.
+    in the list; a channel with none left yields its places to the others. The user's own
+    events are left out of every channel's search (as pre-processing would drop them), so the
+    shares hold among the candidates pre-processing keeps, however many it keeps (the first
+    ``num_candidates`` of ``retrieval_k``), which a concatenation of the channels' lists would
+    not give. A channel that cannot read the user's events (``EmptyInputError``: none of them
+    is an item it knows) proposes nothing, and the others fill the list; only when every
+    channel fails does the user get the error.
 
     The channels score on scales of their own, so the merged list's score of the item at
     position ``p`` is its reciprocal rank ``1 / (p + 1)``: an order, not a score to fuse with the
-    ranker's (``EarlierStages.of`` refuses a stage weight with it)."""
+    ranker's (``trained_retrieval.check_run_share`` refuses a stage weight with it)."""
 
     def __init__(self, channels: Sequence[tuple[ExcludingStage, float]]) -> None:
         """``channels``: ``(strategy, share)`` pairs, shares in (0, 1) summing to 1."""
@@ -128,10 +132,10 @@ class InterleavedRetrieval:
         self.channels = [stage for stage, _ in channels]
         self.shares = shares
         self.name = " + ".join(f"{stage.name} ({share:.0%})" for stage, share in channels)
-        self._orders: dict[int, np.ndarray] = {}
+        self._orders: dict[int, np.ndarray] = {}    # by k; a race only computes one twice
 
     def order(self, k: int) -> np.ndarray:
-        """``(k,)``: the channel of each position, before any channel runs out."""
+        """``(k,)``, read-only: the channel of each position, before any channel runs out."""
         found = self._orders.get(k)
         if found is not None:
             return found
@@ -141,6 +145,7 @@ class InterleavedRetrieval:
             c = int(np.argmax(self.shares * (p + 1) - taken))   # first of the furthest behind
             owner[p] = c
             taken[c] += 1
+        owner.setflags(write=False)
         self._orders[k] = owner
         return owner
 
@@ -149,29 +154,48 @@ class InterleavedRetrieval:
 
     def scored(self, history: np.ndarray, k: int, user_id: int | None = None,
                exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``k`` distinct ids, each channel asked for its top ``k`` (``exclude`` passed
-        on), and their reciprocal ranks."""
-        lists = [stage.scored(history, k, user_id, exclude=exclude)[0].tolist()
-                 for stage in self.channels]
-        nexts = [0] * len(lists)
-        merged: list[int] = []
-        chosen: set[int] = set()
-
-        def take(c: int) -> bool:
-            """Channel ``c``'s best item not yet chosen, appended; False: it has none left."""
-            ids, i = lists[c], nexts[c]
-            while i < len(ids) and ids[i] in chosen:
-                i += 1
-            if i >= len(ids):
-                return False
-            nexts[c] = i + 1
-            merged.append(ids[i])
-            chosen.add(ids[i])
-            return True
-
-        for preferred in self.order(k).tolist():
-            # run out, it yields the place to the others, in order; all run out: done
-            if not take(preferred) and not any(take(c) for c in range(len(lists))):
-                break
+        """Up to ``k`` distinct ids outside ``history`` and ``exclude``, each channel asked
+        for its top ``k`` of those, and their reciprocal ranks."""
+        if history.size == 0:
+            raise EmptyInputError("retrieval needs at least one event in the user's history")
+        events = np.asarray(history, dtype=np.int64)
+        skip = events if exclude is None else np.union1d(events, exclude)
+        lists: list[list[int]] = []
+        refused: EmptyInputError | None = None
+        for stage in self.channels:
+            try:
+                lists.append(stage.scored(events, k, user_id, exclude=skip)[0].tolist())
+            except EmptyInputError as error:      # this channel knows none of the events
+                lists.append([])
+                refused = error
+        if refused is not None and not any(lists):
+            raise refused
+        merged = _merge(lists, self.order(k))
         ranks = np.arange(1, len(merged) + 1, dtype=np.float32)
         return np.asarray(merged, dtype=np.int64), 1 / ranks
+
+
+def _merge(lists: list[list[int]], order: np.ndarray) -> list[int]:
+    """The channels' ``lists`` (best first) merged position by position as ``order`` assigns
+    (``InterleavedRetrieval``), each item once."""
+    nexts = [0] * len(lists)
+    merged: list[int] = []
+    chosen: set[int] = set()
+
+    def take(c: int) -> bool:
+        """Channel ``c``'s best item not yet chosen, appended; False: it has none left."""
+        ids, i = lists[c], nexts[c]
+        while i < len(ids) and ids[i] in chosen:
+            i += 1
+        if i >= len(ids):
+            return False
+        nexts[c] = i + 1
+        merged.append(ids[i])
+        chosen.add(ids[i])
+        return True
+
+    for preferred in order.tolist():
+        # run out, a channel yields the place to the others, in order; all run out: done
+        if not take(preferred) and not any(take(c) for c in range(len(lists))):
+            break
+    return merged

@@ -28,10 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relaygr.cascade.config import StagesConfig, SystemConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval, RetrievalStage
-from relaygr.cascade.trained_retrieval import TrainedRetrieval
-from relaygr.errors import ConfigError, EmptyInputError
+from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
+from relaygr.errors import EmptyInputError
 from relaygr.model import HSTU
 
 
@@ -93,31 +92,6 @@ class StageOutput:
     scores: Tensor
 
 
-def check_run_share(stages: StagesConfig, run_name: str) -> None:
-    """``ConfigError`` where a stage weight would fuse a retrieval run's scores while the run
-    serves beside the default stage (two score scales; ``beside_the_default``)."""
-    if stages.stage_weight and stages.retrieval_run_share < 1:
-        raise ConfigError(
-            f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
-            f"ranker's; retrieval run {run_name} serves {stages.retrieval_run_share:g} of the "
-            "candidates beside the item embeddings, two scales: set "
-            "StagesConfig.retrieval_run_share to 1 (--retrieval-run-share 1) to fuse the run's")
-
-
-def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU
-                       ) -> TrainedRetrieval | InterleavedRetrieval:
-    """A trained retrieval run as the cascade serves it: interleaved with the default stage
-    (``model``'s item embeddings) at ``stages.retrieval_run_share``, alone at a share of 1
-    (``check_run_share`` first)."""
-    check_run_share(stages, run.name)
-    share = stages.retrieval_run_share
-    if share == 1:
-        return run
-    default = EmbeddingRetrieval.of(model, stages.retrieval_history,
-                                    recency=stages.retrieval_recency)
-    return InterleavedRetrieval([(default, 1 - share), (run, share)])
-
-
 class EarlierStages:
     """Retrieval then pre-processing for one request (see the module docstring)."""
 
@@ -138,19 +112,14 @@ class EarlierStages:
     @classmethod
     def of(cls, config: SystemConfig, model: HSTU, retrieval: RetrievalStage | None = None,
            book: CandidateBook | None = None) -> EarlierStages:
-        """The stages ``config`` sets (K, delays), retrieving with ``retrieval``, default the
-        ranking model's item embeddings (``EmbeddingRetrieval``); a trained retrieval run
-        (``TrainedRetrieval``) is interleaved with that default at its
-        ``StagesConfig.retrieval_run_share``, and then no stage weight can fuse their scores
-        (``ConfigError``). One construction for every transport (the embedded system, the Ray
-        ingress, the benchmark)."""
+        """The stages ``config`` sets (K, delays), retrieving with ``retrieval`` as given (a
+        trained run as served: ``trained_retrieval.beside_the_default``), default the ranking
+        model's item embeddings (``EmbeddingRetrieval``): one construction for every transport
+        (the embedded system, the Ray ingress, the benchmark)."""
         stages = config.stages
-        if retrieval is None:
-            retrieval = EmbeddingRetrieval.of(model, stages.retrieval_history,
-                                              recency=stages.retrieval_recency)
-        elif isinstance(retrieval, TrainedRetrieval):
-            retrieval = beside_the_default(retrieval, stages, model)
-        return cls(retrieval, stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
+        return cls(retrieval or EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                                      recency=stages.retrieval_recency),
+                   stages.retrieval_k, stages.retrieval_delay_ms / 1e3,
                    stages.preprocess_delay_ms / 1e3, book)
 
     def candidates(self, history: np.ndarray, num_candidates: int,

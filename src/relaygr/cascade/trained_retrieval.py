@@ -16,6 +16,12 @@ the user has now, not those it had at training time; with the user's training it
 mean it is exactly the trained vector. A user with no event of an item the run knows gets
 ``EmptyInputError``.
 
+As the cascade serves it (``beside_the_default``: ``relaygr serve --retrieval-run``, the
+benchmark's replay, ``relaygr eval --retrieval RUN``), the run proposes its share of the list
+(``StagesConfig.retrieval_run_share``), interleaved with the default stage, the ranker's item
+embeddings (``proposals.InterleavedRetrieval``); at a share of 1 it serves alone, and only then
+may a stage weight fuse its scores (``check_run_share``).
+
 Ids: the run numbers users and items its own way; ``catalogue.npz`` holds the dataset's id of
 each. The ranker's ids are mapped through the dataset's ids (``RankerCatalogue``). Runs on another
 dataset, or sharing too few items, are refused (``CatalogueMismatchError``, naming the mismatch).
@@ -28,8 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from relaygr.cascade.config import StagesConfig
+from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.retrieval import RetrievalConfig, Retriever
 from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
+from relaygr.model import HSTU
 from relaygr.retrieval import RetrievalModel
 from relaygr.retrieval.checkpoint import RunCatalogue, load_catalogue, load_seed, read_run_info
 
@@ -150,6 +159,33 @@ class TrainedRetrieval:
         rows = found.item_ids[0][found.valid[0]] - 1
         ids: np.ndarray = self.index_items[rows]
         return ids, found.scores[0][found.valid[0]]
+
+
+def check_run_share(stages: StagesConfig, run_name: str) -> None:
+    """``ConfigError`` where a stage weight would fuse a retrieval run's scores while the run
+    serves beside the default stage (two score scales; ``beside_the_default``)."""
+    if stages.stage_weight and stages.retrieval_run_share < 1:
+        raise ConfigError(
+            f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
+            f"ranker's; retrieval run {run_name} serves {stages.retrieval_run_share:g} of the "
+            "candidates beside the item embeddings, two score scales: set "
+            "StagesConfig.retrieval_run_share to 1 (--retrieval-run-share 1) to fuse the "
+            "run's scores, or the stage weight to 0 to serve both channels")
+
+
+def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU,
+                       default: EmbeddingRetrieval | None = None
+                       ) -> TrainedRetrieval | InterleavedRetrieval:
+    """``run`` as the cascade serves it: interleaved with the default stage (``default``, or
+    ``model``'s item embeddings with the stages' window and recency) at
+    ``stages.retrieval_run_share``, alone at a share of 1 (``check_run_share`` first)."""
+    check_run_share(stages, run.name)
+    share = stages.retrieval_run_share
+    if share == 1:
+        return run
+    default = default or EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                               recency=stages.retrieval_recency)
+    return InterleavedRetrieval([(default, 1 - share), (run, share)])
 
 
 def _check_shared(shared: int, run_items: np.ndarray, ranker_items: np.ndarray,

@@ -39,8 +39,12 @@ from relaygr.bench.workload.ml1m import ML1MConfig, read_movie_ids
 from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.modes import Mode
-from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
+from relaygr.cascade.trained_retrieval import (
+    RankerCatalogue,
+    TrainedRetrieval,
+    beside_the_default,
+)
 from relaygr.cli.config import as_plain
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import InstanceConfig
@@ -175,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
                         EmbeddingRetrieval.of(model, system.stages.retrieval_history,
                                               recency=system.stages.retrieval_recency), processes)
     if args.retrieval_run is not None:
-        parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system)})
+        parts = replace(parts, measured={"ml1m": _trained_ml1m(args.retrieval_run, system,
+                                                                model)})
     factories = mode_factories(setup.modes, system, parts)
     closed = mode_factories(["relay"], system.with_(instance={"cross_request_reuse": False}), parts)
     probe = ModelLimitProbe(model)   # on one instance's threads: this process's
@@ -308,12 +313,14 @@ ABLATIONS = tuple(m.value for m in (Mode.RELAY_NO_TRIGGER, Mode.RELAY_NO_AFFINIT
                                     Mode.RELAY_NO_EXPANDER))
 
 
-def _trained_ml1m(run: Path, system: SystemConfig) -> TrainedRetrieval:
-    """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order)."""
+def _trained_ml1m(run: Path, system: SystemConfig, model: HSTU) -> RetrievalStage:
+    """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order), as
+    serve serves it (beside ``model``'s item embeddings at the run's share), built once."""
     movies = read_movie_ids(ML1MConfig().path)
-    return TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
-                                 system.stages.retrieval_history,
-                                 recency=system.stages.retrieval_recency)
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
+                                  system.stages.retrieval_history,
+                                  recency=system.stages.retrieval_recency)
+    return beside_the_default(stage, system.stages, model)
 
 
 def ml1m_phase(profile: BenchProfile, search: QpsSearchConfig) -> WorkloadPhaseConfig:

@@ -4,8 +4,8 @@
 - ``TrainedRunStage``: a trained retrieval run (``relaygr train-retrieval``), the stage ``relaygr
   serve --retrieval-run`` serves (``TrainedRetrieval``: the user tower on the latest events, FAISS
   over the item tower), interleaved with the default stage below at the run's share
-  (``StagesConfig.retrieval_run_share``, ``--retrieval-run-share``; ``EarlierStages.of``'s
-  construction, ``beside_the_default``).
+  (``StagesConfig.retrieval_run_share``, ``--retrieval-run-share``; serve's construction,
+  ``trained_retrieval.beside_the_default``).
 - ``EmbeddingStage``: serve's default without a run (``EmbeddingRetrieval``: FAISS over the
   ranker's own item embeddings, the user the normalised, recency-weighted mean of its latest
   events' embeddings), ``--retrieval item-embeddings``.
@@ -29,8 +29,11 @@ import torch
 
 from relaygr.cascade.config import StagesConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
-from relaygr.cascade.stages import beside_the_default
-from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cascade.trained_retrieval import (
+    RankerCatalogue,
+    TrainedRetrieval,
+    beside_the_default,
+)
 from relaygr.data.sequences import UserSequences
 from relaygr.errors import CatalogueMismatchError
 from relaygr.model import HSTU

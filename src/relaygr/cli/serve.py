@@ -145,8 +145,10 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     if args.stage_weight is not None:
         stages["stage_weight"] = args.stage_weight
     if args.retrieval_run_share is not None:
-        if args.retrieval_run is None:
-            raise ConfigError("--retrieval-run-share is the share of a --retrieval-run")
+        if args.retrieval_run is None or _is_hstu_run(args.retrieval_run):
+            raise ConfigError("--retrieval-run-share is the share of a `relaygr "
+                              "train-retrieval` --retrieval-run (an HSTU run's retrieval head "
+                              "serves alone)")
         stages["retrieval_run_share"] = args.retrieval_run_share
     if args.retrieval_run is not None:
         for name, value in MEASURED_STAGE_DELAYS.items():
@@ -227,3 +229,13 @@ def _signals_end_quietly() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _is_hstu_run(run: Path) -> bool:
+    """Whether ``run`` holds an HSTU training run (a run of neither kind is refused when it
+    loads, ``train.stage_runs.stage_run_kind``)."""
+    from relaygr.train.stage_runs import StageRunKind, stage_run_kind
+    try:
+        return stage_run_kind(run) is StageRunKind.HSTU
+    except ConfigError:
+        return False

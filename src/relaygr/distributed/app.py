@@ -105,7 +105,7 @@ def ingress_service(ranker: Any, spec: IngressSpec) -> RelayService:
         raise ConfigError("the ingress built a different model than the driver")
     store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
     release_free_memory()   # what reading the dataset freed (see engine.hostmem)
-    retrieval = load_retrieval(spec.model, spec.system, device=INGRESS_DEVICE)
+    retrieval = load_retrieval(spec.model, spec.system, model, device=INGRESS_DEVICE)
     backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
     return RelayService(backend, spec.server, load_catalog(spec.model, model),
                         model_info(spec.model, model))
@@ -183,8 +183,9 @@ def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: N
     it, so a run that does not fit the model is refused now with the embedded server's typed
     error (``load_retrieval``), not as an ingress that fails to start; ``log`` hears what it
     is. The application carries the run's path, not the loaded stage."""
-    digest = model_digest(load_model(spec.model))
-    load_retrieval(spec.model, spec.system, log, device=INGRESS_DEVICE)
+    model = load_model(spec.model)
+    digest = model_digest(model)
+    load_retrieval(spec.model, spec.system, model, log, device=INGRESS_DEVICE)
     replica = ReplicaSpec(spec.model, digest, spec.system, spec.device, spec.cost_model,
                           spec.ledger_dir, spec.torch_threads)
     deployment: Any = serve.deployment

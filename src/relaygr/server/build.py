@@ -177,15 +177,17 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
     return ItemCatalog(id_map, model.cfg.num_items, titles)
 
 
-def load_retrieval(source: ModelSource, system: SystemConfig,
+def load_retrieval(source: ModelSource, system: SystemConfig, model: HSTU,
                    log: Callable[[str], None] = lambda _: None,
                    device: str | None = None) -> RetrievalStage | None:
-    """The retrieval stage of ``source.retrieval_run`` (None without one), by the run's kind
-    (``train.stage_runs.stage_run_kind``; ``ConfigError`` for a directory of neither kind): a
-    retrieval run, its ids mapped through the checkpoint's id map (``CatalogueMismatchError``
-    when they cannot be); or an HSTU run, over the checkpoint's very item ids and position-only
+    """The retrieval stage of ``source.retrieval_run`` as served (None without one), by the
+    run's kind (``train.stage_runs.stage_run_kind``; ``ConfigError`` for a directory of neither
+    kind): a retrieval run, its ids mapped through the checkpoint's id map
+    (``CatalogueMismatchError`` when they cannot be), beside ``model``'s item embeddings at
+    ``system.stages.retrieval_run_share`` (``trained_retrieval.beside_the_default``); or an
+    HSTU run, over the checkpoint's very item ids and position-only
     (``train.stage_runs.load_stage_run``, ``ConfigError`` naming what differs), on ``device``
-    (default: the ranking device, ``system.devices[0]``)."""
+    (default: the ranking device, ``system.devices[0]``), alone."""
     if source.retrieval_run is None:
         return None
     from relaygr.data import IdMap
@@ -202,13 +204,16 @@ def load_retrieval(source: ModelSource, system: SystemConfig,
             f"stage weight {system.stages.stage_weight:g}; stage delays "
             f"{system.stages.retrieval_delay_ms:g} + {system.stages.preprocess_delay_ms:g} ms")
         return head
-    return _trained_retrieval(source, id_map, system, log)
+    return _trained_retrieval(source, id_map, system, model, log)
 
 
-def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
+def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig, model: HSTU,
                        log: Callable[[str], None]) -> RetrievalStage:
-    from relaygr.cascade.stages import check_run_share
-    from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+    from relaygr.cascade.trained_retrieval import (
+        RankerCatalogue,
+        TrainedRetrieval,
+        beside_the_default,
+    )
     from relaygr.train import read_run_config
 
     assert source.checkpoint is not None and source.retrieval_run is not None
@@ -219,14 +224,13 @@ def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                              np.asarray(id_map.items), not source.synthetic_users)
     stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history,
                                   recency=system.stages.retrieval_recency)
-    check_run_share(system.stages, stage.name)   # here, so that a Ray driver refuses it too
     share = system.stages.retrieval_run_share
     beside = "alone" if share == 1 else f"{share:g} of the list, beside the item embeddings"
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
         f"{id_map.num_items} items indexed, {beside}; stage weight "
         f"{system.stages.stage_weight:g}; stage delays {system.stages.retrieval_delay_ms:g} + "
         f"{system.stages.preprocess_delay_ms:g} ms")
-    return stage
+    return beside_the_default(stage, system.stages, model)
 
 
 def sized_budgets(system: SystemConfig, model: HSTU, store: HistoryStore,
@@ -272,7 +276,7 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
         f"{' in processes of their own' if instance_processes else ''}; fitting the cost model")
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
-    retrieval = load_retrieval(source, system, log)
+    retrieval = load_retrieval(source, system, model, log)
     release_free_memory()   # what reading the dataset freed (see engine.hostmem)
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
