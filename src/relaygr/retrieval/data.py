@@ -33,6 +33,9 @@ class Domain:
     digest: str            # sha256 (first 16 hex) of the three files, in FILES order
     # The source's id of each dense item (index = item id); None: the files' ids are the ids.
     original_items: np.ndarray | None = None
+    # Whether each user's ``train`` rows are in time order, oldest first (MovieLens, read with
+    # its timestamps); the DisenCDR files carry no time.
+    time_ordered: bool = False
 
     def item_catalogue(self) -> np.ndarray:
         """``(num_items,)`` int64: the source's id of every item id of this domain."""

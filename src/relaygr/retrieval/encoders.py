@@ -71,6 +71,18 @@ class SAGETower(nn.Module):
             h = self._step(layer, h, agg)
         return F.normalize(h, dim=-1) if self.normalize else h
 
+    def users_from_item_lists(self, users: torch.Tensor, items: torch.Tensor,
+                              share: torch.Tensor, item_states: tuple[torch.Tensor, ...]
+                              ) -> torch.Tensor:
+        """``user_from_items`` for a batch of trained users: ``users`` ``(B,)``, ``items``
+        ``(B, L)`` and their weights ``share`` ``(B, L)`` (each row summing to 1, 0 on
+        padding); ``(B, d)``."""
+        h = self.user_emb.weight[users]
+        for layer, states in enumerate(item_states):
+            agg = (share[..., None] * states[items]).sum(1)            # (B, L, d) -> (B, d)
+            h = self._step(layer, h, agg)
+        return F.normalize(h, dim=-1) if self.normalize else h
+
 
 class LightGCNTower(nn.Module):
     """LightGCN: propagate ID embeddings with ``D^-1/2 A D^-1/2``, average the layers."""

@@ -59,5 +59,5 @@ def load_movielens(path: Path) -> DomainPair:
     last = np.r_[users[1:] != users[:-1], True]
     domain = Domain(NAME, path.parent, pairs[~last], pairs[last], pairs[last],
                     int(items.max()) + 1, hashlib.sha256(path.read_bytes()).hexdigest()[:16],
-                    np.asarray(item_ids, dtype=np.int64))
+                    np.asarray(item_ids, dtype=np.int64), time_ordered=True)
     return DomainPair(domain, domain, int(users.max()) + 1, np.asarray(user_ids, dtype=np.int64))

@@ -20,6 +20,7 @@ import zlib
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,9 @@ class DomainSplit:
     test: np.ndarray
     valid_negatives: np.ndarray
     test_negatives: np.ndarray
+    # ``(len(train),)`` int64: each training row's place in its user's time order (larger is
+    # newer), where the domain is time-ordered (``Domain.time_ordered``); None: no order
+    train_pos: np.ndarray | None = None
 
     def check(self, seen: np.ndarray) -> None:
         """Assert the module's invariants; ``seen`` is every (user, item) of the domain."""
@@ -86,11 +90,14 @@ class DomainSplit:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, Any] = {
+            "kind": self.kind.value, "num_items": self.num_items, "train": self.train,
+            "valid": self.valid, "test": self.test, "valid_negatives": self.valid_negatives,
+            "test_negatives": self.test_negatives}
+        if self.train_pos is not None:
+            arrays["train_pos"] = self.train_pos
         with path.open("wb") as fh:   # a file object: numpy adds no ".npz" to the name
-            np.savez_compressed(fh, kind=self.kind.value, num_items=self.num_items,
-                                train=self.train, valid=self.valid, test=self.test,
-                                valid_negatives=self.valid_negatives,
-                                test_negatives=self.test_negatives)
+            np.savez_compressed(fh, **arrays)
 
     @classmethod
     def load(cls, path: Path, name: str) -> DomainSplit:
@@ -98,7 +105,8 @@ class DomainSplit:
             raise CheckpointError(f"split file missing: {path}")
         z = np.load(path)
         return cls(name, SplitKind(str(z["kind"])), int(z["num_items"]), z["train"], z["valid"],
-                   z["test"], z["valid_negatives"], z["test_negatives"])
+                   z["test"], z["valid_negatives"], z["test_negatives"],
+                   z["train_pos"] if "train_pos" in z.files else None)
 
 
 def _keys(pairs: np.ndarray) -> np.ndarray:
@@ -144,6 +152,18 @@ def sample_negatives(rows: np.ndarray, seen: np.ndarray, num_items: int, k: int,
     return out
 
 
+def time_positions(pairs: np.ndarray, sequence: np.ndarray) -> np.ndarray:
+    """``(len(pairs),)`` int64: the index of each (user, item) row's last occurrence in
+    ``sequence`` (the domain's training rows, each user's in time order), ``len(sequence)``
+    (newer than all: a held-out last event) for a row it lacks."""
+    keys, seq_keys = _keys(pairs), _keys(sequence)
+    order = np.argsort(seq_keys, kind="stable")
+    sorted_keys = seq_keys[order]
+    at = np.searchsorted(sorted_keys, keys, side="right") - 1   # the last of equal keys
+    found = (at >= 0) & (sorted_keys[np.clip(at, 0, None)] == keys)
+    return np.where(found, order[np.clip(at, 0, None)], len(sequence)).astype(np.int64)
+
+
 def make_split(domain: Domain, kind: SplitKind, seed: int, valid_share: float) -> DomainSplit:
     """The ``kind`` split of ``domain`` under ``seed`` (see the module doc)."""
     seen = np.unique(np.concatenate([domain.train, domain.test, domain.test_original]), axis=0)
@@ -156,8 +176,9 @@ def make_split(domain: Domain, kind: SplitKind, seed: int, valid_share: float) -
     chosen = _rng(seed, domain.name, "valid-users").random(len(users)) < valid_share
     train, valid = hold_out_one(rest, users[chosen], _rng(seed, domain.name, "valid"))
     k = NUM_NEGATIVES[kind]
+    train = train[np.lexsort((train[:, 1], train[:, 0]))]
     return DomainSplit(
-        domain.name, kind, domain.num_items, train[np.lexsort((train[:, 1], train[:, 0]))],
-        valid, test,
+        domain.name, kind, domain.num_items, train, valid, test,
         sample_negatives(valid, seen, domain.num_items, k, _rng(seed, domain.name, "valid-neg")),
-        sample_negatives(test, seen, domain.num_items, k, _rng(seed, domain.name, "test-neg")))
+        sample_negatives(test, seen, domain.num_items, k, _rng(seed, domain.name, "test-neg")),
+        time_positions(train, domain.train) if domain.time_ordered else None)

@@ -29,9 +29,16 @@ from torch import nn
 from tqdm import tqdm
 
 from relaygr.retrieval import losses
-from relaygr.retrieval.config import LRSchedule, MatchingLoss, Pacing, SCCDRConfig, StopGradient
+from relaygr.retrieval.config import (
+    Encoder,
+    LRSchedule,
+    MatchingLoss,
+    Pacing,
+    SCCDRConfig,
+    StopGradient,
+)
 from relaygr.retrieval.curriculum import NegativeSampler, difficulty_pools
-from relaygr.retrieval.encoders import TowerOutput
+from relaygr.retrieval.encoders import SAGETower, TowerOutput
 from relaygr.retrieval.evaluate import VectorScorer, hr_ndcg, sampled_ranks
 from relaygr.retrieval.graph import BipartiteGraph
 from relaygr.retrieval.model import RetrievalModel
@@ -78,6 +85,10 @@ class RetrievalTrainer:
         self.gen = torch.Generator().manual_seed(seed)
         self.graphs = {d: BipartiteGraph(num_users, s.num_items, s.train)
                        for d, s in splits.items()}
+        # the domains whose positives meet causal user vectors (config: causal_window)
+        self.sequences = {d: _sequence(s) for d, s in splits.items()
+                          if cfg.causal_window > 0 and s.train_pos is not None
+                          and cfg.encoder is Encoder.SAGE}
         self.model = RetrievalModel(self.graphs, cfg)
         self.sampler = self._sampler(num_users)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
@@ -107,8 +118,31 @@ class RetrievalTrainer:
                         tower.adjacency_of(g.drop_edges(self.cfg.edge_dropout, self.rng)))
         return views
 
+    def _causal_users(self, domain: str, out: TowerOutput, batch: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's rows (user, item, row) that have an earlier item, and each one's user
+        vector from its ``causal_window`` items before it (config)."""
+        items, start, where = self.sequences[domain]
+        encoder = self.model.tower(domain).encoder
+        assert isinstance(encoder, SAGETower), "causal vectors need the GraphSAGE tower"
+        pos = where[batch[:, 2]]
+        batch, pos = batch[pos > start[pos]], pos[pos > start[pos]]
+        back = torch.arange(1, self.cfg.causal_window + 1)
+        idx = pos[:, None] - back                                      # (B, L) newest first
+        valid = idx >= start[pos][:, None]
+        w = (self.cfg.causal_recency ** (back - 1).double())[None, :] * valid
+        share = (w / w.sum(1, keepdim=True)).float()
+        return batch, encoder.users_from_item_lists(batch[:, 0], items[idx.clamp(min=0)], share,
+                                                    out.item_states)
+
     def _matching(self, domain: str, out: TowerOutput, batch: torch.Tensor) -> torch.Tensor:
-        users, items = out.users[batch[:, 0]], out.items[batch[:, 1]]
+        if domain in self.sequences:
+            batch, users = self._causal_users(domain, out, batch)
+            if not len(batch):                  # every row a user's first item
+                return torch.zeros(())
+        else:
+            users = out.users[batch[:, 0]]
+        items = out.items[batch[:, 1]]
         n_items = len(out.items)
         bias = self.model.tower(domain).item_bias()
         bpr = self.cfg.matching_loss is MatchingLoss.BPR
@@ -185,7 +219,9 @@ class RetrievalTrainer:
         return parts
 
     def _epoch(self, epoch: int) -> dict[str, float]:
-        edges = {d: torch.from_numpy(s.train) for d, s in self.splits.items()}
+        # (user, item, row): the row finds a causal positive's place in its user's sequence
+        edges = {d: torch.cat([torch.from_numpy(s.train), torch.arange(len(s.train))[:, None]],
+                              dim=1) for d, s in self.splits.items()}
         steps = math.ceil(max(len(e) for e in edges.values()) / self.cfg.batch_size)
         perms = {d: torch.randperm(len(e), generator=self.gen) for d, e in edges.items()}
         views = self._views()
@@ -235,3 +271,18 @@ class RetrievalTrainer:
         self.model.refresh()
         return TrainResult(self.model, best_epoch, best_score, time.perf_counter() - started,
                            stopped, history)
+
+
+def _sequence(split: DomainSplit) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A time-ordered split's training items in (user, time) order, each position's user-block
+    start, and each training row's position in that order."""
+    assert split.train_pos is not None, "a causal sequence needs the split's time order"
+    users = split.train[:, 0]
+    seq = np.lexsort((split.train_pos, users))
+    ordered = users[seq]
+    first = np.r_[True, ordered[1:] != ordered[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(ordered)), 0))
+    where = np.empty(len(seq), dtype=np.int64)
+    where[seq] = np.arange(len(seq))
+    return (torch.from_numpy(split.train[seq, 1].astype(np.int64)),
+            torch.from_numpy(start.astype(np.int64)), torch.from_numpy(where))
