@@ -83,6 +83,19 @@ def test_only_a_time_ordered_graphsage_domain_trains_causally() -> None:
                                 progress_bar=False).sequences
     assert not RetrievalTrainer(PRESETS["lightgcn"].with_(dim=8), {"d": ordered}, USERS, 0,
                                 progress_bar=False).sequences
+    assert not RetrievalTrainer(single, {"d": ordered, "e": ordered}, USERS, 0,   # two domains
+                                progress_bar=False).sequences
+    assert SCCDRConfig().causal_window == 0      # an older run.json loads as it was trained
+
+
+def test_a_batch_of_first_items_only_trains_on() -> None:
+    """Every user with one training item: no positive has an item before it, so the matching
+    term is empty, and the step still runs."""
+    split = make_split(_domain(per_user=2), SplitKind.DISENCDR, 0, 1.0)   # one item each left
+    assert split.train_pos is not None and len(np.unique(split.train[:, 0])) == len(split.train)
+    cfg = PRESETS["single"].with_(dim=8, batch_size=16, num_negatives=8, max_epochs=1)
+    result = RetrievalTrainer(cfg, {"d": split}, USERS, 0, progress_bar=False).fit()
+    assert result.history[0]["loss"]["match"] == 0.0
 
 
 def test_causal_training_is_deterministic_and_learns() -> None:

@@ -88,7 +88,7 @@ class RetrievalTrainer:
         # the domains whose positives meet causal user vectors (config: causal_window)
         self.sequences = {d: _sequence(s) for d, s in splits.items()
                           if cfg.causal_window > 0 and s.train_pos is not None
-                          and cfg.encoder is Encoder.SAGE}
+                          and cfg.encoder is Encoder.SAGE and len(splits) == 1}
         self.model = RetrievalModel(self.graphs, cfg)
         self.sampler = self._sampler(num_users)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
@@ -138,8 +138,8 @@ class RetrievalTrainer:
     def _matching(self, domain: str, out: TowerOutput, batch: torch.Tensor) -> torch.Tensor:
         if domain in self.sequences:
             batch, users = self._causal_users(domain, out, batch)
-            if not len(batch):                  # every row a user's first item
-                return torch.zeros(())
+            if not len(batch):                  # every row a user's first item: no term
+                return out.items.sum() * 0.0    # (kept in the graph, so backward still runs)
         else:
             users = out.users[batch[:, 0]]
         items = out.items[batch[:, 1]]
