@@ -21,7 +21,7 @@ from relaygr.bench.config import (
     ThroughputConfig,
 )
 from relaygr.bench.hardware import CpuTimes
-from relaygr.bench.operating import Layout
+from relaygr.bench.layout import Layout
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.workload import StageDelays, SyntheticConfig
 from relaygr.model import HSTUConfig

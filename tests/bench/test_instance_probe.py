@@ -14,8 +14,9 @@ import torch
 
 from relaygr.bench import instance_probe
 from relaygr.bench.instance_probe import InstanceCostProbe
+from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LimitProbe
-from relaygr.bench.operating import Layout, LayoutProbe
+from relaygr.bench.operating import LayoutProbe
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, HSTUConfig
 

@@ -13,6 +13,7 @@ from relaygr import timing
 from relaygr.bench.config import BenchConfig, PointBudget, QpsSearchConfig, WorkloadPhaseConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import compare_records
+from relaygr.bench.layout import Layout
 from relaygr.bench.limit import (
     LIMIT_PACE_S,
     MIN_ISOLATED_PASSES,
@@ -22,7 +23,6 @@ from relaygr.bench.limit import (
     limit_report,
     median_interval,
 )
-from relaygr.bench.operating import Layout
 from relaygr.bench.protocol import LatencyParts, RequestRecord, SystemSnapshot
 from relaygr.bench.report import jsonable
 from relaygr.bench.runner import RunResult

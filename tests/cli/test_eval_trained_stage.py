@@ -71,7 +71,7 @@ def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
     with pytest.raises(ConfigError, match="is not a run"):
         _eval_stage(["--retrieval", "item-embeddings", "--retrieval-run-share", "0.5"], ranker,
                     data)
-    with pytest.raises(ConfigError, match="set --retrieval-run-share 1"):
+    with pytest.raises(ConfigError, match=r"\(--retrieval-run-share 1\)"):
         _eval_stage(["--retrieval", str(retrieval), "--stage-weight", "0.5"], ranker, data)
 
 

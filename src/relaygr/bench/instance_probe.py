@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
+from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LIMIT_PACE_S, ModelLimitProbe
-from relaygr.bench.operating import Layout
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import BenchProtocolError, ConfigError

@@ -61,6 +61,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from relaygr.bench.layout import Layout
 from relaygr.errors import BenchProtocolError, ConfigError
 
 # Passes timed at each length of the cost curve at least, in all (a quantile read off fewer
@@ -82,27 +83,6 @@ class CostProbe(Protocol):
         """Ms of each of at least ``passes`` model calls of one user's full ranking pass,
         timed as ``full_rank_ms`` times them."""
         ...
-
-
-@dataclass(frozen=True, order=True)
-class Layout:
-    """How the ranking instances split the cores: ``instances`` of ``threads`` threads each."""
-
-    instances: int
-    threads: int
-
-    def __post_init__(self) -> None:
-        if self.instances < 1 or self.threads < 1:
-            raise ConfigError(f"a layout needs >= 1 instance and >= 1 thread, got {self}")
-
-    def __str__(self) -> str:
-        return f"{self.instances} x {self.threads} threads"
-
-    def splits(self) -> tuple[Layout, ...]:
-        """Every layout over the same cores (instances x threads constant), most instances
-        first."""
-        cores = self.instances * self.threads
-        return tuple(Layout(cores // t, t) for t in range(1, cores + 1) if cores % t == 0)
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 # A workload is what makes requests; this module says what a system does with them.
-from relaygr.bench.operating import Layout
+from relaygr.bench.layout import Layout
 from relaygr.bench.workload.base import BenchRequest, Workload
 from relaygr.engine.types import RankPath
 

@@ -39,6 +39,7 @@ from relaygr.bench.config import BenchConfig, QpsSearchConfig, ThroughputConfig
 from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.journal import Journal
+from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LimitProbe, isolated_passes, limit_report
 from relaygr.bench.noise import (
     QUIET_PATIENCE_S,
@@ -46,7 +47,7 @@ from relaygr.bench.noise import (
     PointNoise,
     wait_for_quiet_host,
 )
-from relaygr.bench.operating import CostProbe, Layout, OperatingPoint, operating_point
+from relaygr.bench.operating import CostProbe, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult

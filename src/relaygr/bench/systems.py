@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relaygr.bench.operating import Layout
+from relaygr.bench.layout import Layout
 from relaygr.bench.protocol import (
     BenchRequest,
     LatencyParts,

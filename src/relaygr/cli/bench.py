@@ -30,8 +30,9 @@ from relaygr.bench.config import (
     WorkloadPhaseConfig,
 )
 from relaygr.bench.instance_probe import InstanceCostProbe
+from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LimitProbe, ModelLimitProbe
-from relaygr.bench.operating import CostProbe, Layout, LengthSearch
+from relaygr.bench.operating import CostProbe, LengthSearch
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig

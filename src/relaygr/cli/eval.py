@@ -179,12 +179,8 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
         if args.fit_stage_weight:
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
-        if args.stage_weight and share < 1:
-            raise ConfigError("--stage-weight fuses the stage's scores; a retrieval run beside "
-                              f"{EmbeddingStage.name} (--retrieval-run-share {share:g}) ranks "
-                              "by two scales: set --retrieval-run-share 1")
         return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, ranker.model,
-                                    history, recency, share)
+                                    history, recency, share, args.stage_weight)
     _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None

@@ -57,8 +57,9 @@ class TrainedRunStage:
     @classmethod
     def load(cls, run_dir: Path, seqs: UserSequences, dataset: str, model: HSTU,
              recent_events: int = RECENT_EVENTS, recency: float = RECENCY,
-             share: float = RUN_SHARE) -> TrainedRunStage:
-        """``model``: the ranker, whose item embeddings are the default stage."""
+             share: float = RUN_SHARE, stage_weight: float = 0.0) -> TrainedRunStage:
+        """``model``: the ranker, whose item embeddings are the default stage; ``stage_weight``:
+        the cascade's, refused beside them (``trained_retrieval.check_run_share``)."""
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "
@@ -66,7 +67,7 @@ class TrainedRunStage:
         ranker = RankerCatalogue(dataset, items, dataset_users=True)
         run = TrainedRetrieval.load(run_dir, ranker, recent_events, recency=recency)
         stages = StagesConfig(retrieval_history=recent_events, retrieval_recency=recency,
-                              retrieval_run_share=share)
+                              retrieval_run_share=share, stage_weight=stage_weight)
         return cls(run, beside_the_default(run, stages, model), seqs.user_ids)
 
     @property

@@ -65,11 +65,8 @@ class SAGETower(nn.Module):
         dim = self.user_emb.embedding_dim
         h = (self.user_emb.weight[user] if user is not None
              else torch.zeros(dim, dtype=self.user_emb.weight.dtype))
-        share = None if weights is None else (weights / weights.sum()).to(h.dtype)[:, None]
-        for layer, states in enumerate(item_states):
-            agg = states[items].mean(dim=0) if share is None else (share * states[items]).sum(0)
-            h = self._step(layer, h, agg)
-        return F.normalize(h, dim=-1) if self.normalize else h
+        share = None if weights is None else (weights / weights.sum()).to(h.dtype)
+        return self._from_items(h, items, share, item_states)
 
     def users_from_item_lists(self, users: torch.Tensor, items: torch.Tensor,
                               share: torch.Tensor, item_states: tuple[torch.Tensor, ...]
@@ -77,9 +74,15 @@ class SAGETower(nn.Module):
         """``user_from_items`` for a batch of trained users: ``users`` ``(B,)``, ``items``
         ``(B, L)`` and their weights ``share`` ``(B, L)`` (each row summing to 1, 0 on
         padding); ``(B, d)``."""
-        h = self.user_emb.weight[users]
+        return self._from_items(self.user_emb.weight[users], items, share, item_states)
+
+    def _from_items(self, h: torch.Tensor, items: torch.Tensor, share: torch.Tensor | None,
+                    item_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The user side of every layer from layer-0 states ``h`` (``(..., d)``) and items
+        ``(..., L)``, their mean weighted by ``share`` (``(..., L)``; None: the plain mean)."""
         for layer, states in enumerate(item_states):
-            agg = (share[..., None] * states[items]).sum(1)            # (B, L, d) -> (B, d)
+            rows = states[items]                                       # (..., L, d)
+            agg = rows.mean(-2) if share is None else (share[..., None] * rows).sum(-2)
             h = self._step(layer, h, agg)
         return F.normalize(h, dim=-1) if self.normalize else h
 
