@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from relaygr.bench import meter as meter_module
 from relaygr.bench import noise as noise_module
-from relaygr.bench import suite as suite_module
 from relaygr.bench.decision import Verdict
 from relaygr.bench.hardware import CpuTimes, cpu_times, steal_fraction
 from relaygr.bench.suite import BenchSuite
@@ -31,10 +31,10 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
         waits.append(max_steal)
         return True
 
-    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
+    monkeypatch.setattr(meter_module, "wait_for_quiet_host", no_wait)
     suite = BenchSuite({"baseline": factory("baseline")}, CONFIG)
     heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
-    stats = asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048))
+    stats = asyncio.run(suite.meter.measure("baseline", "sweep", heavy, 2000.0, 2048))
     assert stats.verdict is Verdict.FAIL
     assert [p.attempt for p in suite.points] == [1, 2, 3]
     assert waits == [CONFIG.budget.remeasure_steal] * 2   # a quiet host is awaited each time
@@ -42,10 +42,10 @@ def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.
 
     steal["share"] = 0.0
     suite.points.clear()
-    asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048))
+    asyncio.run(suite.meter.measure("baseline", "sweep", heavy, 2000.0, 2048))
     light = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
     steal["share"] = 0.10
-    assert asyncio.run(suite.measure("baseline", "sweep", light, 2000.0, 128)).passed
+    assert asyncio.run(suite.meter.measure("baseline", "sweep", light, 2000.0, 128)).passed
     assert [p.attempt for p in suite.points] == [1, 1]
 
 
@@ -61,13 +61,13 @@ def test_a_miss_while_the_calibration_ran_slow_is_measured_again(
     async def no_wait(max_steal: float, patience_s: float = 0.0) -> bool:
         return True
 
-    monkeypatch.setattr(suite_module, "wait_for_quiet_host", no_wait)
+    monkeypatch.setattr(meter_module, "wait_for_quiet_host", no_wait)
     config = replace(CONFIG, budget=replace(CONFIG.budget, remeasure_slowdown=1.5))
     suite = BenchSuite({"baseline": factory("baseline")}, config)
     light = SyntheticWorkload(POPULATION.with_fixed_length(128), CONFIG.seed)
     heavy = SyntheticWorkload(POPULATION.with_fixed_length(2048), CONFIG.seed)
-    assert asyncio.run(suite.measure("baseline", "sweep", light, 2000.0, 128)).passed
-    assert not asyncio.run(suite.measure("baseline", "sweep", heavy, 2000.0, 2048)).passed
+    assert asyncio.run(suite.meter.measure("baseline", "sweep", light, 2000.0, 128)).passed
+    assert not asyncio.run(suite.meter.measure("baseline", "sweep", heavy, 2000.0, 2048)).passed
     assert [(p.prefix_len, p.attempt, p.calibration_ms) for p in suite.points] == [
         (128, 1, 1.0), (2048, 1, 2.0), (2048, 2, 1.1)]
 

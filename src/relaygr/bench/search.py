@@ -8,7 +8,7 @@ searches advance in lock-step (``relaygr.bench.alternate``).
 Noise on a shared machine only slows a system down: it can turn a pass into a miss, never a
 miss into a pass. So a pass stands, and two things stand between a miss and the answer: the
 measurer re-measures a point that did not pass while the host was measured noisy
-(``relaygr.bench.noise``, in ``relaygr.bench.suite``), and the searches re-measure the fail
+(``relaygr.bench.noise``, in ``relaygr.bench.meter``), and the searches re-measure the fail
 that decides their answer. That fail is the lowest failing point above the highest passing one
 (``Standing.deciding_fail``): measured once, it is proposed once more, afresh, and the second
 verdict stands (``Standing.recheck``). A hiccup the noise readings missed fails one round,

@@ -12,7 +12,8 @@ Phases, in order (each skipped when its config is None):
 5. the physical limit (low-load point of one mode + the isolated probe + matmul peak);
 6. exactness (the same requests through two modes).
 Every measured point builds a fresh system from the mode's factory; every mode at one point sees
-the identical workload (same seed, QPS and size).
+the identical workload (same seed, QPS and size). The points themselves are measured, checked for
+noise and recorded by the suite's ``meter`` (``bench.meter.PointMeter``).
 
 The run's deadline (``BenchConfig.deadline_s``, on the event loop's clock from the start of
 ``run``): phases 1-4 propose a point, or measure one again under noise, only when it would end
@@ -25,28 +26,18 @@ so a plan sets the deadline to leave them their time. Without one, each search's
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import math
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from relaygr.bench.alternate import run_lockstep
 from relaygr.bench.assemble import Phases, assemble
 from relaygr.bench.config import BenchConfig, QpsSearchConfig, ThroughputConfig
-from relaygr.bench.decision import P99Rule
 from relaygr.bench.exactness import ExactnessReport, replay_exactness
 from relaygr.bench.journal import Journal
-from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LimitProbe, isolated_passes, limit_report
-from relaygr.bench.noise import (
-    QUIET_PATIENCE_S,
-    NoiseMonitor,
-    PointNoise,
-    wait_for_quiet_host,
-)
+from relaygr.bench.meter import PointMeter
 from relaygr.bench.operating import CostProbe, OperatingPoint, operating_point
 from relaygr.bench.progress import NullProgress, Progress
 from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
@@ -55,18 +46,12 @@ from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.runner import RunOptions, run_point
 from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
 from relaygr.bench.stats import PointStats, compute_by_path, latency_parts, point_stats
-from relaygr.bench.workload import (
-    SyntheticWorkload,
-    Workload,
-    WorkloadBuilder,
-    summarize,
-    workload_builder,
-)
+from relaygr.bench.workload import SyntheticWorkload, WorkloadBuilder, workload_builder
 from relaygr.errors import ConfigError
 
 
 class BenchSuite:
-    """Runs the phases of one benchmark; ``points`` accumulates every measured point."""
+    """Runs the phases of one benchmark; its ``meter`` measures and keeps every point."""
 
     def __init__(self, systems: Mapping[str, SystemFactory], config: BenchConfig,
                  probe: LimitProbe | None = None, progress: Progress | None = None,
@@ -77,134 +62,29 @@ class BenchSuite:
             raise ConfigError("run_benchmark needs at least one mode")
         self.systems, self.config, self.probe = dict(systems), config, probe
         self.cost_probe = cost_probe
-        # (mode, phase) -> the batch cap and the layout its systems are built with (the
-        # operating point's)
-        self.batch_caps: dict[tuple[str, str], int] = {}
-        self.layouts: dict[tuple[str, str], Layout] = {}
-        self.extra_systems = dict(extra_systems or {})
+        extra = dict(extra_systems or {})
         for phase in config.workloads:
-            unknown = set(phase.modes) - set(self.systems) - set(self.extra_systems)
+            unknown = set(phase.modes) - set(self.systems) - set(extra)
             if unknown:
                 raise ConfigError(f"workload phase {phase.name!r} names unknown systems "
                                   f"{sorted(unknown)}")
         self.progress = progress or NullProgress()
         self.journal = journal
         self.peak_gflops = peak_gflops
-        self.points: list[PointStats] = []
-        self.summaries: dict[str, dict[str, object]] = {}
-        self._workloads: OrderedDict[tuple[str, int | None, float], Workload] = OrderedDict()
-        # How often each (mode, phase, QPS, length) was measured: a search's second measurement
-        # of a point is its re-measure of a deciding fail (``PointStats.round``).
-        self._rounds: Counter[tuple[str, str, float, int | None]] = Counter()
-        self.noise = NoiseMonitor(config.budget.remeasure_steal,
-                                  config.budget.remeasure_slowdown)
-        # the run's deadline on the loop's clock (set by ``run``), and the longest a point has
-        # taken beyond its schedule so far (building its system, draining it)
-        self._deadline_at: float | None = None
-        self._setup_s = 0.0
+        self.meter = PointMeter({**extra, **self.systems}, config, self.progress, journal)
+
+    @property
+    def points(self) -> list[PointStats]:
+        """Every measured point of the run, in order (the meter's)."""
+        return self.meter.points
 
     def _fixed(self, prefix_len: int) -> SyntheticWorkload:
         return SyntheticWorkload(self.config.population.with_fixed_length(prefix_len),
                                  self.config.seed)
 
-    def _workload(self, phase: str, builder: WorkloadBuilder, qps: float,
-                  prefix_len: int | None) -> Workload:
-        key = (phase, prefix_len, qps)
-        if key not in self._workloads:
-            budget = self.config.budget
-            total = budget.warmup_at(qps) + budget.measured_at(qps)
-            self._workloads[key] = builder.build(qps, total)
-            self.summaries.setdefault(phase, summarize(self._workloads[key]).to_dict())
-            while len(self._workloads) > 2:  # the lock-step round reuses only the latest
-                self._workloads.popitem(last=False)
-        return self._workloads[key]
-
-    async def measure(self, mode: str, phase: str, builder: WorkloadBuilder, qps: float,
-                      prefix_len: int | None = None) -> PointStats:
-        """Run one point of ``mode`` and record its statistics and P99 verdict; a point that did
-        not pass while the host was noisy (``_noisy``) is measured again after the host
-        quietens, up to ``max_remeasures`` times, every attempt recorded."""
-        workload = self._workload(phase, builder, qps, prefix_len)
-        budget, slo_ms = self.config.budget, self.config.slo_ms
-        options = RunOptions(
-            warmup_requests=budget.warmup_at(qps), max_in_flight=budget.max_in_flight,
-            drain_timeout_s=budget.drain_timeout_s, slo_ms=slo_ms,
-            rule=P99Rule(budget.confidence), stop_when_decided=budget.stop_when_decided)
-        key = (mode, phase, qps, prefix_len)
-        self._rounds[key] += 1
-        length = "" if prefix_len is None else f" len {prefix_len}"
-        again = " (again: it decides the answer)" if self._rounds[key] > 1 else ""
-        label = f"{phase} {mode}{length} @ {qps:.3g} QPS{again}"
-        factory = self.systems.get(mode) or self.extra_systems[mode]
-        cap, layout = self.batch_caps.get((mode, phase)), self.layouts.get((mode, phase))
-        if cap is not None or layout is not None:
-            factory = _placed(factory, cap, layout)
-        for attempt in range(1, budget.max_remeasures + 2):
-            self.progress.start_point(label, len(workload.requests))
-            before = self.noise.begin()
-            started = asyncio.get_running_loop().time()
-            result = await run_point(factory, workload, options, self.progress)
-            elapsed = asyncio.get_running_loop().time() - started
-            # what the point took beyond its requests' schedule: building and starting the
-            # system, the drain, the stop (a point stopped once decided ran part of it)
-            ran_s = min(result.duration_s, workload.requests[-1].send_s)
-            self._setup_s = max(self._setup_s, elapsed - ran_s)
-            noise = self.noise.end(before)
-            self.progress.end_point()
-            stats = replace(point_stats(result, mode, phase, qps, prefix_len),
-                            steal_fraction=noise.steal_fraction,
-                            calibration_ms=noise.calibration_ms, attempt=attempt,
-                            round=self._rounds[key])
-            self._record(stats, label)
-            if stats.passed or not self._noisy(stats):
-                break
-            if attempt <= budget.max_remeasures:
-                # wait for a quiet host only as long as the point would still end in time
-                await wait_for_quiet_host(budget.remeasure_steal,
-                                          patience_s=min(QUIET_PATIENCE_S, self._slack_s(workload)))
-                if not self.fits(workload):
-                    self.progress.note(f"{label}: not measured again under noise "
-                                       f"({noise.describe()}): it would end past the run's "
-                                       "deadline")
-                    break
-                self.progress.note(f"{label}: measuring again (noise during the point: "
-                                   f"{noise.describe()})")
-        return stats
-
-    def _slack_s(self, workload: Workload) -> float:
-        """Seconds a point sending ``workload`` would end before the run's deadline (inf: no
-        deadline): what is left, less its schedule and the longest a point took beyond its
-        schedule so far (module docstring)."""
-        if self._deadline_at is None:
-            return math.inf
-        left = self._deadline_at - asyncio.get_running_loop().time()
-        return left - workload.requests[-1].send_s - self._setup_s
-
-    def fits(self, workload: Workload) -> bool:
-        """Whether a point sending ``workload`` would end by the run's deadline."""
-        return self._slack_s(workload) >= 0
-
-    def _noisy(self, stats: PointStats) -> bool:
-        """Too much noise during the point to believe that it did not pass (``noise``)."""
-        return self.noise.too_noisy(stats.steal_fraction, stats.calibration_ms)
-
-    def _add_point(self, stats: PointStats) -> None:
-        self.points.append(stats)
-        if self.journal is not None:
-            self.journal.point(stats)
-
     def _finished(self, phase: str, result: object) -> None:
         if self.journal is not None and result is not None:
             self.journal.phase(phase, result)
-
-    def _record(self, stats: PointStats, label: str) -> None:
-        self._add_point(stats)
-        decision = stats.decision
-        evidence = "" if decision is None else \
-            f" ({decision.overages} over the SLO in {decision.samples})"
-        self.progress.note(f"{label}: ranking p50 {stats.ranking.p50_ms:.1f} / p99 "
-                           f"{stats.ranking.p99_ms:.1f} ms, {stats.verdict}{evidence}, "
-                           f"{_noise(stats)}")
 
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
@@ -218,11 +98,11 @@ class BenchSuite:
             return builders[length]
 
         async def measure(mode: str, length: int) -> Outcome:
-            return await self._outcome(self.measure(mode, "sweep", fixed(length), cfg.qps,
-                                                    length))
+            return await self.meter.outcome(self.meter.measure(mode, "sweep", fixed(length),
+                                                               cfg.qps, length))
 
         def fits(length: int) -> bool:
-            return self.fits(self._workload("sweep", fixed(length), cfg.qps, length))
+            return self.meter.fits(self.meter.workload("sweep", fixed(length), cfg.qps, length))
 
         await run_lockstep(searches, measure, fits=fits)
         return {m: s.result() for m, s in searches.items()}
@@ -235,19 +115,13 @@ class BenchSuite:
                          cfg.max_qps) for m in (modes or tuple(self.systems))}
 
         async def measure(mode: str, qps: float) -> Outcome:
-            return await self._outcome(self.measure(mode, phase, builder, qps, prefix_len))
+            return await self.meter.outcome(self.meter.measure(mode, phase, builder, qps,
+                                                               prefix_len))
 
         await run_lockstep(searches, measure,
-                           fits=lambda qps: self.fits(self._workload(phase, builder, qps,
-                                                                     prefix_len)))
+                           fits=lambda qps: self.meter.fits(
+                               self.meter.workload(phase, builder, qps, prefix_len)))
         return {m: s.result() for m, s in searches.items()}
-
-    async def _outcome(self, measuring: Awaitable[PointStats]) -> Outcome:
-        """The search's view of a measured point; its cost is every attempt's run time."""
-        first = len(self.points)
-        stats = await measuring
-        return Outcome(stats.ranking.p99_ms, stats.verdict,
-                       sum(p.duration_s for p in self.points[first:]))
 
     def operating_point(self, sweep: dict[str, LengthSweepResult] | None = None
                         ) -> OperatingPoint | None:
@@ -258,11 +132,11 @@ class BenchSuite:
                 or self.cost_probe is None:
             return None
         population = self.config.population
-        before = self.noise.begin()
+        before = self.meter.noise.begin()
         point = operating_point(self.cost_probe, self.config.slo_ms, cfg.slo_share,
                                 round(population.recent_events_mean), population.num_candidates,
                                 cfg.lengths, self.config.serving, baseline_length_cap(sweep))
-        noise = self.noise.end(before)
+        noise = self.meter.noise.end(before)
         point = replace(point, steal_fraction=noise.steal_fraction,
                         calibration_ms=noise.calibration_ms)
         curve = ", ".join(f"{s.prefix_tokens}: {s.cost_ms:.1f}" for s in point.curve)
@@ -309,7 +183,7 @@ class BenchSuite:
         result = await run_point(self.systems[cfg.mode], workload, options, self.progress)
         self.progress.end_point()
         stats = point_stats(result, cfg.mode, "limit", cfg.qps, prefix_len)
-        self._add_point(stats)
+        self.meter.add(stats)
         relayed = [r for r in result.records if r.path in RELAYED_PATHS]
         return limit_report(stats, self.probe, self.config.model, self.peak_gflops,
                             round(stats.prefix_tokens_mean), round(stats.suffix_tokens_mean),
@@ -330,7 +204,7 @@ class BenchSuite:
         started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         cfg = self.config
         if cfg.deadline_s is not None:
-            self._deadline_at = asyncio.get_running_loop().time() + cfg.deadline_s
+            self.meter.start_deadline(cfg.deadline_s)
         sweep = await self.sweep() if cfg.sweep else None
         self._finished("sweep", sweep)
         point = self.operating_point(sweep)
@@ -339,11 +213,11 @@ class BenchSuite:
         prefix_len, chosen_by = self.throughput_prefix_len(sweep, point)
         at_point = point if point is not None and point.prefix_len == prefix_len else None
         if at_point is not None:
-            self.batch_caps[("baseline", "throughput")] = at_point.baseline_batch
+            self.meter.batch_caps[("baseline", "throughput")] = at_point.baseline_batch
             if at_point.layout_curve \
                     and at_point.baseline_layout != at_point.layout_curve[0].layout:
                 assert at_point.baseline_layout is not None
-                self.layouts[("baseline", "throughput")] = at_point.baseline_layout
+                self.meter.layouts[("baseline", "throughput")] = at_point.baseline_layout
         if cfg.throughput:
             search = self.throughput_search(cfg.throughput, at_point)
             throughput = await self.qps_search("throughput", self._fixed(prefix_len), search,
@@ -369,7 +243,7 @@ class BenchSuite:
         self._finished("exactness", exactness)
         phases = Phases(point, prefix_len, chosen_by, sweep, throughput, mixed, extra, limit,
                         exactness, mixed_builder.describe() if cfg.mixed else None, search)
-        return assemble(cfg, tuple(self.systems), tuple(self.points), self.summaries, phases,
+        return assemble(cfg, tuple(self.systems), tuple(self.points), self.meter.summaries, phases,
                         started, time.perf_counter() - t0)
 
 
@@ -382,12 +256,3 @@ def baseline_length_cap(sweep: dict[str, LengthSweepResult] | None) -> int | Non
         return None
     return int(found.answer_interval[1])
 
-
-def _placed(factory: SystemFactory, cap: int | None, layout: Layout | None) -> SystemFactory:
-    return lambda ctx: factory(replace(ctx, batch_max_requests=cap, layout=layout))
-
-
-def _noise(stats: PointStats) -> str:
-    if stats.calibration_ms is None:
-        return "noise not measured"
-    return PointNoise(stats.steal_fraction, stats.calibration_ms).describe()
