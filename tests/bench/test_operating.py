@@ -15,14 +15,15 @@ from rich.console import Console
 
 from relaygr.bench.benchmark import run_benchmark
 from relaygr.bench.config import BenchConfig, SweepConfig, ThroughputConfig
+from relaygr.bench.cost_curve import LengthSearch, find_operating_length
 from relaygr.bench.decision import Verdict
 from relaygr.bench.layout import Layout
-from relaygr.bench.operating import CostProbe, LengthSearch, find_operating_length, operating_point
+from relaygr.bench.operating import CostProbe, operating_point
 from relaygr.bench.protocol import SystemContext
 from relaygr.bench.report import BenchReport
 from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
 from relaygr.bench.suite import BenchSuite, baseline_length_cap
-from relaygr.errors import BenchProtocolError, ConfigError
+from relaygr.errors import ConfigError
 from tests.bench.fakes import SimulatedServer
 from tests.bench.simulated_plan import (
     CONFIG,
@@ -69,26 +70,6 @@ def test_a_slow_and_a_fast_machine_choose_different_lengths_at_the_same_share() 
     # a cost within 5% of the target is within 5% / (d log cost / d log L >= 1) of the root
     assert slow.prefix_len == pytest.approx(644.6, rel=SEARCH.tolerance)
     assert fast.prefix_len == pytest.approx(4942.7, rel=SEARCH.tolerance)
-
-
-def test_the_walk_brackets_then_narrows_on_a_linear_curve() -> None:
-    """On a straight line one interpolation lands on the target (to the quantum)."""
-    def linear(tokens: int) -> float:
-        return 2.0 + 0.05 * tokens
-
-    chosen, bound, curve = find_operating_length(linear, 25.0, SEARCH)
-    assert [s.prefix_tokens for s in curve] == [256, 512, 464]   # up once, then interpolated
-    assert chosen.prefix_tokens == 464 and bound == "bracketed"
-    assert chosen.cost_ms == pytest.approx(25.2)
-
-
-def test_a_pass_already_over_the_target_walks_down() -> None:
-    def steep(tokens: int) -> float:
-        return 0.5 * tokens
-
-    chosen, bound, curve = find_operating_length(steep, 25.0, SEARCH)
-    assert [s.prefix_tokens for s in curve][:3] == [256, 128, 64]
-    assert chosen.prefix_tokens == 48 and chosen.cost_ms == 24.0 and bound == "bracketed"
 
 
 def test_the_ends_of_the_curve() -> None:
@@ -156,20 +137,6 @@ def test_the_length_goes_no_longer_than_the_baselines_length_cap() -> None:
     assert baseline_length_cap(swept((768, Verdict.PASS), (1024, Verdict.PASS))) is None
     assert baseline_length_cap(swept((384, Verdict.FAIL))) is None
     assert baseline_length_cap(None) is None and baseline_length_cap({}) is None
-
-
-def test_the_curves_quantile_is_not_its_slowest_pass() -> None:
-    """Enough passes that the quantile by nearest rank is never the maximum: one spike in 100
-    passes does not set a P99, two do."""
-    p99, p90, p50 = (LengthSearch(quantile=q) for q in (0.99, 0.9, 0.5))
-    assert (p99.passes, p90.passes, p50.passes) == (100, 10, 9)
-    assert p99.read([1.0] * 99 + [50.0]) == 1.0
-    assert p99.read([1.0] * 98 + [50.0, 60.0]) == 50.0
-    assert p50.read([3.0, 1.0, 2.0]) == 2.0 and p90.read([5.0]) == 5.0
-    with pytest.raises(ConfigError):
-        LengthSearch(quantile=1.0)
-    with pytest.raises(BenchProtocolError):
-        p99.read([])
 
 
 def test_bad_settings_are_refused() -> None:

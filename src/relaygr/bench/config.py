@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from relaygr.bench.cost_curve import LengthSearch
 from relaygr.bench.decision import P99Rule
-from relaygr.bench.operating import LengthSearch
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig

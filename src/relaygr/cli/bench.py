@@ -29,10 +29,11 @@ from relaygr.bench.config import (
     ThroughputConfig,
     WorkloadPhaseConfig,
 )
+from relaygr.bench.cost_curve import LengthSearch
 from relaygr.bench.instance_probe import InstanceCostProbe
 from relaygr.bench.layout import Layout
 from relaygr.bench.limit import LimitProbe, ModelLimitProbe
-from relaygr.bench.operating import CostProbe, LengthSearch
+from relaygr.bench.operating import CostProbe
 from relaygr.bench.profiles import DLRMV3_CPU_SCALE, PROFILES, BenchProfile, profile_named
 from relaygr.bench.systems import SharedParts, mode_factories
 from relaygr.bench.workload import SyntheticConfig
