@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from relaygr.bench.decision import P99Rule
+from relaygr.bench.plans import QUICK_LOAD_SCALE, QUICK_MODES, run_plan
 from relaygr.bench.profiles import PROFILES, profile_named
 from relaygr.bench.verdict import EXACTNESS_TARGET
-from relaygr.cli.bench import QUICK_LOAD_SCALE, QUICK_MODES, run_plan
 from relaygr.cli.main import main
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
