@@ -11,6 +11,12 @@ catalogues looks like this) and how many one bought by mostly the same (Jaccard 
 HR@10 on the validation rows whose held-out item shares a training user with one of the user's
 own ``p`` items ("linked"), with Jaccard >= 0.5 ("twin"), and on the rest.
 
+``--by cold``: for each domain, how much likelier an item of each training-degree bucket is to
+be the held-out item than a uniformly drawn catalogue item (share of validation rows / share of
+items), and the HR@10 of popularity when the items with no training interaction are scored as if
+they had K (an analysis of the protocol, not a scorer to serve: docs/retrieval.md, "What the
+published figures' own code does").
+
 Scorers: the run's model, popularity and (``--by partner``) item-CF; 99 or 999 sampled
 negatives, the split's own. Validation rows only: the test rows stay unread.
 """
@@ -85,11 +91,36 @@ def by_partner(run: Path, trained: TrainedRetrieval, scorers: dict[str, Scorer],
                   f"{hit[twin].mean():.3f}")
 
 
+def by_cold(run: Path, trained: TrainedRetrieval) -> None:
+    for domain, split in trained.splits.items():
+        degree = np.bincount(split.train[:, 1], minlength=split.num_items)
+        held = degree[split.valid[:, 1]]
+        parts = []
+        for lo, hi in BUCKETS:
+            top = hi if hi is not None else degree.max()
+            rows = ((held >= lo) & (held <= top)).mean()
+            items = ((degree >= lo) & (degree <= top)).mean()
+            label = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}-{hi}")
+            parts.append(f"deg {label}: {rows:.3f} of rows / {items:.3f} of items = "
+                         f"{rows / items:.2f}x")
+        print(f"{run.name} {domain}: " + " | ".join(parts))
+        hits = []
+        for as_if in (None, 1, 3, 10, 30):
+            counts = degree.astype(np.float32)
+            if as_if is not None:   # just under K, so that a tie never decides
+                counts[degree == 0] = as_if - 0.5
+            scorer = PopularityScorer({domain: counts})
+            ranks = sampled_ranks(scorer, domain, split.valid, split.valid_negatives)
+            name = "popularity" if as_if is None else f"unseen as {as_if}"
+            hits.append(f"{name} {np.mean(ranks < 10):.4f}")
+        print("    HR@10: " + " | ".join(hits))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--by", choices=["degree", "partner"], default="degree")
+    parser.add_argument("--by", choices=["degree", "partner", "cold"], default="degree")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for run in args.runs:
@@ -104,6 +135,8 @@ def main() -> None:
         }
         if args.by == "degree":
             by_degree(run, trained, scorers)
+        elif args.by == "cold":
+            by_cold(run, trained)
         else:
             by_partner(run, trained, {**scorers, "itemcf": item_cf(splits, info.num_users)},
                        info.num_users)
