@@ -103,7 +103,8 @@ def test_the_served_stages_refuse_a_window_or_recency_out_of_range(run: Path) ->
 
 def _served(run: Path, share: float, stage_weight: float = 0.0
             ) -> tuple[RelaySystem, TrainedRetrieval, dict[int, np.ndarray]]:
-    """A one-instance cascade over ``run`` at run share ``share``, and the users' histories."""
+    """A one-instance cascade over ``run`` at run share ``share`` beside the item embeddings
+    (no item-to-item channel: tests/cascade/test_item_cf.py), and the users' histories."""
     ranker = PARTIAL
     model = make_model(0, num_items=len(ranker), max_seq_len=256)
     histories = {u: h for u, h in _histories(ranker, seed=1).items()
@@ -114,7 +115,9 @@ def _served(run: Path, share: float, stage_weight: float = 0.0
         num_instances=1,
         stages=StagesConfig(retrieval_k=40, num_candidates=16, retrieval_history=RECENT,
                             retrieval_run_share=share, stage_weight=stage_weight,
-                            **MEASURED_STAGE_DELAYS),
+                            retrieval_item_cf_rest_share=0.0,
+                            retrieval_delay_ms=MEASURED_STAGE_DELAYS["retrieval_delay_ms"],
+                            preprocess_delay_ms=MEASURED_STAGE_DELAYS["preprocess_delay_ms"]),
         instance=InstanceConfig(device_budget_bytes=8 << 20, host_budget_bytes=16 << 20,
                                 page_tokens=16))
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), RECENT,

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
+from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.cli import eval as eval_cli
 from relaygr.cli.eval_stages import (
     RECENCY,
@@ -57,20 +59,35 @@ def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
             if isinstance(stage, TrainedRunStage):   # beside item-embeddings, as serve serves
                 assert window["run_share"] == RUN_SHARE
                 assert isinstance(stage.stage, InterleavedRetrieval)
-                default, run = stage.stage.channels
+                default, run, item_cf = stage.stage.channels
                 assert run is stage.run and isinstance(default, EmbeddingRetrieval)
+                assert isinstance(item_cf, ItemCFRetrieval)
                 assert (default.recent_events, default.recency) == want
+                assert (item_cf.recent_events, item_cf.recency) == want
     alone = _eval_stage(["--retrieval", str(retrieval), "--retrieval-run-share", "1"], ranker,
                         data)
     assert isinstance(alone, TrainedRunStage) and alone.stage is alone.run
+    assert (alone.window()["run_share"], alone.window()["item_cf_share"]) == (1.0, 0.0)
+    three = _eval_stage(["--retrieval", str(retrieval), "--retrieval-run-share", "0.4",
+                         "--retrieval-item-cf-rest-share", "0.5"], ranker, data)
+    assert isinstance(three, TrainedRunStage) and isinstance(three.stage, InterleavedRetrieval)
+    assert [type(c) for c in three.stage.channels] == [EmbeddingRetrieval, TrainedRetrieval,
+                                                       ItemCFRetrieval]
+    assert (three.window()["run_share"], three.window()["item_cf_share"]) \
+        == pytest.approx((0.4, 0.3))
+    two = _eval_stage(["--retrieval", str(retrieval), "--retrieval-item-cf-rest-share", "0"],
+                      ranker, data)
+    assert isinstance(two, TrainedRunStage) and isinstance(two.stage, InterleavedRetrieval)
+    assert [type(c) for c in two.stage.channels] == [EmbeddingRetrieval, TrainedRetrieval]
     # an HSTU head reads the whole history, alone: a window or share asked of it is refused
     for head in ("head", str(ranker)):
-        for option in ("--retrieval-recency", "--retrieval-run-share"):
+        for option in ("--retrieval-recency", "--retrieval-run-share",
+                       "--retrieval-item-cf-rest-share"):
             with pytest.raises(ConfigError, match="an HSTU head reads the whole history"):
                 _eval_stage(["--retrieval", head, option, "0.5"], ranker, data)
-    with pytest.raises(ConfigError, match="is not a run"):
-        _eval_stage(["--retrieval", "item-embeddings", "--retrieval-run-share", "0.5"], ranker,
-                    data)
+    for option in ("--retrieval-run-share", "--retrieval-item-cf-rest-share"):
+        with pytest.raises(ConfigError, match="is not a run"):
+            _eval_stage(["--retrieval", "item-embeddings", option, "0.5"], ranker, data)
     with pytest.raises(ConfigError, match=r"\(--retrieval-run-share 1\)"):
         _eval_stage(["--retrieval", str(retrieval), "--stage-weight", "0.5"], ranker, data)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig
+from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.cli import serve
@@ -50,11 +51,15 @@ def _service(rank: Path, retrieval: Path, share: float = 1.0) -> RelayService:
 
 def test_by_default_the_run_serves_its_share_beside_the_item_embeddings(
         runs: tuple[Path, Path]) -> None:
+    """Three channels by default: the item embeddings, the run's towers and the item-to-item
+    channel of the run's training interactions, in the configured shares."""
     service = _service(*runs, share=StagesConfig.retrieval_run_share)
     stage = service.backend.system.stages.retrieval          # type: ignore[attr-defined]
     assert isinstance(stage, InterleavedRetrieval)
-    default, run = stage.channels
+    default, run, item_cf = stage.channels
     assert isinstance(default, EmbeddingRetrieval) and isinstance(run, TrainedRetrieval)
+    assert isinstance(item_cf, ItemCFRetrieval)
+    np.testing.assert_allclose(stage.shares, StagesConfig().retrieval_shares)
     assert stage.shares[1] == StagesConfig.retrieval_run_share
 
 
@@ -128,6 +133,20 @@ def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="retrieval_run_share must be in"):
         serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
                       "--retrieval-run-share", "0")
+    # the run's item-to-item channel: a share of the list beside it, only with such a run
+    three = serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                          "--retrieval-run-share", "0.4", "--retrieval-item-cf-rest-share",
+                          "0.25")
+    assert three.system.stages.retrieval_shares == pytest.approx((0.45, 0.4, 0.15))
+    assert options.system.stages.retrieval_item_cf_rest_share \
+        == StagesConfig.retrieval_item_cf_rest_share
+    for argv in (("--retrieval-item-cf-rest-share", "0.3"),
+                 ("--retrieval-run", str(hstu), "--retrieval-item-cf-rest-share", "0.3")):
+        with pytest.raises(ConfigError, match="item-to-item channel of a `relaygr"):
+            serve_options("--checkpoint", str(tmp_path), *argv)
+    with pytest.raises(ConfigError, match="retrieval_item_cf_rest_share must be in"):
+        serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                      "--retrieval-item-cf-rest-share", "1.5")
 
 
 def serve_options(*argv: str) -> ServeOptions:

@@ -12,8 +12,10 @@ pool's threads concurrently once built.
   two-tower-style proxy that needs no ranking-model pass). The default.
 - ``TrainedRetrieval`` (``relaygr.cascade.trained_retrieval``): a trained retrieval run's towers.
 - ``HSTURunRetrieval`` (``relaygr.cascade.hstu_retrieval``): another HSTU run's retrieval head.
+- ``ItemCFRetrieval`` (``relaygr.cascade.item_cf``): item-to-item collaborative filtering.
 - ``InterleavedRetrieval``: two or more of them as channels of one list, each holding its share
-  of every prefix of it (``StagesConfig.retrieval_run_share``: a trained run beside the default).
+  of every prefix of it (``StagesConfig.retrieval_shares``: a trained run and its item-to-item
+  channel beside the default).
 """
 
 from __future__ import annotations

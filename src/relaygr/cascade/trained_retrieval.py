@@ -19,7 +19,9 @@ mean it is exactly the trained vector. A user with no event of an item the run k
 As the cascade serves it (``beside_the_default``: ``relaygr serve --retrieval-run``, the
 benchmark's replay, ``relaygr eval --retrieval RUN``), the run proposes its share of the list
 (``StagesConfig.retrieval_run_share``), interleaved with the default stage, the ranker's item
-embeddings (``proposals.InterleavedRetrieval``); at a share of 1 it serves alone, and only then
+embeddings, and with an item-to-item channel built from the run's own training interactions
+(``cascade.item_cf``, ``item_neighbours``; ``retrieval_item_cf_rest_share`` of what the run
+leaves) (``proposals.InterleavedRetrieval``); at a share of 1 it serves alone, and only then
 may a stage weight fuse its scores (``check_run_share``).
 
 Ids: the run numbers users and items its own way; ``catalogue.npz`` holds the dataset's id of
@@ -35,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from relaygr.cascade.config import StagesConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
+from relaygr.cascade.item_cf import ItemCFRetrieval, ItemNeighbours
+from relaygr.cascade.proposals import EmbeddingRetrieval, ExcludingStage, InterleavedRetrieval
 from relaygr.cascade.retrieval import RetrievalConfig, Retriever
 from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
 from relaygr.model import HSTU
@@ -74,13 +77,17 @@ class TrainedRetrieval:
 
     def __init__(self, model: RetrievalModel, domain: str, run_ids: RunCatalogue,
                  ranker: RankerCatalogue, recent_events: int, name: str = "trained",
-                 index: RetrievalConfig | None = None, *, recency: float) -> None:
+                 index: RetrievalConfig | None = None, *, recency: float,
+                 train_rows: np.ndarray | None = None) -> None:
+        """``train_rows``: the run's training interactions in ``domain`` (``(n, 2)`` run user
+        and item ids), what its item-to-item channel is built from (``item_neighbours``)."""
         if recent_events < 1 or not 0 < recency <= 1:
             raise ConfigError(f"TrainedRetrieval needs recent_events >= 1 and recency in "
                               f"(0, 1], got {recent_events} and {recency}")
         self.model, self.domain, self.name = model, domain, name
         self.recent_events, self.recency = recent_events, recency
         self.dataset_users = ranker.dataset_users
+        self.train_rows = train_rows
         run_items = run_ids.items[domain]
         ranker_items = np.asarray(ranker.items, dtype=np.int64)
         # run item j -> ranker id (0: the ranker does not know it); ranker id -> run item (-1)
@@ -121,7 +128,18 @@ class TrainedRetrieval:
         trained = load_seed(run_dir, info, seed)
         return cls(trained.model, info.domains[0], load_catalogue(run_dir, info), ranker,
                    recent_events, f"{Path(run_dir).name} (seed {seed})", index,
-                   recency=recency)
+                   recency=recency, train_rows=trained.splits[info.domains[0]].train)
+
+    def item_neighbours(self, neighbours: int) -> ItemNeighbours:
+        """The item-to-item table of the run's training interactions (``cascade.item_cf``),
+        over the ranker's ids (items the ranker does not know are left out)."""
+        if self.train_rows is None:
+            raise ConfigError(f"retrieval run {self.name} was loaded without its training "
+                              "rows: no item-to-item channel can be built from it")
+        items = self.to_ranker[self.train_rows[:, 1]]
+        known = items > 0
+        return ItemNeighbours.of_rows(self.train_rows[known, 0], items[known],
+                                      len(self.to_run) - 1, neighbours)
 
     def user_vector(self, history: np.ndarray, user_id: int | None = None) -> np.ndarray:
         """``(vector_dim,)`` float32: the user tower on the latest ``recent_events`` events of
@@ -176,16 +194,25 @@ def check_run_share(stages: StagesConfig, run_name: str) -> None:
 def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU,
                        default: EmbeddingRetrieval | None = None
                        ) -> TrainedRetrieval | InterleavedRetrieval:
-    """``run`` as the cascade serves it: interleaved with the default stage (``default``, or
-    ``model``'s item embeddings with the stages' window and recency) at
-    ``stages.retrieval_run_share``, alone at a share of 1 (``check_run_share`` first)."""
+    """``run`` as the cascade serves it (``check_run_share`` first): interleaved with the
+    default stage (``default``, or ``model``'s item embeddings with the stages' window and
+    recency) at ``stages.retrieval_run_share``, and with the item-to-item channel of its
+    training interactions (``cascade.item_cf``) at ``retrieval_item_cf_rest_share`` of the
+    rest when that is above 0 (``StagesConfig.retrieval_shares``); alone at a run share of 1."""
     check_run_share(stages, run.name)
-    share = stages.retrieval_run_share
-    if share == 1:
-        return run
-    default = default or EmbeddingRetrieval.of(model, stages.retrieval_history,
-                                               recency=stages.retrieval_recency)
-    return InterleavedRetrieval([(default, 1 - share), (run, share)])
+    rest, share, cf_share = stages.retrieval_shares
+    channels: list[tuple[ExcludingStage, float]] = []
+    if rest > 1e-9:
+        channels.append((default or EmbeddingRetrieval.of(model, stages.retrieval_history,
+                                                          recency=stages.retrieval_recency),
+                         rest))
+    channels.append((run, share))
+    if cf_share > 0:
+        table = run.item_neighbours(stages.retrieval_item_cf_neighbours)
+        channels.append((ItemCFRetrieval(table, stages.retrieval_history,
+                                         recency=stages.retrieval_recency,
+                                         name=f"item-cf of {run.name}"), cf_share))
+    return run if len(channels) == 1 else InterleavedRetrieval(channels)
 
 
 def _check_shared(shared: int, run_items: np.ndarray, ranker_items: np.ndarray,

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.cli.eval_stages import (
+    ITEM_CF_REST_SHARE,
     RECENCY,
     RECENT_EVENTS,
     RUN_SHARE,
@@ -95,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="in (0, 1]: with a retrieval run, the share of the proposals its "
                              "tower makes, the rest item-embeddings', interleaved (default: "
                              "serve's, StagesConfig.retrieval_run_share; 1: the run alone)")
+    parser.add_argument("--retrieval-item-cf-rest-share", type=float, default=None,
+                        help="in [0, 1]: with a retrieval run, of the proposals its tower "
+                             "leaves, the share the item-to-item channel of its training "
+                             "interactions makes, the rest item-embeddings' (default: serve's, "
+                             "StagesConfig.retrieval_item_cf_rest_share; 0: no such channel)")
     parser.add_argument("--stage-weight", type=float, default=0.0,
                         help="the cascade ranks by ranker score + this x the stage's score "
                              "(default 0: the ranker alone)")
@@ -153,6 +159,8 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
     recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
     share = RUN_SHARE if args.retrieval_run_share is None else args.retrieval_run_share
+    cf_share = ITEM_CF_REST_SHARE if args.retrieval_item_cf_rest_share is None \
+        else args.retrieval_item_cf_rest_share
     if args.retrieval in RETRIEVAL_STAGES:
         _no_window(args)
         return retrieval_stage(args.retrieval, ranker.model)
@@ -162,9 +170,11 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
     if not 0 < share <= 1:
         raise ConfigError(f"--retrieval-run-share must be in (0, 1], got {share}")
     if args.retrieval == EmbeddingStage.name:
-        if args.retrieval_run_share is not None:
-            raise ConfigError("--retrieval-run-share is a retrieval run's share beside "
-                              f"{EmbeddingStage.name}; --retrieval {args.retrieval} is not a run")
+        if args.retrieval_run_share is not None \
+                or args.retrieval_item_cf_rest_share is not None:
+            raise ConfigError("--retrieval-run-share and --retrieval-item-cf-rest-share are a "
+                              f"retrieval run's channels' shares beside {EmbeddingStage.name}; "
+                              f"--retrieval {args.retrieval} is not a run")
         if args.fit_stage_weight:
             raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
                               f"({EmbeddingStage.name} scores are inner products on another "
@@ -180,7 +190,7 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
         return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, ranker.model,
-                                    history, recency, share, args.stage_weight)
+                                    history, recency, share, args.stage_weight, cf_share)
     _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
@@ -191,11 +201,13 @@ def _no_window(args: argparse.Namespace) -> None:
     """An HSTU head as the stage reads the whole history: a window asked of it is refused (and
     a share: it serves alone)."""
     if args.retrieval_history is not None or args.retrieval_recency is not None \
-            or args.retrieval_run_share is not None:
+            or args.retrieval_run_share is not None \
+            or args.retrieval_item_cf_rest_share is not None:
         raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
                           f"{EmbeddingStage.name} and of a retrieval run, --retrieval-run-share "
-                          "a retrieval run's share; an HSTU head reads the whole history, "
-                          "alone")
+                          "and --retrieval-item-cf-rest-share a retrieval run's channels' shares; "
+                          "an "
+                          "HSTU head reads the whole history, alone")
 
 
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,

@@ -3,8 +3,9 @@
 
 - ``TrainedRunStage``: a trained retrieval run (``relaygr train-retrieval``), the stage ``relaygr
   serve --retrieval-run`` serves (``TrainedRetrieval``: the user tower on the latest events, FAISS
-  over the item tower), interleaved with the default stage below at the run's share
-  (``StagesConfig.retrieval_run_share``, ``--retrieval-run-share``; serve's construction,
+  over the item tower), interleaved with the default stage below and the item-to-item channel of
+  the run's training interactions (``StagesConfig.retrieval_shares``, ``--retrieval-run-share``,
+  ``--retrieval-item-cf-rest-share``; serve's construction,
   ``trained_retrieval.beside_the_default``).
 - ``EmbeddingStage``: serve's default without a run (``EmbeddingRetrieval``: FAISS over the
   ranker's own item embeddings, the user the normalised, recency-weighted mean of its latest
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import StagesConfig
+from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import (
     RankerCatalogue,
@@ -44,6 +46,7 @@ from relaygr.train.stages import Proposals, RetrievalQuery
 RECENT_EVENTS = StagesConfig.retrieval_history
 RECENCY = StagesConfig.retrieval_recency
 RUN_SHARE = StagesConfig.retrieval_run_share
+ITEM_CF_REST_SHARE = StagesConfig.retrieval_item_cf_rest_share
 
 
 class TrainedRunStage:
@@ -57,9 +60,12 @@ class TrainedRunStage:
     @classmethod
     def load(cls, run_dir: Path, seqs: UserSequences, dataset: str, model: HSTU,
              recent_events: int = RECENT_EVENTS, recency: float = RECENCY,
-             share: float = RUN_SHARE, stage_weight: float = 0.0) -> TrainedRunStage:
+             share: float = RUN_SHARE, stage_weight: float = 0.0,
+             item_cf_rest_share: float = ITEM_CF_REST_SHARE) -> TrainedRunStage:
         """``model``: the ranker, whose item embeddings are the default stage; ``stage_weight``:
-        the cascade's, refused beside them (``trained_retrieval.check_run_share``)."""
+        the cascade's, refused beside them (``trained_retrieval.check_run_share``);
+        ``item_cf_rest_share``: the run's item-to-item channel's share of what the run leaves
+        (``cascade.item_cf``)."""
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "
@@ -67,7 +73,8 @@ class TrainedRunStage:
         ranker = RankerCatalogue(dataset, items, dataset_users=True)
         run = TrainedRetrieval.load(run_dir, ranker, recent_events, recency=recency)
         stages = StagesConfig(retrieval_history=recent_events, retrieval_recency=recency,
-                              retrieval_run_share=share, stage_weight=stage_weight)
+                              retrieval_run_share=share, stage_weight=stage_weight,
+                              retrieval_item_cf_rest_share=item_cf_rest_share)
         return cls(run, beside_the_default(run, stages, model), seqs.user_ids)
 
     @property
@@ -76,9 +83,14 @@ class TrainedRunStage:
 
     def window(self) -> dict[str, float]:
         """The user's window (latest events, recency) and the run's share, as reported."""
-        share = self.stage.shares[1] if isinstance(self.stage, InterleavedRetrieval) else 1.0
-        return {"history": self.run.recent_events, "recency": self.run.recency,
-                "run_share": float(share)}
+        shares = {"run_share": 1.0, "item_cf_share": 0.0}
+        if isinstance(self.stage, InterleavedRetrieval):
+            for channel, share in zip(self.stage.channels, self.stage.shares, strict=True):
+                if channel is self.run:
+                    shares["run_share"] = float(share)
+                elif isinstance(channel, ItemCFRetrieval):
+                    shares["item_cf_share"] = float(share)
+        return {"history": self.run.recent_events, "recency": self.run.recency, **shares}
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         return _proposals(query, k, lambda user, history: self.stage.scored(

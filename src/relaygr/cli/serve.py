@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--retrieval-run proposes, the rest the checkpoint's item embeddings', "
                         "interleaved (default: StagesConfig.retrieval_run_share; 1: the run "
                         "alone, whose scores a --stage-weight may then fuse)")
+    m.add_argument("--retrieval-item-cf-rest-share", type=float, default=None, metavar="S",
+                   help="in [0, 1]: of the retrieved list a `relaygr train-retrieval` "
+                        "--retrieval-run leaves, the share the item-to-item channel of its "
+                        "training interactions proposes, the rest the item embeddings' (default: "
+                        "StagesConfig.retrieval_item_cf_rest_share; 0: no such channel)")
     m.add_argument("--stage-weight", type=float, default=None, metavar="W",
                    help="/v1/recommend orders by ranker score + W x the retrieval stage's "
                         "score, as `relaygr eval --stage-weight W` (default 0: the ranker "
@@ -150,6 +155,12 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                               "train-retrieval` --retrieval-run (an HSTU run's retrieval head "
                               "serves alone)")
         stages["retrieval_run_share"] = args.retrieval_run_share
+    if args.retrieval_item_cf_rest_share is not None:
+        if args.retrieval_run is None or _is_hstu_run(args.retrieval_run):
+            raise ConfigError("--retrieval-item-cf-rest-share is the share of the item-to-item "
+                              "channel of a `relaygr train-retrieval` --retrieval-run (an HSTU "
+                              "run's retrieval head serves alone)")
+        stages["retrieval_item_cf_rest_share"] = args.retrieval_item_cf_rest_share
     if args.retrieval_run is not None:
         for name, value in MEASURED_STAGE_DELAYS.items():
             stages.setdefault(name, value)

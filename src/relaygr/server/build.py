@@ -184,7 +184,9 @@ def load_retrieval(source: ModelSource, system: SystemConfig, model: HSTU,
     run's kind (``train.stage_runs.stage_run_kind``; ``ConfigError`` for a directory of neither
     kind): a retrieval run, its ids mapped through the checkpoint's id map
     (``CatalogueMismatchError`` when they cannot be), beside ``model``'s item embeddings at
-    ``system.stages.retrieval_run_share`` (``trained_retrieval.beside_the_default``); or an
+    ``system.stages.retrieval_run_share`` and the item-to-item channel of its training
+    interactions at ``retrieval_item_cf_rest_share`` of the rest
+    (``trained_retrieval.beside_the_default``); or an
     HSTU run, over the checkpoint's very item ids and position-only
     (``train.stage_runs.load_stage_run``, ``ConfigError`` naming what differs), on ``device``
     (default: the ranking device, ``system.devices[0]``), alone."""
@@ -224,8 +226,12 @@ def _trained_retrieval(source: ModelSource, id_map: IdMap, system: SystemConfig,
                              np.asarray(id_map.items), not source.synthetic_users)
     stage = TrainedRetrieval.load(source.retrieval_run, ranker, system.stages.retrieval_history,
                                   recency=system.stages.retrieval_recency)
-    share = system.stages.retrieval_run_share
-    beside = "alone" if share == 1 else f"{share:g} of the list, beside the item embeddings"
+    default, share, cf_share = system.stages.retrieval_shares
+    beside = "alone" if share == 1 else (
+        f"{share:.2g} of the list, beside the item embeddings ({default:.2g})"
+        + (f" and its item-to-item channel ({cf_share:.2g}, "
+           f"{system.stages.retrieval_item_cf_neighbours} neighbours an item)"
+           if cf_share else ""))
     log(f"retrieval: {stage.name}, {stage.retriever.num_items} of the ranker's "
         f"{id_map.num_items} items indexed, {beside}; stage weight "
         f"{system.stages.stage_weight:g}; stage delays {system.stages.retrieval_delay_ms:g} + "
