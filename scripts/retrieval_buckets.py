@@ -101,8 +101,8 @@ def by_cold(run: Path, trained: TrainedRetrieval) -> None:
             rows = ((held >= lo) & (held <= top)).mean()
             items = ((degree >= lo) & (degree <= top)).mean()
             label = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}-{hi}")
-            parts.append(f"deg {label}: {rows:.3f} of rows / {items:.3f} of items = "
-                         f"{rows / items:.2f}x")
+            ratio = f"{rows / items:.2f}x" if items else "-"
+            parts.append(f"deg {label}: {rows:.3f} of rows / {items:.3f} of items = {ratio}")
         print(f"{run.name} {domain}: " + " | ".join(parts))
         hits = []
         for as_if in (None, 1, 3, 10, 30):

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from relaygr.cascade.config import StagesConfig
 from relaygr.cascade.item_cf import ItemCFRetrieval, ItemNeighbours
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval, beside_the_default
 from relaygr.errors import ConfigError, EmptyInputError
+from relaygr.retrieval.checkpoint import read_run_info
 from tests.cascade.retrieval_runs import MOVIES, train_run, write_ratings
 from tests.model.helpers import make_model
 
@@ -97,14 +99,38 @@ def test_a_served_run_adds_the_item_to_item_channel_of_its_training_rows(run: Pa
     np.testing.assert_allclose(served.shares, [0.15, 0.4, 0.45])
     assert (item_cf.recent_events, item_cf.recency) == (6, 0.7)
     assert stage.train_rows is not None
-    users, items = stage.train_rows[:, 0], stage.to_ranker[stage.train_rows[:, 1]]
-    want = ItemNeighbours.of_rows(users, items, len(ranker), neighbours=20).table
-    assert (item_cf.neighbours.table != want).nnz == 0
+    _check_table(item_cf.neighbours.table, run, ranker, stage.train_rows, 20)
     # the default stage's share may go to zero: the run and its item-to-item channel alone
     both = beside_the_default(stage, StagesConfig(retrieval_run_share=0.5,
                                                   retrieval_item_cf_rest_share=1.0), model)
     assert isinstance(both, InterleavedRetrieval) and both.channels[0] is stage
     np.testing.assert_allclose(both.shares, [0.5, 0.5])
+
+
+def test_items_the_ranker_does_not_know_stay_out_of_the_table(run: Path) -> None:
+    """A ranker without every 7th of the run's movies and with 20 of its own: the table holds
+    only items both know, mapped through the dataset's ids."""
+    ranker = np.sort(np.concatenate([np.delete(MOVIES, np.s_[::7]),
+                                     np.arange(5000, 5020, dtype=np.int64)]))
+    stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", ranker), 6, recency=0.7)
+    assert stage.train_rows is not None
+    table = stage.item_neighbours(20).table
+    named = np.union1d(table.indices, np.flatnonzero(np.diff(table.indptr)))
+    assert np.isin(ranker[named - 1], np.delete(MOVIES, np.s_[::7])).all()
+    _check_table(table, run, ranker, stage.train_rows, 20)
+
+
+def _check_table(table: sp.csr_matrix, run: Path, ranker: np.ndarray, rows: np.ndarray,
+                 neighbours: int) -> None:
+    """``table`` is the cosine table of ``rows`` (the run's ids) written in the ranker's ids,
+    the mapping taken independently: run item -> the dataset's id -> its place in ``ranker``."""
+    with np.load(run / "catalogue.npz") as z:
+        movies = z[f"items/{read_run_info(run).domains[0]}"]
+    dataset_ids = movies[rows[:, 1]]
+    known = np.isin(dataset_ids, ranker)
+    items = np.searchsorted(ranker, dataset_ids[known]) + 1
+    want = ItemNeighbours.of_rows(rows[known, 0], items, len(ranker), neighbours).table
+    assert (table != want).nnz == 0
 
 
 def test_the_item_to_item_channel_takes_its_share_of_what_the_run_leaves() -> None:

@@ -85,6 +85,12 @@ def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(
                        "--retrieval-item-cf-rest-share"):
             with pytest.raises(ConfigError, match="an HSTU head reads the whole history"):
                 _eval_stage(["--retrieval", head, option, "0.5"], ranker, data)
+    with pytest.raises(ConfigError, match="leaves no share to --retrieval-item-cf-rest-share"):
+        _eval_stage(["--retrieval", str(retrieval), "--retrieval-run-share", "1",
+                     "--retrieval-item-cf-rest-share", "0.5"], ranker, data)
+    with pytest.raises(ConfigError, match=r"--retrieval-item-cf-rest-share must be in \[0, 1\]"):
+        _eval_stage(["--retrieval", str(retrieval), "--retrieval-item-cf-rest-share", "nan"],
+                    ranker, data)
     for option in ("--retrieval-run-share", "--retrieval-item-cf-rest-share"):
         with pytest.raises(ConfigError, match="is not a run"):
             _eval_stage(["--retrieval", "item-embeddings", option, "0.5"], ranker, data)

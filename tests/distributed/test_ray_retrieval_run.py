@@ -25,6 +25,7 @@ import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.hstu_retrieval import HSTURunRetrieval
+from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.data import load_sequences
@@ -142,8 +143,8 @@ def test_an_ingress_loads_the_runs_stage_and_answers_as_embedded(runs: Runs,
 def test_an_ingress_serves_the_towers_beside_the_item_embeddings_as_embedded(runs: Runs
                                                                             ) -> None:
     """At a share below 1 (no stage weight) the ingress interleaves the towers with the
-    checkpoint's item embeddings, as the embedded server does: the same candidates and
-    scores."""
+    checkpoint's item embeddings and the run's item-to-item channel, as the embedded server
+    does: the same candidates and scores."""
     beside = SYSTEM.with_(stages={"stage_weight": 0.0, "retrieval_run_share": 0.5})
     source = runs.source("towers")
     service = ingress_service(LocalRanker(["replica-a"], system=beside, source=source),
@@ -151,6 +152,7 @@ def test_an_ingress_serves_the_towers_beside_the_item_embeddings_as_embedded(run
     stage = service.backend.stages.retrieval                 # type: ignore[attr-defined]
     assert isinstance(stage, InterleavedRetrieval)
     assert isinstance(stage.channels[1], TrainedRetrieval)
+    assert isinstance(stage.channels[2], ItemCFRetrieval)
     embedded = _embedded(source, beside)
     users = sorted(embedded.backend.store)[:USERS]
     want = _answers(embedded, users)

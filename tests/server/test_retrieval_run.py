@@ -144,6 +144,9 @@ def test_serve_flag_defaults_the_simulated_delays_to_zero(tmp_path: Path) -> Non
                  ("--retrieval-run", str(hstu), "--retrieval-item-cf-rest-share", "0.3")):
         with pytest.raises(ConfigError, match="item-to-item channel of a `relaygr"):
             serve_options("--checkpoint", str(tmp_path), *argv)
+    with pytest.raises(ConfigError, match="leaves no share to --retrieval-item-cf-rest-share"):
+        serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
+                      "--retrieval-run-share", "1", "--retrieval-item-cf-rest-share", "0.5")
     with pytest.raises(ConfigError, match="retrieval_item_cf_rest_share must be in"):
         serve_options("--checkpoint", str(tmp_path), "--retrieval-run", str(tmp_path),
                       "--retrieval-item-cf-rest-share", "1.5")

@@ -54,10 +54,10 @@ class StagesConfig:
     # channel), the default stage the remainder, all interleaved so that every prefix holds
     # each channel in its share (cascade.proposals.InterleavedRetrieval). Run share 1: the run
     # alone. The channels find different items: on ML-1M's validation users thirds (1/3, and
-    # half the rest) found the most (recall@200 0.685 against 0.671 for the run and the default
-    # at a half each, 0.615 for the default alone; 100 neighbours: 0.686 at 50, 0.671 at 200),
-    # and on its test users 0.012-0.013 more than the two channels (docs/retrieval.md,
-    # "MovieLens-1M: the cascade's stage").
+    # half the rest) found the most (recall@200 0.683 against 0.671 for the run and the default
+    # at a half each, 0.615 for the default alone; 100 neighbours: 50 within noise of it, 200
+    # and 400 below), and on its test users 0.011-0.013 more than the two channels
+    # (docs/retrieval.md, "MovieLens-1M: the cascade's stage").
     retrieval_run_share: float = 0.33
     retrieval_item_cf_rest_share: float = 0.5
     retrieval_item_cf_neighbours: int = 100

@@ -27,9 +27,9 @@ import scipy.sparse as sp
 
 from relaygr.errors import ConfigError, EmptyInputError
 
-# Items whose co-occurrence rows are computed at once while the table is built: a dense block of
-# this many rows by the catalogue (4 MB for ML-1M's 3,706 items).
-_BLOCK_ROWS = 256
+# Items whose co-occurrence rows are computed at once while the table is built (a sparse
+# product: its size follows the pairs that share a user, not the catalogue squared).
+_BLOCK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -58,30 +58,35 @@ class ItemNeighbours:
                                shape=(int(user_rows.max(initial=-1)) + 1, num_items + 1))
         bought.data[:] = 1.0                     # duplicates were summed: once is once
         by_item = bought.T.tocsr()               # (items, users)
-        degree = np.asarray(by_item.sum(axis=1)).ravel()
-        norm = np.sqrt(degree)
+        norm = np.sqrt(np.diff(by_item.indptr).astype(np.float64))
         indptr, indices, data = [0], [], []
         for start in range(0, num_items + 1, _BLOCK_ROWS):
-            rows = slice(start, min(start + _BLOCK_ROWS, num_items + 1))
-            shared = (by_item[rows] @ bought).toarray()              # co-buying users
-            cosine = shared / np.maximum(np.outer(norm[rows], norm), 1e-12)
-            for r, row in enumerate(cosine, start):
-                row[r] = 0.0                                         # not its own neighbour
-                keep = _top(row, neighbours)
-                indices.append(keep)
-                data.append(row[keep].astype(np.float32))
+            shared = (by_item[start:start + _BLOCK_ROWS] @ bought).tocsr()  # co-buying users
+            for r in range(shared.shape[0]):
+                item = start + r
+                lo, hi = shared.indptr[r], shared.indptr[r + 1]
+                others = shared.indices[lo:hi]
+                # cosine, rounded to the float32 the table stores before it is ranked, so
+                # that equal similarities tie exactly
+                cosine = (shared.data[lo:hi] / (norm[item] * norm[others])).astype(np.float32)
+                keep = _top(others, cosine, others != item, neighbours)
+                indices.append(others[keep])
+                data.append(cosine[keep])
                 indptr.append(indptr[-1] + len(keep))
         table = sp.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr),
                               shape=(num_items + 1, num_items + 1))
         return cls(table, neighbours)
 
 
-def _top(row: np.ndarray, n: int) -> np.ndarray:
-    """Ids of the ``n`` largest positive entries of ``row``, largest first, ties to the lower
-    id."""
-    positive = np.flatnonzero(row > 0)
-    order = np.lexsort((positive, -row[positive]))
-    return positive[order[:n]]
+def _top(ids: np.ndarray, values: np.ndarray, allowed: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the ``n`` largest positive ``values`` among the ``allowed``, largest first,
+    ties to the lower id."""
+    where = np.flatnonzero(allowed & (values > 0))
+    if len(where) > n:   # the n-th value, then all above it and the lowest ids tied with it
+        nth = np.partition(values[where], -n)[-n]
+        above, tied = where[values[where] > nth], where[values[where] == nth]
+        where = np.concatenate([above, tied[np.argsort(ids[tied], kind="stable")][:n - len(above)]])
+    return where[np.lexsort((ids[where], -values[where]))]
 
 
 class ItemCFRetrieval:
@@ -116,15 +121,16 @@ class ItemCFRetrieval:
         if not rows.nnz:
             raise EmptyInputError(f"none of the user's {len(recent)} latest events has an "
                                   "item-CF neighbour")
-        weights = self.recency ** np.arange(len(recent), dtype=np.float64)
-        score = np.asarray(rows.T @ weights, dtype=np.float64).ravel()
+        if k < 1:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        # sum the rows over the items they name only (not a vector over the catalogue)
+        weight = np.repeat(self.recency ** np.arange(len(recent), dtype=np.float64),
+                           np.diff(rows.indptr))
+        found, slot = np.unique(rows.indices, return_inverse=True)
+        score = np.bincount(slot, weights=weight * rows.data, minlength=len(found))
         if exclude is not None and len(exclude):
-            score[np.asarray(exclude, dtype=np.int64)] = 0.0
-        positive = np.flatnonzero(score > 0)                         # ascending ids
-        if positive.size > k:
-            kth = np.partition(score[positive], -k)[-k]
-            tied = positive[score[positive] == kth]
-            positive = np.concatenate([positive[score[positive] > kth],
-                                       tied[:k - int((score[positive] > kth).sum())]])
-        ids = positive[np.lexsort((positive, -score[positive]))]
-        return ids, score[ids].astype(np.float32)
+            keep = ~np.isin(found, np.asarray(exclude, dtype=np.int64))
+            found, score = found[keep], score[keep]
+        top = _top(found, score, np.ones(len(found), dtype=bool), k)
+        ids = found[top]
+        return ids, score[top].astype(np.float32)

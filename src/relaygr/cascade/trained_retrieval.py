@@ -181,14 +181,15 @@ class TrainedRetrieval:
 
 def check_run_share(stages: StagesConfig, run_name: str) -> None:
     """``ConfigError`` where a stage weight would fuse a retrieval run's scores while the run
-    serves beside the default stage (two score scales; ``beside_the_default``)."""
+    serves beside other channels (several score scales; ``beside_the_default``)."""
     if stages.stage_weight and stages.retrieval_run_share < 1:
         raise ConfigError(
             f"a stage weight ({stages.stage_weight:g}) fuses one stage's scores with the "
             f"ranker's; retrieval run {run_name} serves {stages.retrieval_run_share:g} of the "
-            "candidates beside the item embeddings, two score scales: set "
-            "StagesConfig.retrieval_run_share to 1 (--retrieval-run-share 1) to fuse the "
-            "run's scores, or the stage weight to 0 to serve both channels")
+            "candidates beside other channels (the item embeddings, its item-to-item channel), "
+            "each on a scale of its own: set StagesConfig.retrieval_run_share to 1 "
+            "(--retrieval-run-share 1) to fuse the run's scores, or the stage weight to 0 to "
+            "serve the channels")
 
 
 def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU,
@@ -207,7 +208,7 @@ def beside_the_default(run: TrainedRetrieval, stages: StagesConfig, model: HSTU,
                                                           recency=stages.retrieval_recency),
                          rest))
     channels.append((run, share))
-    if cf_share > 0:
+    if cf_share > 1e-9:
         table = run.item_neighbours(stages.retrieval_item_cf_neighbours)
         channels.append((ItemCFRetrieval(table, stages.retrieval_history,
                                          recency=stages.retrieval_recency,

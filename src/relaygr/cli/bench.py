@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _trained_ml1m(run: Path, system: SystemConfig, model: HSTU) -> RetrievalStage:
     """``run`` over the ML-1M replay's item ids (the file's movie ids in ascending order), as
-    serve serves it (beside ``model``'s item embeddings at the run's share), built once."""
+    serve serves it (beside ``model``'s item embeddings and the run's item-to-item channel at
+    ``StagesConfig.retrieval_shares``), built once."""
     movies = read_movie_ids(ML1MConfig().path)
     stage = TrainedRetrieval.load(run, RankerCatalogue("ml-1m", movies),
                                   system.stages.retrieval_history,

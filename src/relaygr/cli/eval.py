@@ -169,6 +169,11 @@ def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
                           f"got {history} and {recency}")
     if not 0 < share <= 1:
         raise ConfigError(f"--retrieval-run-share must be in (0, 1], got {share}")
+    if not 0 <= cf_share <= 1:
+        raise ConfigError(f"--retrieval-item-cf-rest-share must be in [0, 1], got {cf_share}")
+    if share == 1 and args.retrieval_item_cf_rest_share:
+        raise ConfigError("--retrieval-run-share 1 serves the run alone: it leaves no share to "
+                          "--retrieval-item-cf-rest-share")
     if args.retrieval == EmbeddingStage.name:
         if args.retrieval_run_share is not None \
                 or args.retrieval_item_cf_rest_share is not None:

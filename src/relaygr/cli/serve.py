@@ -160,6 +160,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
             raise ConfigError("--retrieval-item-cf-rest-share is the share of the item-to-item "
                               "channel of a `relaygr train-retrieval` --retrieval-run (an HSTU "
                               "run's retrieval head serves alone)")
+        if args.retrieval_run_share == 1 and args.retrieval_item_cf_rest_share:
+            raise ConfigError("--retrieval-run-share 1 serves the run alone: it leaves no share "
+                              "to --retrieval-item-cf-rest-share")
         stages["retrieval_item_cf_rest_share"] = args.retrieval_item_cf_rest_share
     if args.retrieval_run is not None:
         for name, value in MEASURED_STAGE_DELAYS.items():
