@@ -22,6 +22,7 @@ from relaygr.cli.eval_stages import (
     RUN_SHARE,
     EmbeddingStage,
     TrainedRunStage,
+    stage_from_args,
 )
 from relaygr.cli.main import main
 from relaygr.data import leave_one_out, load_sequences
@@ -40,7 +41,7 @@ def _eval_stage(argv: list[str], ranker: Path, data: Path) -> object:
     args = parser.parse_args(["eval", "--checkpoint", str(ranker), "--dataset", "ml-1m",
                               "--data-dir", str(data), *argv])
     trained = load_trained(ranker, "cpu")
-    return eval_cli._stage(args, trained, load_sequences("ml-1m", data, None, trained.id_map))
+    return stage_from_args(args, trained, load_sequences("ml-1m", data, None, trained.id_map))
 
 
 def test_eval_gives_both_served_stages_the_window_and_recency_it_is_asked_for(

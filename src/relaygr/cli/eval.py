@@ -32,12 +32,9 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygr.cli.eval_stages import (
-    ITEM_CF_REST_SHARE,
-    RECENCY,
-    RECENT_EVENTS,
-    RUN_SHARE,
     EmbeddingStage,
     TrainedRunStage,
+    stage_from_args,
 )
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
@@ -55,13 +52,6 @@ from relaygr.train import (
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
-from relaygr.train.stage_runs import StageRunKind, load_stage_run, stage_run_kind
-from relaygr.train.stages import (
-    RETRIEVAL_STAGES,
-    CheckpointRetrieval,
-    RetrievalStage,
-    retrieval_stage,
-)
 
 HEAD_CHOICES = HEADS
 
@@ -151,70 +141,6 @@ def _held_out(trained: TrainedModel, split: LeaveOneOutSplit) -> LeaveOneOutSpli
     return split
 
 
-def _stage(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
-           ) -> RetrievalStage:
-    """``--retrieval``: a registered stage name, serve's default stage (``EmbeddingStage``), or a
-    run directory: an HSTU run's retrieval head (``CheckpointRetrieval``) or a trained retrieval
-    run (``TrainedRunStage``)."""
-    history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
-    recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
-    share = RUN_SHARE if args.retrieval_run_share is None else args.retrieval_run_share
-    cf_share = ITEM_CF_REST_SHARE if args.retrieval_item_cf_rest_share is None \
-        else args.retrieval_item_cf_rest_share
-    if args.retrieval in RETRIEVAL_STAGES:
-        _no_window(args)
-        return retrieval_stage(args.retrieval, ranker.model)
-    if history < 1 or not 0 < recency <= 1:
-        raise ConfigError("--retrieval-history must be >= 1 and --retrieval-recency in (0, 1], "
-                          f"got {history} and {recency}")
-    if not 0 < share <= 1:
-        raise ConfigError(f"--retrieval-run-share must be in (0, 1], got {share}")
-    if not 0 <= cf_share <= 1:
-        raise ConfigError(f"--retrieval-item-cf-rest-share must be in [0, 1], got {cf_share}")
-    if share == 1 and args.retrieval_item_cf_rest_share:
-        raise ConfigError("--retrieval-run-share 1 serves the run alone: it leaves no share to "
-                          "--retrieval-item-cf-rest-share")
-    if args.retrieval == EmbeddingStage.name:
-        if args.retrieval_run_share is not None \
-                or args.retrieval_item_cf_rest_share is not None:
-            raise ConfigError("--retrieval-run-share and --retrieval-item-cf-rest-share are a "
-                              f"retrieval run's channels' shares beside {EmbeddingStage.name}; "
-                              f"--retrieval {args.retrieval} is not a run")
-        if args.fit_stage_weight:
-            raise ConfigError(f"--fit-stage-weight needs an HSTU run as the stage "
-                              f"({EmbeddingStage.name} scores are inner products on another "
-                              "scale)")
-        return EmbeddingStage.of(ranker.model, history, recency)
-    path = Path(args.retrieval)
-    if not path.is_dir():
-        names = ", ".join(sorted([*RETRIEVAL_STAGES, EmbeddingStage.name]))
-        raise ConfigError(f"--retrieval {args.retrieval!r} is neither a stage ({names}) nor a "
-                          "run directory")
-    if stage_run_kind(path) is StageRunKind.RETRIEVAL:
-        if args.fit_stage_weight:
-            raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
-                              "run's scores are inner products on another scale)")
-        return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, ranker.model,
-                                    history, recency, share, args.stage_weight, cf_share)
-    _no_window(args)
-    # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
-    held_out = ranker.run.train if args.fit_stage_weight else None
-    return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
-
-
-def _no_window(args: argparse.Namespace) -> None:
-    """An HSTU head as the stage reads the whole history: a window asked of it is refused (and
-    a share: it serves alone)."""
-    if args.retrieval_history is not None or args.retrieval_recency is not None \
-            or args.retrieval_run_share is not None \
-            or args.retrieval_item_cf_rest_share is not None:
-        raise ConfigError("--retrieval-history and --retrieval-recency set the user window of "
-                          f"{EmbeddingStage.name} and of a retrieval run, --retrieval-run-share "
-                          "and --retrieval-item-cf-rest-share a retrieval run's channels' shares; "
-                          "an "
-                          "HSTU head reads the whole history, alone")
-
-
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
          cascade: CascadeSpec) -> StageWeightFit:
     """``--fit-stage-weight``: the grid on the run's validation users, printed."""
@@ -252,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
-        stage = _stage(args, trained, seqs)
+        stage = stage_from_args(args, trained, seqs)
         if args.fit_stage_weight and "cascade" in heads:
             fit = _fit(args, trained, seqs, CascadeSpec(stage, args.retrieve_k))
             args.stage_weight = fit.best
