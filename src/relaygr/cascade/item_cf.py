@@ -38,7 +38,6 @@ class ItemNeighbours:
     over ``num_items + 1`` ids (row and column 0 empty)."""
 
     table: sp.csr_matrix
-    neighbours: int
 
     @classmethod
     def of_rows(cls, users: np.ndarray, items: np.ndarray, num_items: int,
@@ -65,23 +64,25 @@ class ItemNeighbours:
             for r in range(shared.shape[0]):
                 item = start + r
                 lo, hi = shared.indptr[r], shared.indptr[r + 1]
-                others = shared.indices[lo:hi]
+                others, counts = shared.indices[lo:hi], shared.data[lo:hi]
+                other = others != item                           # not its own neighbour
+                others, counts = others[other], counts[other]
                 # cosine, rounded to the float32 the table stores before it is ranked, so
                 # that equal similarities tie exactly
-                cosine = (shared.data[lo:hi] / (norm[item] * norm[others])).astype(np.float32)
-                keep = _top(others, cosine, others != item, neighbours)
+                cosine = (counts / (norm[item] * norm[others])).astype(np.float32)
+                keep = _top(others, cosine, neighbours)
                 indices.append(others[keep])
                 data.append(cosine[keep])
                 indptr.append(indptr[-1] + len(keep))
         table = sp.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr),
                               shape=(num_items + 1, num_items + 1))
-        return cls(table, neighbours)
+        return cls(table)
 
 
-def _top(ids: np.ndarray, values: np.ndarray, allowed: np.ndarray, n: int) -> np.ndarray:
-    """Positions of the ``n`` largest positive ``values`` among the ``allowed``, largest first,
-    ties to the lower id."""
-    where = np.flatnonzero(allowed & (values > 0))
+def _top(ids: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the ``n`` largest positive ``values``, largest first, ties to the lower
+    id."""
+    where = np.flatnonzero(values > 0)
     if len(where) > n:   # the n-th value, then all above it and the lowest ids tied with it
         nth = np.partition(values[where], -n)[-n]
         above, tied = where[values[where] > nth], where[values[where] == nth]
@@ -131,6 +132,6 @@ class ItemCFRetrieval:
         if exclude is not None and len(exclude):
             keep = ~np.isin(found, np.asarray(exclude, dtype=np.int64))
             found, score = found[keep], score[keep]
-        top = _top(found, score, np.ones(len(found), dtype=bool), k)
+        top = _top(found, score, k)
         ids = found[top]
         return ids, score[top].astype(np.float32)

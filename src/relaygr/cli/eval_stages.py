@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from relaygr.cascade.config import StagesConfig
-from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import (
     RankerCatalogue,
@@ -67,8 +66,9 @@ class TrainedRunStage:
     default stage as serve serves it (``stage``; module docstring)."""
 
     def __init__(self, run: TrainedRetrieval, stage: TrainedRetrieval | InterleavedRetrieval,
-                 user_ids: np.ndarray) -> None:
-        self.run, self.stage, self.user_ids = run, stage, user_ids
+                 user_ids: np.ndarray, stages: StagesConfig) -> None:
+        """``stages``: the window and shares ``stage`` was built with (``beside_the_default``)."""
+        self.run, self.stage, self.user_ids, self.stages = run, stage, user_ids, stages
 
     @classmethod
     def load(cls, run_dir: Path, seqs: UserSequences, dataset: str, model: HSTU,
@@ -88,22 +88,17 @@ class TrainedRunStage:
         stages = StagesConfig(retrieval_history=recent_events, retrieval_recency=recency,
                               retrieval_run_share=share, stage_weight=stage_weight,
                               retrieval_item_cf_rest_share=item_cf_rest_share)
-        return cls(run, beside_the_default(run, stages, model), seqs.user_ids)
+        return cls(run, beside_the_default(run, stages, model), seqs.user_ids, stages)
 
     @property
     def name(self) -> str:
         return self.stage.name
 
     def window(self) -> dict[str, float]:
-        """The user's window (latest events, recency) and the run's share, as reported."""
-        shares = {"run_share": 1.0, "item_cf_share": 0.0}
-        if isinstance(self.stage, InterleavedRetrieval):
-            for channel, share in zip(self.stage.channels, self.stage.shares, strict=True):
-                if channel is self.run:
-                    shares["run_share"] = float(share)
-                elif isinstance(channel, ItemCFRetrieval):
-                    shares["item_cf_share"] = float(share)
-        return {"history": self.run.recent_events, "recency": self.run.recency, **shares}
+        """The user's window (latest events, recency) and the channels' shares, as reported."""
+        _, run_share, item_cf_share = self.stages.retrieval_shares
+        return {"history": self.run.recent_events, "recency": self.run.recency,
+                "run_share": run_share, "item_cf_share": item_cf_share}
 
     def propose(self, query: RetrievalQuery, k: int) -> Proposals:
         return _proposals(query, k, lambda user, history: self.stage.scored(
@@ -155,7 +150,7 @@ def stage_from_args(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSe
     history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
     recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
     share = RUN_SHARE if args.retrieval_run_share is None else args.retrieval_run_share
-    cf_share = ITEM_CF_REST_SHARE if args.retrieval_item_cf_rest_share is None \
+    cf_rest = ITEM_CF_REST_SHARE if args.retrieval_item_cf_rest_share is None \
         else args.retrieval_item_cf_rest_share
     if args.retrieval in RETRIEVAL_STAGES:
         _no_window(args)
@@ -165,8 +160,8 @@ def stage_from_args(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSe
                           f"got {history} and {recency}")
     if not 0 < share <= 1:
         raise ConfigError(f"--retrieval-run-share must be in (0, 1], got {share}")
-    if not 0 <= cf_share <= 1:
-        raise ConfigError(f"--retrieval-item-cf-rest-share must be in [0, 1], got {cf_share}")
+    if not 0 <= cf_rest <= 1:
+        raise ConfigError(f"--retrieval-item-cf-rest-share must be in [0, 1], got {cf_rest}")
     if share == 1 and args.retrieval_item_cf_rest_share:
         raise ConfigError("--retrieval-run-share 1 serves the run alone: it leaves no share to "
                           "--retrieval-item-cf-rest-share")
@@ -191,7 +186,7 @@ def stage_from_args(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSe
             raise ConfigError("--fit-stage-weight needs an HSTU run as the stage (a retrieval "
                               "run's scores are inner products on another scale)")
         return TrainedRunStage.load(path, seqs, ranker.run.dataset.name, ranker.model,
-                                    history, recency, share, args.stage_weight, cf_share)
+                                    history, recency, share, args.stage_weight, cf_rest)
     _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
