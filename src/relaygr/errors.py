@@ -19,6 +19,10 @@ class EmptyInputError(InvalidInputError):
     """A sequence that must hold at least one element is empty (no candidates, no history)."""
 
 
+class NoCandidatesError(EmptyInputError):
+    """Retrieval found no item the user has not already seen: nothing to rank."""
+
+
 class ItemOutOfRangeError(InvalidInputError):
     """An item id is outside the model's catalogue (valid ids are 1..num_items)."""
 

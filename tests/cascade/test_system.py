@@ -18,7 +18,7 @@ from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.types import RankPath
-from relaygr.errors import ConfigError
+from relaygr.errors import ConfigError, NoCandidatesError
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
@@ -263,6 +263,41 @@ def test_retrieval_k_beyond_the_catalogue_retrieves_all_of_it() -> None:
         every = stages.candidates(history, NUM_ITEMS)[0]       # all items not in the history
         assert sorted(every.tolist()) == list(range(40, NUM_ITEMS + 1))
         assert torch.equal(stages.candidates(history, 16)[0], every[:16])
+    finally:
+        stages.shutdown()
+
+
+def test_a_history_that_covers_the_proposals_still_gets_a_full_list_of_unseen_items() -> None:
+    """The user has already seen what retrieval proposes first (a long history): retrieval is
+    asked again without the seen items, so the request still ranks ``num_candidates`` unseen
+    items, the best ones by the same user vector."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    retrieval = EmbeddingRetrieval.of(model, 8, recency=1.0)
+    stages = EarlierStages(retrieval, 32, 0.0, 0.0)
+    try:
+        latest = np.arange(1, 9, dtype=np.int64)
+        first = retrieval.scored(latest, 32)[0]
+        # seen before the latest 8 events, which alone make the user vector: the same vector
+        history = np.concatenate([np.setdiff1d(first, latest), latest])
+        assert not (~np.isin(first, history)).any()        # every first proposal is seen
+        kept = stages.candidates(history, 16)[0].numpy()
+        assert len(kept) == 16 and not np.isin(kept, history).any()
+        assert stages.refilled == 1
+        best_unseen = retrieval.scored(history, 32, exclude=history)[0][:16]
+        np.testing.assert_array_equal(kept, best_unseen)
+    finally:
+        stages.shutdown()
+
+
+def test_a_user_who_has_seen_every_item_gets_a_typed_error_before_ranking() -> None:
+    model = make_model(0, num_items=NUM_ITEMS)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 8, recency=1.0), 32, 0.0, 0.0)
+    try:
+        everything = np.arange(1, NUM_ITEMS + 1, dtype=np.int64)
+        with pytest.raises(NoCandidatesError, match="no item this user has not seen"):
+            stages.candidates(everything, 16)
+        # one unseen item left: a list of one
+        assert stages.candidates(everything[1:], 16)[0].tolist() == [1]
     finally:
         stages.shutdown()
 

@@ -164,6 +164,67 @@ def test_host_copy_is_extended_with_only_the_new_events() -> None:
     run(scenario, make_instance(model))
 
 
+def test_a_preinfer_that_cannot_start_reserves_nothing_and_ranking_computes_in_full() -> None:
+    """A pre-infer job that raises while it is built (here: an injected failure, as an
+    allocation of its tensors on the device could) leaves no PENDING entry behind for the
+    ranking request to wait on: the signal reports it, ranking recomputes the prefix."""
+    model = make_model(5)
+    store = store_with({6: 120})
+    spec = spec_from_store(store, 6)
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None
+
+        def failing(requests: object) -> None:
+            raise RuntimeError("out of memory (injected)")
+
+        model.prefill_job = failing  # type: ignore[method-assign,assignment]
+        try:
+            pre = inst.preinfer(spec, 0, 40)
+        finally:
+            del model.prefill_job
+        assert pre.action is PreinferAction.FAILED
+        assert res.resident(spec.pid) is None and res.pool.stats.pending == 0
+        assert res.counters.prefills_failed == 1
+        out = await asyncio.wait_for(inst.rank(RankJob(spec, CANDIDATES)), 60)
+        assert out.path is RankPath.FULL
+        assert_close(out.scores, full_scores(model, spec))
+
+    run(scenario, make_instance(model))
+
+
+def test_a_reload_that_fails_degrades_the_ranking_to_a_full_pass() -> None:
+    """The host copy's extension fails (injected): the ranking request is answered by a full
+    pass with the full pass's scores, the failure counted, no entry left pending or pinned."""
+    model = make_model(3)
+    store = store_with({4: 150})
+    spec = spec_from_store(store, 4)
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None
+        inst.preinfer(spec, 0, 40)
+        await inst.rank(RankJob(spec, CANDIDATES))
+        await idle(inst)                                  # demoted to the host tier
+        store.append(4, [11, 12, 13, 14, 15])
+        spec2 = spec_from_store(store, 4)
+
+        async def failing(spec: PrefixSpec, start: int, past: object) -> None:
+            raise RuntimeError("extension failed (injected)")
+
+        res._extension = failing  # type: ignore[method-assign,assignment]
+        assert inst.preinfer(spec2, 0, 40).action is PreinferAction.RELOAD
+        out = await inst.rank(RankJob(spec2, CANDIDATES))
+        assert out.path is RankPath.FULL
+        assert_close(out.scores, full_scores(model, spec2))
+        assert res.counters.reloads_failed >= 1
+        await asyncio.gather(*res.background, return_exceptions=True)
+        assert res.pool.stats.pending == 0 and res.pool.stats.in_use == 0
+
+    run(scenario, make_instance(model))
+
+
 def test_stale_prefix_is_never_served_after_new_events() -> None:
     model = make_model(4)
     store = store_with({6: 120})

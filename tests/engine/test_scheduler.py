@@ -163,6 +163,51 @@ def test_failed_batch_fails_only_its_requests() -> None:
     asyncio.run(scenario())
 
 
+def test_a_failed_batch_runs_again_one_request_at_a_time_and_fails_only_the_bad_one() -> None:
+    async def scenario() -> None:
+        calls: list[list[str]] = []
+
+        def run_batch(payloads: list[str]) -> list[str]:
+            calls.append(payloads)
+            if "bad" in payloads:
+                raise ValueError("the model refuses this request")
+            return [p.upper() for p in payloads]
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                                  BatchPolicy(max_requests=4))
+        futures = [sched.submit_rank(p, 1) for p in ("a", "bad", "b")]
+        sched.start()
+        done = await asyncio.gather(*futures, return_exceptions=True)
+        assert done[0] == "A" and done[2] == "B"
+        assert isinstance(done[1], ValueError)
+        # merged first, then each alone: the other requests are answered by their own passes
+        assert calls == [["a", "bad", "b"], ["a"], ["bad"], ["b"]]
+        stats = sched.stats
+        assert (stats.rank_batches_split, stats.rank_requests_failed) == (1, 1)
+        assert (stats.rank_batches, stats.rank_requests) == (2, 2)   # the passes that answered
+        assert stats.batch_sizes == {1: 2}
+        await sched.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_returning_too_few_results_fails_its_requests_and_the_loop_goes_on() -> None:
+    async def scenario() -> None:
+        def run_batch(payloads: list[str]) -> list[str]:
+            return [] if payloads == ["short"] else payloads
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                                  BatchPolicy(max_requests=1))
+        short, fine = sched.submit_rank("short", 1), sched.submit_rank("fine", 1)
+        sched.start()
+        with pytest.raises(RuntimeError, match="0 results for 1 requests"):
+            await short
+        assert await fine == "fine"              # the scheduler's loop survived it
+        await sched.stop()
+
+    asyncio.run(scenario())
+
+
 def test_stop_fails_queued_work_and_rejects_new_work() -> None:
     async def scenario() -> None:
         trace = Trace()

@@ -207,6 +207,60 @@ def test_metrics_report_paths_tiers_triggers_and_latency() -> None:
     assert got[("relaygr_shed_total", (("leg", "rank"),))] == 0
 
 
+def test_a_user_with_nothing_left_to_recommend_gets_a_typed_error_and_others_are_served(
+        ) -> None:
+    """A user who has seen every item of the catalogue: 422 ``NoCandidatesError`` before any
+    ranking work is queued, and the next user is served as before."""
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        r = await client.post("/v1/events", json={"user_id": 9_999, "items": list(range(1, 501)),
+                                                  "timestamps": list(range(1, 501))})
+        assert r.status_code == 200
+        r = await client.post("/v1/recommend", json={"user_id": 9_999})
+        assert r.status_code == 422 and r.json()["error"] == "NoCandidatesError", r.text
+        system = service.backend.system  # type: ignore[attr-defined]
+        assert all(i.scheduler.stats.rank_requests == 0 for i in system.instances)
+        r = await client.post("/v1/recommend", json={"user_id": 1})
+        assert r.status_code == 200 and len(r.json()["candidates"]) == 16
+
+    run_with_client(service, body)
+
+
+def test_metrics_export_what_failed_or_was_refused() -> None:
+    """The cache's failures and refusals, the ranking batches split after a failure and the
+    pre-infer signals lost with their instance are families of /metrics, per instance."""
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> str:
+        assert (await client.post("/v1/recommend", json={"user_id": 1})).status_code == 200
+        await service.backend.quiesce()
+        return (await client.get("/metrics")).text
+
+    got = samples(run_with_client(service, body))
+    for inst in ("rank-0", "rank-1"):
+        for event in ("prefills_failed", "reloads_failed", "background_failed",
+                      "admission_refused", "fill_refused"):
+            assert got[("relaygr_residency_events_total",
+                        (("event", event), ("instance", inst)))] == 0
+        for event in ("failed", "refused", "demotion_refusals"):
+            assert ("relaygr_expander_events_total",
+                    (("event", event), ("instance", inst))) in got
+        for event in ("split", "failed"):
+            assert got[("relaygr_rank_failures_total",
+                        (("event", event), ("instance", inst)))] == 0
+        for tier in ("device", "host"):
+            for reason in ("evicted", "expired", "aborted"):
+                assert ("relaygr_cache_removals_total",
+                        (("instance", inst), ("reason", reason), ("tier", tier))) in got
+    assert not any(k[0] == "relaygr_expander_events_total" and ("event", "reload_bytes") in k[1]
+                   for k in got)
+    started = sum(v for k, v in got.items() if k[0] == "relaygr_residency_events_total"
+                  and ("event", "prefills_started") in k[1])
+    assert started == 1                          # user 1's pre-infer
+    assert got[("relaygr_lost_preinfer_total", ())] == 0
+
+
 @pytest.mark.parametrize("mode", ["baseline", "reactive"])
 def test_other_modes_serve_the_same_scores(mode: str) -> None:
     from tests.server.helpers import system_config

@@ -103,6 +103,8 @@ class EmbeddingRetrieval:
         skip = None if exclude is None or not len(exclude) else [np.unique(exclude)]
         # up to k: a catalogue smaller than k is retrieved whole
         most = self.retriever.num_items - (0 if skip is None else len(skip[0]))
+        if min(k, most) < 1:                 # nothing asked for, or every item excluded
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         found = self.retriever.search(self.user_vector(history), min(k, most), skip)
         valid = found.valid[0]
         return found.item_ids[0][valid], found.scores[0][valid]

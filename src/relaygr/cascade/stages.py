@@ -6,7 +6,12 @@ two stages together last at least their configured delays, which stand for the t
 fleets take in production. That window is what pre-inference hides in. With a trained
 retrieval stage the delays default to 0 (``MEASURED_STAGE_DELAYS``): the request then waits
 for the measured retrieval alone. ``StageTiming`` says which of the two a request waited for.
-Both stages are deterministic, so every mode ranks the same candidates. The candidates keep
+Pre-processing drops the items the user has seen; where that leaves fewer than the request's
+candidates and the strategy can leave ids out of its search (``ExcludingStage``), retrieval is
+asked again without them, so a user with a long history still gets a full list of unseen
+items. A user who has seen every item retrieval can propose gets ``NoCandidatesError`` before
+any ranking work is queued. Both stages are deterministic, so every mode ranks the same
+candidates. The candidates keep
 the strategy's score of each (``StageOutput.scores``), which the cascade may fuse with the
 ranker's after ranking (``StagesConfig.stage_weight``); a book keeps them too.
 
@@ -19,18 +24,20 @@ and the stages then only take their configured delay. A visit the book does not 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.proposals import EmbeddingRetrieval, RetrievalStage
-from relaygr.errors import EmptyInputError
+from relaygr.cascade.proposals import EmbeddingRetrieval, ExcludingStage, RetrievalStage
+from relaygr.errors import EmptyInputError, NoCandidatesError
 from relaygr.model import HSTU
 
 
@@ -107,6 +114,9 @@ class EarlierStages:
         self.preprocess_delay_s = preprocess_delay_s
         self.book = book
         self.replayed = self.retrieved = 0     # visits answered from the book / computed
+        # visits retrieved again without their seen items (too few unseen ones at first)
+        self.refilled = 0
+        self._excludes = "exclude" in inspect.signature(retrieval.scored).parameters
         self._fleet = ThreadPoolExecutor(max_workers=2, thread_name_prefix="relaygr-retrieval")
 
     @classmethod
@@ -130,6 +140,16 @@ class EarlierStages:
             raise EmptyInputError("retrieval needs at least one event in the user's history")
         ids, scores = self.retrieval.scored(history, self.retrieval_k, user_id)
         fresh = ~np.isin(ids, history)                       # pre-processing: filter
+        if fresh.sum() < num_candidates and self._excludes:
+            # most of what was proposed is seen: retrieve again, the seen items left out
+            ids, scores = cast(ExcludingStage, self.retrieval).scored(
+                history, self.retrieval_k, user_id, exclude=np.unique(history))
+            fresh = ~np.isin(ids, history)
+            self.refilled += 1
+        if not fresh.any():
+            raise NoCandidatesError(
+                f"retrieval found no item this user has not seen ({len(ids)} proposed, the "
+                f"history holds {len(np.unique(history))} distinct items): nothing to rank")
         kept = np.ascontiguousarray(ids[fresh][:num_candidates])          # ... truncate
         return (torch.from_numpy(kept),
                 torch.from_numpy(np.ascontiguousarray(scores[fresh][:num_candidates],

@@ -173,6 +173,8 @@ class TrainedRetrieval:
             rows = self.to_index_row[np.asarray(exclude, dtype=np.int64)]
             skip = [np.unique(rows[rows >= 0]) + 1]          # search ids are 1-based rows
         most = self.retriever.num_items - (0 if skip is None else len(skip[0]))
+        if min(k, most) < 1:                 # nothing asked for, or every item excluded
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         found = self.retriever.search(vec[None], min(k, most), skip)
         rows = found.item_ids[0][found.valid[0]] - 1
         ids: np.ndarray = self.index_items[rows]

@@ -219,7 +219,8 @@ class RayBackend:
                                ServingCounters(c.requests, c.failovers, c.shed_preinfer,
                                                c.shed_rank, self.path.remembered_prefills,
                                                window_slides=c.window_slides,
-                                               windowed_requests=c.windowed_requests))
+                                               windowed_requests=c.windowed_requests,
+                                               lost_preinfer=c.lost_preinfer))
 
     async def quiesce(self) -> None:
         await self.fleet.refresh("quiesce")

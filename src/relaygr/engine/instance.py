@@ -18,6 +18,7 @@ queued and later work raises ``InstanceStoppedError`` so the cascade can answer 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,8 @@ from relaygr.relay.trigger import (
     TriggerRequest,
 )
 from relaygr.settings import require_positive_ints
+
+log = logging.getLogger("relaygr.engine.instance")
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ class RankingInstance:
         compute = {"rank_batches": float(sched.rank_batches),
                    "rank_batches_on_loop": float(sched.rank_batches_on_loop),
                    "rank_requests": float(sched.rank_requests),
+                   "rank_batches_split": float(sched.rank_batches_split),
+                   "rank_requests_failed": float(sched.rank_requests_failed),
                    "prefill_rounds": float(sched.prefill_rounds),
                    "rank_compute_s": sched.rank_compute_s,
                    "prefill_compute_s": sched.prefill_compute_s}
@@ -253,7 +258,13 @@ class RankingInstance:
                                   spec.num_tokens - base.num_tokens)
         if not decision.admit:
             return PreinferResult(PreinferAction.SKIPPED, decision.reason, 0)
-        if not res.start_prefill(spec):
+        try:
+            started = res.start_prefill(spec)
+        except Exception:    # the signal is advisory: ranking computes the prefix in full
+            log.warning("%s: the pre-infer of user %d could not start", self.name,
+                        spec.pid.user_id, exc_info=True)
+            return PreinferResult(PreinferAction.FAILED, decision.reason, 0)
+        if not started:
             return PreinferResult(PreinferAction.REFUSED, decision.reason, 0)
         return PreinferResult(PreinferAction.PREFILL, decision.reason, spec.num_tokens)
 

@@ -4,8 +4,12 @@
 requests rather than cache operations:
 
 * ``find(spec)``: for a ranking request, a pinned device view of exactly this prefix, waiting
-  on a pre-infer in flight or reloading (and extending) a shorter host copy; None on a miss.
-* ``start_prefill(spec)``: reserve the entry and queue a chunked pre-infer job on the scheduler.
+  on a pre-infer in flight or reloading (and extending) a shorter host copy; None on a miss,
+  and None when that reload or its extension fails (counted in ``reloads_failed``): the request
+  then computes its prefix in full, a slower correct answer.
+* ``start_prefill(spec)``: reserve the entry and queue a chunked pre-infer job on the scheduler;
+  a job that cannot even be built (an input the model refuses, no memory for its tensors)
+  aborts the entry it reserved before the error goes up, so nothing waits on it.
 * ``start_reload(spec, base)``: bring a host copy back (extended with the newer events).
 * ``finish(...)``: after ranking, release the entry and demote prefix + ranked suffix to host;
   after a full pass, keep what it computed (cache fill at ranking time).
@@ -21,7 +25,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 from relaygr.engine.executor import ComputeExecutor
-from relaygr.engine.scheduler import InstanceScheduler, PrefillWork
+from relaygr.engine.scheduler import InstanceScheduler, InstanceStoppedError, PrefillWork
 from relaygr.engine.types import PrefixSpec, RankPath
 from relaygr.kvcache import (
     DeviceKVPool,
@@ -46,6 +50,7 @@ class ResidencyCounters:
     fills: int = 0
     fill_refused: int = 0
     waits: int = 0
+    reloads_failed: int = 0      # reloads (or their extensions) a ranking request met failing
     paths: dict[str, int] = field(default_factory=dict)
 
 
@@ -106,10 +111,16 @@ class Residency:
         if pending is None:
             self.counters.admission_refused += 1
             return False
-        job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps)])
-        track = job.tracks[0]
-        work = self.scheduler.submit_prefill(
-            job.step, lambda: job.done, lambda: self.pool.write(pending, track.tail()))
+        try:
+            job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps)])
+            track = job.tracks[0]
+            work = self.scheduler.submit_prefill(
+                job.step, lambda: job.done, lambda: self.pool.write(pending, track.tail()))
+        except BaseException:
+            # the reserved entry must not stay PENDING: a ranking request would wait on it
+            self.counters.prefills_failed += 1
+            self.pool.abort(pending)
+            raise
         self._inflight[spec.pid.user_id] = work
         self.counters.prefills_started += 1
         self.spawn(self._settle(spec.pid.user_id, work, pending))
@@ -167,7 +178,13 @@ class Residency:
             return await self._wait(pid)
         base = self.host_base(spec)
         if base is not None:
-            outcome = await self._reload(spec, base)
+            try:
+                outcome = await self._reload(spec, base)
+            except InstanceStoppedError:
+                raise                    # the fleet answers it on another instance
+            except Exception:            # a failed copy or extension: compute it in full
+                self.counters.reloads_failed += 1
+                return None, RankPath.FULL
             if outcome is ReloadOutcome.PENDING:
                 return await self._wait(pid)
             kv = self.pool.acquire(pid)
@@ -183,7 +200,13 @@ class Residency:
         loading = self.expander is not None and self.expander.loading(pid.user_id) == pid
         if loading:
             assert self.expander is not None
-            await self.expander.reload(pid, pid)   # joins the load in flight
+            try:
+                await self.expander.reload(pid, pid)   # joins the load in flight
+            except InstanceStoppedError:
+                raise
+            except Exception:            # the load failed: compute the prefix in full
+                self.counters.reloads_failed += 1
+                return None, RankPath.FULL
         elif not await self.pool.wait_settled(pid):
             return None, RankPath.FULL
         kv = self.pool.acquire(pid)

@@ -18,8 +18,12 @@ there, and the loop then yields once so the batch's replies go out before the ne
 Everything else (full passes, pre-infer rounds) runs on the worker, so the loop stays free to
 read and answer during long work.
 
-Invariants: futures are resolved only on the event loop; a failed batch fails exactly the
-futures of that batch; ``stop()`` fails every queued future with ``InstanceStoppedError``.
+A batch that raises is run again one request at a time, so a request that cannot be ranked
+(an input the model refuses, a pass too large for the device) fails alone, never the others
+merged with it; their retries are counted (``SchedulerStats.rank_batches_split``).
+
+Invariants: futures are resolved only on the event loop; a failed request fails exactly its own
+future; ``stop()`` fails every queued future with ``InstanceStoppedError``.
 """
 
 from __future__ import annotations
@@ -150,6 +154,8 @@ class SchedulerStats:
     batch_sizes: dict[int, int] = field(default_factory=dict)
     rank_compute_s: float = 0.0       # worker seconds spent in ranking batches
     rank_batches_on_loop: int = 0     # of rank_batches, run on the loop's thread
+    rank_batches_split: int = 0       # failed batches run again one request at a time
+    rank_requests_failed: int = 0     # requests whose pass raised (alone, or in a batch of 1)
     prefill_compute_s: float = 0.0    # worker seconds spent in pre-infer rounds
 
 
@@ -236,6 +242,31 @@ class InstanceScheduler:
 
     async def _run_rank_batch(self) -> None:
         batch = self.batch_policy.take(self._rank_queue)
+        try:
+            await self._compute_ranks(batch)
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                self._fail(batch[0], exc)
+                return
+        # one request's failure must not fail the others merged with it: each alone
+        self.stats.rank_batches_split += 1
+        for w in batch:
+            if w.future.done():
+                continue
+            try:
+                await self._compute_ranks([w])
+            except Exception as exc:
+                self._fail(w, exc)
+
+    def _fail(self, work: RankWork, exc: Exception) -> None:
+        self.stats.rank_requests_failed += 1
+        if not work.future.done():
+            work.future.set_exception(exc)
+
+    async def _compute_ranks(self, batch: list[RankWork]) -> None:
+        """One model call over ``batch``, its futures resolved; raises what the call raised,
+        leaving them unresolved."""
         payloads = [w.payload for w in batch]
         here = self._runs_here(batch)
         started = self.executor.clock()
@@ -246,11 +277,9 @@ class InstanceScheduler:
             else:
                 results, seconds = await self.executor.run_timed(
                     lambda: self.run_batch(payloads))
-        except Exception as exc:  # a failed batch fails its own requests, nothing else
-            for w in batch:
-                if not w.future.done():
-                    w.future.set_exception(exc)
-            return
+            if len(results) != len(batch):
+                raise RuntimeError(f"the ranking batch returned {len(results)} results for "
+                                   f"{len(batch)} requests")
         finally:
             self.rank_busy.end()
         self.stats.rank_batches += 1

@@ -53,7 +53,8 @@ class InstanceSnapshot:
     trigger: dict[str, int] = field(default_factory=dict)
     residency: dict[str, int] = field(default_factory=dict)
     # The worker's compute: rank_batches (rank_batches_on_loop of them on the event loop's
-    # thread), rank_requests, prefill_rounds (counts) and rank_compute_s, prefill_compute_s
+    # thread), rank_requests, prefill_rounds, rank_batches_split (failed batches run again one
+    # request at a time), rank_requests_failed (counts) and rank_compute_s, prefill_compute_s
     # (seconds computing, no queueing).
     compute: dict[str, float] = field(default_factory=dict)
     # Host<->device copies (the expander's counters; empty without a host tier).

@@ -100,6 +100,7 @@ class PreinferAction(str, enum.Enum):
     PREFILL = "prefill"            # a pre-infer job started
     RELOAD = "reload"              # a reload (and extension) from the host tier started
     REFUSED = "refused"            # admitted, but the device pool could not take it
+    FAILED = "failed"              # admitted, but its job could not start (the error is logged)
     SKIPPED = "skipped"            # the trigger said no (see the reason)
 
 

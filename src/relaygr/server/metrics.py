@@ -6,9 +6,13 @@ Two kinds:
   and status;
 * read at scrape time from a ``ServingSnapshot`` (so nothing is counted twice): per instance,
   health, queue depths, cache bytes in use and budget per tier, cache hits and misses per tier,
-  ranking paths, trigger decisions by reason, pre-infer actions; per system, shed requests and
-  failovers; history windows: slides (a user's window moved, so its cache is computed afresh)
-  and requests ranked from a window that no longer starts at the first event.
+  ranking paths, trigger decisions by reason, pre-infer actions, and what went wrong or was
+  refused on the way (failed pre-infers and background copies, refused admissions and fills,
+  host<->device copies failed or refused, entries evicted, expired or aborted per tier, ranking
+  batches split after a failure and requests whose pass raised); per system, shed requests,
+  failovers and pre-infer signals lost with their instance; history windows: slides (a user's
+  window moved, so its cache is computed afresh) and requests ranked from a window that no
+  longer starts at the first event.
 """
 
 from __future__ import annotations
@@ -55,6 +59,21 @@ class SnapshotCollector(Collector):
                                       labels=["instance", "reason"])
         preinfer = CounterMetricFamily("relaygr_preinfer_actions", "Pre-infer signals by action",
                                        labels=["instance", "action"])
+        residency = CounterMetricFamily(
+            "relaygr_residency_events", "An instance's cache work by event: prefills started and "
+            "failed, reloads started, background work failed, admissions refused, fills done and "
+            "refused, ranking requests that waited on a prefix", labels=["instance", "event"])
+        copies = CounterMetricFamily(
+            "relaygr_expander_events", "Host<->device KV copies by event (reloads and demotions "
+            "done, shared, refused, failed, skipped)", labels=["instance", "event"])
+        churn = CounterMetricFamily(
+            "relaygr_cache_removals", "Prefixes a tier dropped, by reason (evicted for space, "
+            "expired, aborted: a pre-infer or copy that did not finish)",
+            labels=["instance", "tier", "reason"])
+        failed = CounterMetricFamily(
+            "relaygr_rank_failures", "Ranking batches run again one request at a time after "
+            "failing (split) and requests whose own pass raised (failed)",
+            labels=["instance", "event"])
         for inst in snap.instances:
             name = inst.name
             healthy.add_metric([name], 1.0 if inst.healthy else 0.0)
@@ -69,12 +88,19 @@ class SnapshotCollector(Collector):
                 entries.add_metric(labels, tier.entries)
                 hits.add_metric(labels, tier.hits)
                 misses.add_metric(labels, tier.misses)
+                for reason, count in (("evicted", tier.evictions), ("expired", tier.expired),
+                                      ("aborted", tier.aborted)):
+                    churn.add_metric([*labels, reason], count)
             for family, counts in ((paths, inst.paths), (trigger, inst.trigger),
-                                   (preinfer, inst.preinfer_actions)):
+                                   (preinfer, inst.preinfer_actions),
+                                   (residency, inst.residency), (copies, _events(inst.expander))):
                 for key, count in sorted(counts.items()):
                     family.add_metric([name, key], count)
+            for event in ("split", "failed"):
+                key = "rank_batches_split" if event == "split" else "rank_requests_failed"
+                failed.add_metric([name, event], inst.compute.get(key, 0.0))
         yield from (healthy, queue, used, budget, entries, hits, misses, paths, trigger,
-                    preinfer)
+                    preinfer, residency, copies, churn, failed)
         shed = CounterMetricFamily("relaygr_shed", "Requests shed under overload, by leg",
                                    labels=["leg"])
         shed.add_metric(["preinfer"], snap.counters.shed_preinfer)
@@ -84,6 +110,10 @@ class SnapshotCollector(Collector):
                                         "Ranking legs answered by another instance")
         failovers.add_metric([], snap.counters.failovers)
         yield failovers
+        lost = CounterMetricFamily("relaygr_lost_preinfer",
+                                   "Pre-infer signals whose instance was gone")
+        lost.add_metric([], snap.counters.lost_preinfer)
+        yield lost
         lifecycle = CounterMetricFamily(
             "relaygr_instance_events", "Instance processes seen dead (exited by themselves), "
             "hung (alive but not answering: killed), restarted, given up", labels=["event"])
@@ -101,6 +131,11 @@ class SnapshotCollector(Collector):
             "the user's first event (histories longer than max_seq_len)")
         windowed.add_metric([], snap.counters.windowed_requests)
         yield from (slides, windowed)
+
+
+def _events(counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` without its byte totals (``*_bytes``): what a counter of events holds."""
+    return {k: v for k, v in counts.items() if not k.endswith("_bytes")}
 
 
 class ServerMetrics:
