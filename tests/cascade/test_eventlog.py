@@ -8,8 +8,9 @@ import httpx
 import numpy as np
 import pytest
 
+from relaygr.cascade.eventlog import EventLog
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.errors import ItemOutOfRangeError
+from relaygr.errors import ConfigError, ItemOutOfRangeError
 from relaygr.server import ServerConfig, build_embedded
 from relaygr.server.build import load_model
 from tests.engine.helpers import flops_cost_model
@@ -42,6 +43,41 @@ def test_appends_are_replayed_onto_the_same_base(tmp_path: Path) -> None:
     assert timestamps is not None
     assert timestamps.tolist() == [100, 160, 200]
     assert list(second) == [1, 2, 3]
+
+
+def test_a_log_is_never_replayed_onto_other_users(tmp_path: Path) -> None:
+    """A log records the user base its appends were made on: a store of other users (here one
+    more event for user 1: another dataset, synthetic users, another window) is refused with
+    the log named, and neither the store nor the log changes; the same base replays."""
+    path = tmp_path / "events.sqlite"
+    first = _store()
+    first.persist_to(path)
+    first.append(1, [9, 10])
+    first.close()
+    other = InMemoryHistoryStore.from_sequences(
+        {**BASE, 1: (np.array([3, 4, 5, 6]), None)}, num_items=50)
+    with pytest.raises(ConfigError, match=f"the event log {path} holds 1 appends made on "
+                                          "another user base"):
+        other.persist_to(path)
+    assert other.get(1).items.tolist() == [3, 4, 5, 6]
+    again = _store()
+    assert again.persist_to(path) == 1 and again.get(1).items.tolist() == [3, 4, 5, 9, 10]
+    again.close()
+
+
+def test_a_log_that_did_not_record_its_base_is_refused_once_it_holds_appends(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    log = EventLog(path)                              # as an older relaygr wrote it: no base
+    log.record(1, np.array([9]), None)
+    log.close()
+    with pytest.raises(ConfigError, match="a user base it did not record"):
+        _store().persist_to(path)
+    empty = tmp_path / "empty.sqlite"
+    EventLog(empty).close()
+    store = _store()
+    assert store.persist_to(empty) == 0                    # nothing to misplace: adopted
+    store.close()
 
 
 def test_a_restarted_service_has_every_acknowledged_event(tmp_path: Path) -> None:

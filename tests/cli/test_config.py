@@ -75,3 +75,26 @@ def test_bench_shows_its_plan_without_measuring(capsys: pytest.CaptureFixture[st
     assert shown["system"]["num_instances"] == 3 and shown["system"]["slo_ms"] == 40.0
     assert shown["plan"]["slo_ms"] == 40.0
     assert shown["plan"]["serving"]["instances"] == 3
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--dataset", "ml-1m", "--data-dir", "x", "--threads", "0"],
+    ["train-retrieval", "--pair", "a_b", "--data-dir", "x", "--out", "y", "--threads", "0"],
+    ["eval-retrieval", "--checkpoint", "x", "--protocol", "cvgae", "--threads", "-1"],
+    ["profile", "--threads", "0"],
+])
+def test_a_thread_count_below_one_is_refused_not_ignored(
+        command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "show", *command])
+    assert exit_info.value.code == 2
+    assert "expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_an_unreadable_system_config_is_a_config_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "system.json"
+    broken.write_text('{"mode": ')
+    for path in (tmp_path / "absent.json", broken, tmp_path):
+        assert main(["config", "show", "serve", "--system-config", str(path)]) == 2
+        assert f"--system-config {path}: cannot read it as JSON" in capsys.readouterr().err

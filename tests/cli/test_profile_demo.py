@@ -108,3 +108,13 @@ def test_ctrl_c_ends_a_command_with_130_and_one_line(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(profile, "run", interrupted)
     assert main(["profile", "--size", "tiny"]) == 130
     assert capsys.readouterr().err.strip() == "relaygr profile: interrupted"
+
+
+def test_profile_settings_that_measure_nothing_are_refused() -> None:
+    from relaygr.bench.profile import ProfileConfig
+    from relaygr.errors import ConfigError
+
+    for bad in ({"repeats": 0}, {"suffix_tokens": -8}, {"prefix_lengths": ()},
+                {"candidate_counts": (0,)}, {"time_bias_rounds": -1}):
+        with pytest.raises(ConfigError):
+            ProfileConfig(**bad)

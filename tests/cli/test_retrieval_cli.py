@@ -77,6 +77,47 @@ def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
     assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]
 
 
+def test_an_interrupted_training_leaves_the_run_usable_and_is_finished_by_running_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.json lists only the seeds that finished: a command stopped inside a seed leaves the
+    run as it was (its finished seeds evaluate), the same command with --add-seeds finishes it,
+    and a new training into a run directory without --add-seeds is refused, not mixed in."""
+    data = write_pair(tmp_path / "data", items=(150, 120))
+    common = ["train-retrieval", "--pair", "aa_bb", "--data-dir", str(data), "--no-progress",
+              *FAST]
+    run = tmp_path / "run"
+    assert main([*common, "--out", str(run), "--seeds", "0"]) == 0
+
+    from relaygr.retrieval.trainer import RetrievalTrainer
+    real_fit = RetrievalTrainer.fit
+
+    def interrupted(self: RetrievalTrainer) -> object:
+        raise KeyboardInterrupt             # the user stops the command inside seed 1
+
+    monkeypatch.setattr(RetrievalTrainer, "fit", interrupted)
+    assert main([*common, "--out", str(run), "--seeds", "1", "--add-seeds"]) == 130
+    monkeypatch.setattr(RetrievalTrainer, "fit", real_fit)
+    assert (run / "seed-1" / "split").is_dir()                  # started, not finished
+    assert json.loads((run / "run.json").read_text())["seeds"] == [0]
+    assert main(["eval-retrieval", "--checkpoint", str(run), "--protocol", "cvgae"]) == 0
+    capsys.readouterr()
+    # another training into the directory, without --add-seeds: refused, the run unchanged
+    assert main([*common, "--out", str(run), "--seeds", "1", "--set", "temperature=0.3"]) == 2
+    assert "already holds a retrieval run (seeds [0]); pass --add-seeds" in \
+        capsys.readouterr().err
+    assert main([*common, "--out", str(run), "--seeds", "1", "--add-seeds"]) == 0
+    assert json.loads((run / "run.json").read_text())["seeds"] == [0, 1]
+    # a run.json that lists a seed which never finished (written by an older relaygr): that
+    # seed is refused by name when loaded, and may be trained again
+    (run / "seed-1" / "result.json").unlink()
+    capsys.readouterr()
+    assert main(["eval-retrieval", "--checkpoint", str(run), "--protocol", "cvgae"]) == 2
+    assert "seed 1 of" in capsys.readouterr().err
+    assert main([*common, "--out", str(run), "--seeds", "1", "--add-seeds"]) == 0
+    assert json.loads((run / "run.json").read_text())["seeds"] == [0, 1]
+
+
 def test_reserved_baseline_names_and_partner_reading_runs_behind_a_ranker_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = write_pair(tmp_path / "data", items=(150, 120))

@@ -69,6 +69,21 @@ def test_ratings_dat_malformed_row_names_file_and_line(tmp_path: Path, line: str
     assert str(info.value).startswith(f"{path}:3: ")
 
 
+def test_truncated_or_corrupt_gz_files_are_format_errors(tmp_path: Path) -> None:
+    whole = tmp_path / "ratings.dat.gz"
+    with gzip.open(whole, "wt") as fh:
+        fh.write(_dat_text(ROWS * 200))
+    cut = tmp_path / "cut" / "ratings.dat.gz"
+    cut.parent.mkdir()
+    cut.write_bytes(whole.read_bytes()[:len(whole.read_bytes()) // 2])
+    with pytest.raises(DataFormatError, match="cannot decompress"):
+        read_ratings_dat(cut)
+    fake = tmp_path / "fake.csv.gz"
+    fake.write_text("user,item\n1,2\n")                  # not gzip at all
+    with pytest.raises(DataFormatError, match="cannot decompress"):
+        read_table(fake)
+
+
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     empty = tmp_path / "ratings.dat"
     empty.write_text("\n\n")

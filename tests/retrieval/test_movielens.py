@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from relaygr.cli.main import main
-from relaygr.errors import DatasetNotFoundError
+from relaygr.errors import DataFormatError, DatasetNotFoundError
 from relaygr.retrieval.movielens import load_movielens
 
 
@@ -39,6 +39,32 @@ def test_leave_one_out_holds_out_each_users_last_item(tmp_path: Path) -> None:
     assert sorted(map(tuple, d.train.tolist())) == [(0, 0), (0, 1), (1, 0)]
     with pytest.raises(DatasetNotFoundError):
         load_movielens(tmp_path / "missing")
+
+
+def test_malformed_or_truncated_files_are_typed_errors_never_silent_rows(tmp_path: Path) -> None:
+    """A ratings.dat row of three fields would have sorted last and become its user's test
+    item; a non-integer id or a truncated .gz would have raised untyped: each is a
+    DataFormatError naming the file (and the line where there is one)."""
+    dat = tmp_path / "dat" / "ratings.dat"
+    dat.parent.mkdir()
+    dat.write_text("1::10::5::100\n1::11::4\n1::12::3::50\n2::10::4::70\n")
+    with pytest.raises(DataFormatError, match="rating 2 is not UserID::MovieID"):
+        load_movielens(dat.parent)
+    dat.write_text("1::10::5::100\n1::abc::4::101\n")
+    with pytest.raises(DataFormatError, match="rating 2 is not"):
+        load_movielens(dat.parent)
+    csv = tmp_path / "csv" / "ratings_ordered.csv.gz"
+    csv.parent.mkdir()
+    with gzip.open(csv, "wt") as fh:
+        fh.write("user_id,movie_id,rating,timestamp,seq_pos\n1,abc,4,,0\n1,7,4,,1\n")
+    with pytest.raises(DataFormatError, match="'item' holds a missing or non-integer"):
+        load_movielens(csv)
+    whole = _write(tmp_path / "whole" / "ratings_ordered.csv.gz")
+    cut = tmp_path / "cut" / "ratings_ordered.csv.gz"
+    cut.parent.mkdir()
+    cut.write_bytes(whole.read_bytes()[:len(whole.read_bytes()) // 2])
+    with pytest.raises(DataFormatError, match="cannot parse"):
+        load_movielens(cut)
 
 
 def test_single_domain_run_on_movielens(tmp_path: Path) -> None:

@@ -253,6 +253,38 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
         [h["valid_ndcg@10"] for h in straight_history(straight)]
 
 
+def test_a_run_stopped_in_its_first_epoch_holds_no_weights_and_resumes_from_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped before its first validation, a run has its config and id map but no weights:
+    loading it for serving or evaluation is refused by name (not its untrained initial
+    weights served), and --resume trains it from the first epoch, as a run never stopped."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    straight = Trainer(TINY, seqs, tmp_path / "a", dataset="d", seed=2, progress_bar=False,
+                       log=lambda _: None)
+    straight.fit()
+
+    def stopped(self: Trainer, progress: TrainProgress) -> dict[str, float]:
+        raise KeyboardInterrupt
+
+    stopped_run = Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False,
+                          log=lambda _: None)
+    monkeypatch.setattr(Trainer, "train_epoch", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        stopped_run.fit()
+    monkeypatch.undo()
+    assert (tmp_path / "b" / "config.json").is_file()
+    with pytest.raises(CheckpointError, match="no trained weights yet"):
+        load_trained(tmp_path / "b")
+    resumed = Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False,
+                      log=lambda _: None)
+    result = resumed.fit(resume=True)
+    assert result.progress.epoch == TINY.max_epochs
+    for (name, a), (_, b) in zip(load_trained(tmp_path / "a").model.state_dict().items(),
+                                 load_trained(tmp_path / "b").model.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+
+
 def straight_steps(trainer: Trainer) -> int:
     return int(np.ceil(len(trainer.data) / TINY.batch_size)) * TINY.max_epochs
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from relaygr.bench.hardware import describe_device, elementwise_rate_gelems, matmul_peak_gflops
+from relaygr.errors import ConfigError
 from relaygr.model import HSTU, PrefixKV, config_for_size
 from relaygr.model.flops import (
     prefill_flops,
@@ -64,6 +65,16 @@ class ProfileConfig:
     # Rounds of the time bias's cost (TimeBiasCost): each round times every pass of every point
     # once without and once with timestamps, in alternating order. 0: not measured.
     time_bias_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.prefix_lengths and self.candidate_counts
+                and min(self.prefix_lengths) >= 1 and min(self.candidate_counts) >= 1):
+            raise ConfigError("profile needs at least one prefix length and candidate count, "
+                              "each >= 1")
+        if self.suffix_tokens < 0 or self.repeats < 1 or self.time_bias_rounds < 0:
+            raise ConfigError(f"profile needs suffix >= 0, repeats >= 1 and time-bias rounds "
+                              f">= 0, got {self.suffix_tokens}, {self.repeats} and "
+                              f"{self.time_bias_rounds}")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ thread). An append is written and committed before the store returns, so before 
 answered; ``synchronous=NORMAL`` makes a commit survive the process's death (an operating
 system crash may lose the last few). At start-up the log is replayed, in order, onto the
 freshly built store: the histories, and therefore every prefix version, are what they were.
+
+A log belongs to the user base its appends were made on: the first store it is opened with
+records a digest of its histories (``InMemoryHistoryStore.base_digest``) in the log, and a store
+built from other users (another dataset, synthetic users, another history window) is refused
+(``ConfigError``) rather than having those appends replayed onto its users. A log written before
+logs recorded their base cannot say whose it is: one that holds appends is refused the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS events (
     items BLOB NOT NULL,
     timestamps BLOB
 )"""
+_META = """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"""
 
 
 class EventLog:
@@ -37,7 +44,18 @@ class EventLog:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        self._db.execute(_META)
         self._db.commit()
+
+    def base(self) -> str | None:
+        """The digest of the user base the appends were made on; None: not recorded."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'base'").fetchone()
+        return None if row is None else str(row[0])
+
+    def set_base(self, digest: str) -> None:
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('base', ?)",
+                             (digest,))
 
     def record(self, user_id: int, items: np.ndarray, timestamps: np.ndarray | None) -> None:
         """Write one append and commit it."""

@@ -19,6 +19,7 @@ writers; the engine runs on one asyncio thread. Snapshots may be read from any t
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -232,12 +233,35 @@ class InMemoryHistoryStore(HistoryStore):
         returns (``cascade.eventlog``). Returns how many appends were replayed."""
         assert self._events is None, "persist_to once"
         events = EventLog(path)
+        base, recorded = self.base_digest(), events.base()
+        if recorded != base and (recorded is not None or len(events)):
+            held = len(events)
+            events.close()
+            whose = "another user base" if recorded is not None else \
+                "a user base it did not record (an older relaygr)"
+            raise ConfigError(
+                f"the event log {path} holds {held} appends made on {whose} than the users "
+                "served now (another dataset, synthetic users or history window): replayed, "
+                "they would change these users' histories. Serve with another log (--events "
+                "PATH) or none (--events none), or remove it to start afresh")
+        if recorded is None:
+            events.set_base(base)
         replayed = 0
         for user_id, items, timestamps in events.replay():
             self.append(user_id, items, timestamps)
             replayed += 1
         self._events = events
         return replayed
+
+    def base_digest(self) -> str:
+        """A digest of every user's history (id, length, event hash sum, timed or not): what
+        an event log checks that its appends are replayed onto (``persist_to``)."""
+        digest = hashlib.sha256()
+        for user_id in sorted(self._logs):
+            log = self._logs[user_id]
+            digest.update(f"{user_id}:{log.length}:{int(log.sums[log.length])}:"
+                          f"{int(log.timed)};".encode())
+        return digest.hexdigest()
 
     def close(self) -> None:
         """Close the event log, if any (appends after this are in memory only)."""

@@ -24,6 +24,17 @@ from typing import Any
 from relaygr.errors import ConfigError
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (``--threads 0`` is refused, not ignored)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="show the configuration a command would run with",
                        description=__doc__,

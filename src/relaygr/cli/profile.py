@@ -11,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
+from relaygr.cli.config import positive_int
 from relaygr.cli.train import parse_overrides
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override an HSTUConfig field of the size (repeatable), e.g. "
                         "query_block=4096")

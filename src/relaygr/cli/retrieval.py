@@ -20,16 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from relaygr.cli.config import as_plain
+from relaygr.cli.config import as_plain, positive_int
 from relaygr.cli.train import parse_overrides
-from relaygr.errors import ConfigError
+from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.checkpoint import (
+    RUN_INFO_FILE,
     RunInfo,
+    read_run_info,
     save_catalogue,
     save_result,
     save_splits,
@@ -62,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "config and data; its seeds are kept)")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override an SCCDRConfig field (repeatable)")
-    train.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    train.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(func=run_train, effective_config=effective_config)
     ev = subparsers.add_parser("eval-retrieval", help="evaluate a retrieval run and baselines",
@@ -73,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", type=Path, default=None, help="write the report here")
     ev.add_argument("--baseline", action="append", default=[], metavar="NAME=RUN",
                     help="a trained baseline run on the same splits (repeatable)")
-    ev.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ev.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     ev.set_defaults(func=run_eval)
 
 
@@ -104,9 +107,16 @@ def run_train(args: argparse.Namespace) -> int:
     names = tuple(d.name for d in domains)
     info = RunInfo(name, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
                    {"data_dir": str(args.data_dir), **pair.summary()})
+    # run.json lists the seeds that finished, written after each: an interrupted command
+    # leaves the run it added to (or nothing) as it was, and running it again finishes it
+    finished: tuple[int, ...] = ()
     if args.add_seeds:
-        info = with_added_seeds(args.out, info)
-    write_run_info(args.out, info)
+        finished = with_added_seeds(args.out, info).seeds[:-len(args.seeds)]  # checks the match
+    elif (args.out / RUN_INFO_FILE).is_file():
+        held = read_run_info(args.out).seeds
+        raise CheckpointError(f"{args.out} already holds a retrieval run (seeds "
+                              f"{list(held)}); pass --add-seeds to train more seeds into it "
+                              "(its config and data must match), or choose another --out")
     save_catalogue(args.out, pair, names)
     print(f"{name}: {pair.num_users} users; " + "; ".join(
         f"{d.name} {d.num_items} items, {len(d.train)} train" for d in domains), flush=True)
@@ -118,6 +128,8 @@ def run_train(args: argparse.Namespace) -> int:
                                    progress_bar=not args.no_progress)
         result = trainer.fit()
         save_result(args.out, seed, result)
+        finished += (seed,)
+        write_run_info(args.out, replace(info, seeds=finished))
         valid = result.history[result.best_epoch - 1]["valid"]
         shown = " ".join(f"{d} {m['hr@10']:.4f}/{m['ndcg@10']:.4f}" for d, m in valid.items())
         print(f"seed {seed}: best epoch {result.best_epoch} ({result.stopped}), valid "

@@ -135,7 +135,11 @@ def _part(system_fields: dict[str, Any], name: str) -> dict[str, Any]:
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     system_fields: dict[str, Any] = {}
     if args.system_config is not None:
-        system_fields = json.loads(args.system_config.read_text())
+        try:
+            system_fields = json.loads(args.system_config.read_text())
+        except (OSError, ValueError) as exc:     # missing, unreadable, a directory, not JSON
+            raise ConfigError(f"--system-config {args.system_config}: cannot read it as JSON "
+                              f"({exc})") from None
         if not isinstance(system_fields, dict):
             raise ConfigError(f"--system-config {args.system_config} must hold a JSON object of "
                               "SystemConfig fields")

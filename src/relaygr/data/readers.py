@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +41,17 @@ def open_text(path: Path) -> TextIO:
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Non-blank lines of ``path`` with their 1-based line numbers, line endings stripped."""
-    with open_text(path) as handle:
-        for number, raw in enumerate(handle, 1):
-            line = raw.rstrip("\r\n")
-            if line.strip():
-                yield number, line
+    """Non-blank lines of ``path`` with their 1-based line numbers, line endings stripped; a
+    truncated or corrupt ``.gz`` is a ``DataFormatError`` at the line it broke off after."""
+    number = 0
+    try:
+        with open_text(path) as handle:
+            for number, raw in enumerate(handle, 1):
+                line = raw.rstrip("\r\n")
+                if line.strip():
+                    yield number, line
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise DataFormatError(f"cannot decompress: {exc}", str(path), number + 1) from None
 
 
 def _read_four_fields(path: Path, sep: str, layout: str) -> InteractionTable:
@@ -134,6 +140,8 @@ def _load_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray, int]:
         found = re.search(r"line (\d+)", str(exc))
         raise DataFormatError(f"malformed CSV: {exc}", str(path),
                               int(found.group(1)) if found else None) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:   # a truncated or corrupt .gz
+        raise DataFormatError(f"cannot decompress: {exc}", str(path)) from None
     blank = (frame == "").all(axis=1).to_numpy()
     lines = np.arange(2, len(frame) + 2, dtype=np.int64)
     return frame.loc[~blank].reset_index(drop=True), lines[~blank], 1

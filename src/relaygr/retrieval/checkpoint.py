@@ -98,10 +98,16 @@ def write_run_info(run_dir: Path, info: RunInfo) -> None:
             lambda p: p.write_text(json.dumps(info.to_dict(), indent=2)))
 
 
+def seed_finished(run_dir: Path, seed: int) -> bool:
+    """Whether seed ``seed`` of the run finished training (its ``result.json``, written last)."""
+    return (seed_dir(run_dir, seed) / "result.json").is_file()
+
+
 def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     """The run at ``run_dir`` with ``new``'s seeds appended: ``new`` must record the same pair,
-    split, preset, config and data (file digests) as its ``run.json``, and none of its seeds;
-    ``CheckpointError`` otherwise. The run's report then covers the old and the new seeds."""
+    split, preset, config and data (file digests) as its ``run.json``, and none of its finished
+    seeds; ``CheckpointError`` otherwise. The run's report then covers the old and the new
+    seeds."""
     old = read_run_info(run_dir)
     a, b = old.to_dict(), json.loads(json.dumps(new.to_dict()))   # as run.json would hold it
     differ = sorted(k for k in a if k != "seeds" and a[k] != b[k])
@@ -113,10 +119,12 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
         raise CheckpointError(f"{run_dir} records another {', '.join(differ)} than this "
                               f"training{named}; train into a new run directory, or match "
                               "it with --set")
-    again = sorted(set(old.seeds) & set(new.seeds))
+    # a seed an interrupted command listed without finishing it may be trained again
+    held = tuple(s for s in old.seeds if seed_finished(run_dir, s))
+    again = sorted(set(held) & set(new.seeds))
     if again:
         raise CheckpointError(f"{run_dir} already holds seed(s) {again}")
-    return replace(new, seeds=old.seeds + new.seeds)
+    return replace(new, seeds=held + new.seeds)
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
@@ -191,7 +199,11 @@ def save_result(run_dir: Path, seed: int, result: TrainResult) -> None:
 
 
 def load_seed(run_dir: Path, info: RunInfo, seed: int) -> TrainedRetrieval:
-    """Rebuild seed ``seed``'s model from its split's training graph and load its weights."""
+    """Rebuild seed ``seed``'s model from its split's training graph and load its weights;
+    ``CheckpointError`` for a seed that did not finish training."""
+    if not seed_finished(run_dir, seed):
+        raise CheckpointError(f"seed {seed} of {run_dir} did not finish training (no "
+                              f"result.json); train it again with --add-seeds --seeds {seed}")
     splits = load_splits(run_dir, seed, info.domains)
     graphs = {d: BipartiteGraph(info.num_users, s.num_items, s.train) for d, s in splits.items()}
     model = RetrievalModel(graphs, info.config)

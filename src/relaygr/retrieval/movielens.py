@@ -14,24 +14,44 @@ served run maps to another run's ids through them.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from relaygr.errors import DataFormatError, DatasetNotFoundError, EmptyDatasetError
+from relaygr.errors import (
+    DataError,
+    DataFormatError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+)
 from relaygr.retrieval.data import Domain, DomainPair
 
 NAME = "ml1m"
 
 
 def _read(path: Path) -> pd.DataFrame:
+    """``user, item, order`` (integers); a malformed row or file is a ``DataFormatError``."""
     if path.name.startswith("ratings_ordered"):
         table = pd.read_csv(path, usecols=["user_id", "movie_id", "seq_pos"])
-        return table.rename(columns={"user_id": "user", "movie_id": "item", "seq_pos": "order"})
-    table = pd.read_csv(path, sep="::", engine="python", header=None,
-                        names=["user", "item", "rating", "order"])
-    return table[["user", "item", "order"]]
+        table = table.rename(columns={"user_id": "user", "movie_id": "item", "seq_pos": "order"})
+    else:
+        table = pd.read_csv(path, sep="::", engine="python", header=None, dtype=str,
+                            names=["user", "item", "rating", "order"])[["user", "item", "order"]]
+        # a row of three fields leaves its timestamp empty: it would sort last and become its
+        # user's test item; every field must be an integer
+        table = table.apply(pd.to_numeric, errors="coerce")
+        bad = table.isna().any(axis=1).to_numpy()
+        if bad.any():
+            row = int(bad.argmax()) + 1
+            raise DataFormatError(f"rating {row} is not UserID::MovieID::Rating::Timestamp "
+                                  "with integer ids and timestamp", str(path))
+    for column in table.columns:             # a missing or non-integer value anywhere
+        if not pd.api.types.is_integer_dtype(table[column]):
+            raise DataFormatError(f"column {column!r} holds a missing or non-integer value",
+                                  str(path))
+    return table
 
 
 def load_movielens(path: Path) -> DomainPair:
@@ -48,7 +68,10 @@ def load_movielens(path: Path) -> DomainPair:
         raise DatasetNotFoundError("file not found", str(path))
     try:
         table = _read(path)
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, OSError, EOFError, zlib.error) as exc:
+        # OSError and EOFError: a truncated or corrupt .gz (DataFormatError is a ValueError)
+        if isinstance(exc, DataError):
+            raise
         raise DataFormatError(f"cannot parse: {exc}", str(path)) from None
     if table.empty:
         raise EmptyDatasetError("no ratings", str(path))

@@ -3,7 +3,9 @@
 Layout of ``RUN_DIR``::
 
     config.json        RunConfig: model config, training config, dataset summary, seed
-    model.safetensors  weights of the best validation epoch (what serving loads)
+    model.safetensors  weights of the best validation epoch (what serving loads); written at
+                       the first validation, so a run stopped before it holds none and
+                       ``load_trained`` refuses it
     id_map.json        original item id of every dense id (relaygr.data.IdMap)
     metrics.jsonl      one line per validation (written by the trainer)
     last/state.safetensors  weights, optimizer moments and RNG states after the last epoch
@@ -103,14 +105,27 @@ def write_run_config(run_dir: Path, run: RunConfig) -> None:
                   lambda p: p.write_text(json.dumps(run.to_dict(), indent=2)))
 
 
-def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> None:
-    """Write the servable part of a run: config, weights, id map."""
+def save_run_files(run_dir: Path, run: RunConfig, id_map: IdMap) -> None:
+    """Write what a run is before it has weights: its config and id map (``train`` at its
+    start, so that the run can be resumed)."""
     run_dir = Path(run_dir)
-    if id_map.num_items != model.cfg.num_items:
-        raise CheckpointError(f"id map has {id_map.num_items} items, model {model.cfg.num_items}")
+    if id_map.num_items != run.model.num_items:
+        raise CheckpointError(f"id map has {id_map.num_items} items, model {run.model.num_items}")
     write_run_config(run_dir, run)
     _write_atomic(run_dir / ID_MAP_FILE, id_map.save)
-    _write_atomic(run_dir / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
+
+
+def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> None:
+    """Write the servable part of a run: config, weights, id map."""
+    if id_map.num_items != model.cfg.num_items:
+        raise CheckpointError(f"id map has {id_map.num_items} items, model {model.cfg.num_items}")
+    save_run_files(run_dir, run, id_map)
+    _write_atomic(Path(run_dir) / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
+
+
+def has_weights(run_dir: Path) -> bool:
+    """Whether the run has validated at least once (its best weights are written)."""
+    return (Path(run_dir) / MODEL_FILE).is_file()
 
 
 def _load_weights(model: HSTU, path: Path) -> dict[str, torch.Tensor]:
@@ -169,6 +184,10 @@ def load_trained(run_dir: Path, device: torch.device | str = "cpu") -> TrainedMo
     if id_map.num_items != run.model.num_items:
         raise CheckpointError(f"{run_dir}: id map has {id_map.num_items} items, config "
                               f"{run.model.num_items}")
+    if not has_weights(run_dir):
+        raise CheckpointError(f"{run_dir} holds no trained weights yet ({MODEL_FILE}: its "
+                              "training stopped before the first validation); resume it with "
+                              "relaygr train --resume")
     model = HSTU(run.model)
     _load_weights(model, run_dir / MODEL_FILE)
     return TrainedModel(model.to(device).eval(), id_map, run)

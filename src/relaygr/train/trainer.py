@@ -36,10 +36,13 @@ from relaygr.train.checkpoint import (
     DatasetInfo,
     RunConfig,
     TrainProgress,
+    has_train_state,
+    has_weights,
     load_checkpoint,
     load_train_state,
     read_run_config,
     save_model,
+    save_run_files,
     save_train_state,
     write_run_config,
 )
@@ -175,6 +178,10 @@ class Trainer:
                 raise CheckpointError(f"{self.run_dir} was trained with a different config, "
                                       "dataset or seed; resume with the same arguments (only "
                                       f"{', '.join(SCHEDULE_FIELDS)} may change)")
+            if not has_train_state(self.run_dir) and not has_weights(self.run_dir):
+                self.log("no epoch of this run finished: it starts from its first")
+                write_run_config(self.run_dir, self.run)
+                return TrainProgress()
             progress = load_train_state(self.run_dir, self.model, self.optimizer, self.gen)
             if saved != self.run:  # a new schedule: record it, keep the best weights
                 write_run_config(self.run_dir, self.run)
@@ -184,7 +191,9 @@ class Trainer:
         if (self.run_dir / CONFIG_FILE).exists():
             raise CheckpointError(f"{self.run_dir} already holds a run; pass resume to continue "
                                   "it or choose another directory")
-        save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
+        # no weights yet: they are written at the first validation, so a run stopped before
+        # it is never mistaken for a trained one (checkpoint.load_trained refuses it)
+        save_run_files(self.run_dir, self.run, self.seqs.id_map)
         return TrainProgress()
 
     def _after_validation(self, progress: TrainProgress, metrics: RankingMetrics,
