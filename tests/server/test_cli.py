@@ -81,3 +81,16 @@ def test_cache_budgets_are_sized_from_the_model_unless_given(tmp_path: Path) -> 
     path = tmp_path / "system.json"
     path.write_text(json.dumps({"instance": {"device_budget_bytes": 1 << 26}}))
     assert not serve.options_from_args(parse("--system-config", str(path))).size_budgets
+
+
+def test_the_checkpoints_event_log_holds_only_its_own_users_appends(tmp_path: Path) -> None:
+    """By default a checkpoint's server keeps appends in RUN/events.sqlite; a load test's
+    synthetic users keep theirs in memory, so they never land in that log."""
+    run = tmp_path / "run"
+    real = serve.options_from_args(parse("--checkpoint", str(run)))
+    assert real.model.events == run / "events.sqlite"
+    synthetic = serve.options_from_args(parse("--checkpoint", str(run), "--synthetic-users"))
+    assert synthetic.model.events is None
+    chosen = serve.options_from_args(parse("--checkpoint", str(run), "--synthetic-users",
+                                           "--events", str(tmp_path / "load.sqlite")))
+    assert chosen.model.events == tmp_path / "load.sqlite"

@@ -115,11 +115,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, effective_config=effective_config)
 
 
-def _events_path(flag: str, checkpoint: Path | None, history_store: str | None) -> Path | None:
+def _events_path(flag: str, checkpoint: Path | None, history_store: str | None,
+                 synthetic_users: bool = False) -> Path | None:
     if flag == "none":
         return None
     if flag == "auto":     # a shared history store keeps its appends itself
-        if history_store is not None or checkpoint is None:
+        # synthetic users (a load test) keep theirs in memory: the checkpoint's log holds
+        # the appends of the users it serves by default
+        if history_store is not None or checkpoint is None or synthetic_users:
             return None
         return checkpoint / "events.sqlite"
     return Path(flag)
@@ -178,7 +181,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         dataset=args.dataset, data_dir=args.data_dir,
                         synthetic_users=args.synthetic_users,
                         events=_events_path(args.events, args.checkpoint,
-                                            args.history_store),
+                                            args.history_store, args.synthetic_users),
                         history_store=args.history_store,
                         retrieval_run=args.retrieval_run)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
