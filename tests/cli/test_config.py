@@ -98,3 +98,24 @@ def test_an_unreadable_system_config_is_a_config_error(
     for path in (tmp_path / "absent.json", broken, tmp_path):
         assert main(["config", "show", "serve", "--system-config", str(path)]) == 2
         assert f"--system-config {path}: cannot read it as JSON" in capsys.readouterr().err
+
+
+def test_an_unwritable_json_path_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """eval, eval-retrieval and profile check --json first, not after minutes of work."""
+    for command in (["eval", "--dataset", "ml-1m", "--data-dir", str(tmp_path / "none")],
+                    ["eval-retrieval", "--checkpoint", str(tmp_path / "none"),
+                     "--protocol", "cvgae"],
+                    ["profile", "--lengths", "64", "--candidates", "8"]):
+        assert main([*command, "--json", str(tmp_path)]) == 2
+        assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:99"])
+def test_a_device_this_machine_lacks_is_refused_when_parsed(
+        device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["serve"], ["profile"], ["train", "--dataset", "ml-1m", "--data-dir", "x"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["config", "show", *command, "--device", device])
+        assert exit_info.value.code == 2
+        assert device in capsys.readouterr().err

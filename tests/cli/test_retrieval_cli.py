@@ -75,6 +75,12 @@ def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
     assert "another config than this training (temperature: 0.6 there)" in \
         capsys.readouterr().err
     assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1]
+    # the same files under another path are the same data (the digests decide)
+    link = tmp_path / "same-data"
+    link.symlink_to(data)
+    moved = [a if a != str(data) else str(link) for a in common]
+    assert main([*moved, "--out", str(grown), "--seeds", "2", "--add-seeds"]) == 0
+    assert json.loads((grown / "run.json").read_text())["seeds"] == [0, 1, 2]
 
 
 def test_an_interrupted_training_leaves_the_run_usable_and_is_finished_by_running_again(

@@ -371,6 +371,11 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
     assert long.get(1).items.tolist() == whole.items[39:].tolist()   # ceil((61 - 24) / 3) * 3
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         ModelSource(dataset="ml-100k", data_dir=tmp_path)
+    # another dataset's users: its item ids name other items, refused by name
+    with pytest.raises(ConfigError, match="trained on 'ml-100k'; its item ids do not name "
+                                          "'ml-1m'"):
+        load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-1m", data_dir=tmp_path),
+                   model, window)
     # the recorded data gone: a refusal that says what to pass, never synthetic users
     (tmp_path / "u.data").rename(tmp_path / "moved.data")
     with pytest.raises(ConfigError, match="pass --dataset ml-100k --data-dir DIR"):

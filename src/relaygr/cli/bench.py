@@ -40,7 +40,7 @@ from relaygr.cascade.trained_retrieval import (
     TrainedRetrieval,
     beside_the_default,
 )
-from relaygr.cli.config import as_plain
+from relaygr.cli.config import as_plain, device_name
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.transport.processes import (
@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run (minutes, not hours)")
     p.add_argument("--profile", choices=sorted(PROFILES), default=None,
                    help="default: dlrmv3 on CUDA, cpu otherwise")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_name,
+                   default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--instances", type=int, default=None,
                    help="ranking instances (default: one per GPU, 2 on CPU)")
     p.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",

@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,42 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def device_name(text: str) -> str:
+    """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``, ...),
+    refused at parse time rather than when the first tensor moves."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} ({exc})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA "
+                                             f"device(s)")
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise argparse.ArgumentTypeError(f"{text}: relaygr runs on cpu or cuda")
+    return text
+
+
+def check_output_file(path: Path | None, flag: str = "--json") -> None:
+    """``ConfigError`` now, before any work, where ``path`` could not be written at the end
+    (a directory, or a parent that is not a writable directory); the parent is made."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; name a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot make its directory ({exc})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag} {path} is not writable")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from relaygr.cli.config import device_name
 from relaygr.model import HSTU, MODEL_SIZES, config_for_size
 from relaygr.timing import time_call
 
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix", type=int, default=4096, help="prefix (long-term history) tokens")
     p.add_argument("--suffix", type=int, default=16, help="recent-behaviour tokens")
     p.add_argument("--candidates", type=int, default=256)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_name,
+                   default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)

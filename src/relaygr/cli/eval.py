@@ -31,6 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from relaygr.cli.config import check_output_file
 from relaygr.cli.eval_stages import (
     EmbeddingStage,
     TrainedRunStage,
@@ -158,6 +159,7 @@ def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.json)
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = _heads(args.heads)

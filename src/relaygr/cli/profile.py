@@ -11,7 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from relaygr.bench.profile import ProfileConfig, ProfileResult, run_profile
-from relaygr.cli.config import positive_int
+from relaygr.cli.config import check_output_file, device_name, positive_int
 from relaygr.cli.train import parse_overrides
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.errors import ConfigError
@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-bias-rounds", type=int, default=0, metavar="N",
                    help="also time every pass with and without timestamps in alternation, N "
                         "rounds, and report what the time bias costs as their ratio (0: not)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_name,
+                   default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point (median)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
@@ -119,6 +120,7 @@ def render_time_bias(result: ProfileResult) -> Table:
 def run(args: argparse.Namespace) -> int:
     if args.time_bias_rounds < 0:
         raise ConfigError(f"--time-bias-rounds must be >= 0, got {args.time_bias_rounds}")
+    check_output_file(args.json)
     tune_host_allocator()  # the table must match what a serving process sees
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from relaygr.cli.config import as_plain, positive_int
+from relaygr.cli.config import as_plain, check_output_file, positive_int
 from relaygr.cli.train import parse_overrides
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.checkpoint import (
@@ -148,6 +148,7 @@ def parse_baselines(pairs: list[str]) -> dict[str, Path]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    check_output_file(args.json)
     torch.set_num_threads(args.threads)
     result = report(args.checkpoint, Protocol.parse(args.protocol),
                     parse_baselines(args.baseline))

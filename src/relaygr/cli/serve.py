@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
-from relaygr.cli.config import as_plain
+from relaygr.cli.config import as_plain, device_name
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.transport.processes import PLACEMENTS, wants_processes
 from relaygr.errors import ConfigError
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "where instances in one process contend for its interpreter lock; on "
                         "CUDA each instance runs on a worker thread of the server's process)")
     s.add_argument("--slo-ms", type=float, default=None, help="ranking P99 budget")
-    s.add_argument("--device", default=None,
+    s.add_argument("--device", type=device_name, default=None,
                    help="ranking device (default: cuda when present, else cpu)")
     s.add_argument("--cost-model", type=Path, default=None,
                    help="saved cost model or `relaygr profile` JSON (default: fit at start)")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from relaygr.cli.config import as_plain, positive_int
+from relaygr.cli.config import as_plain, device_name, positive_int
 from relaygr.data import DATASET_FILES, TableSpec, load_sequences
 from relaygr.errors import ConfigError
 from relaygr.train import (
@@ -71,7 +71,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory holding the dataset (or the data file itself)")
     parser.add_argument("--columns", default=None,
                         help="column names of a generic table, e.g. user=uid,item=iid,timestamp=ts")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--device", type=device_name, default="cpu",
+                        help="torch device (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice)")
 

@@ -110,6 +110,9 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     seeds."""
     old = read_run_info(run_dir)
     a, b = old.to_dict(), json.loads(json.dumps(new.to_dict()))   # as run.json would hold it
+    # the same files named by another path (relative, a link, a moved copy) are the same data:
+    # the digests and counts decide, not where the files were read from
+    a["data"], b["data"] = _data_identity(a["data"]), _data_identity(b["data"])
     differ = sorted(k for k in a if k != "seeds" and a[k] != b[k])
     if differ:
         was, now = a["config"], b["config"]
@@ -125,6 +128,15 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     if again:
         raise CheckpointError(f"{run_dir} already holds seed(s) {again}")
     return replace(new, seeds=held + new.seeds)
+
+
+def _data_identity(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's data record without the paths it was read from."""
+    out = {k: v for k, v in data.items() if k != "data_dir"}
+    if isinstance(out.get("domains"), list):
+        out["domains"] = [{k: v for k, v in d.items() if k != "folder"}
+                          if isinstance(d, dict) else d for d in out["domains"]]
+    return out
 
 
 def read_run_info(run_dir: Path) -> RunInfo:

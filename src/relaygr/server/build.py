@@ -88,9 +88,16 @@ def _base_store(source: ModelSource, model: HSTU, window: HistoryWindow) -> InMe
     timed = True
     if source.checkpoint is not None:
         from relaygr.train import read_run_config
-        timed = read_run_config(source.checkpoint).train.use_timestamps
+        run = read_run_config(source.checkpoint)
+        timed = run.train.use_timestamps
         if source.dataset is None and not source.synthetic_users:
             source = _recorded_dataset(source)
+        elif source.dataset is not None and source.dataset != run.dataset.name:
+            # its id map names that dataset's items: another's ids would be other items
+            raise CatalogueMismatchError(
+                f"{source.checkpoint} was trained on {run.dataset.name!r}; its item ids do not "
+                f"name {source.dataset!r}'s items: serve it with --dataset "
+                f"{run.dataset.name} (or --synthetic-users)")
     if source.dataset is not None and source.data_dir is not None:
         return _dataset_store(source, model, window, timed)
     max_events = min(source.max_events, model.cfg.max_seq_len)   # one window at most
