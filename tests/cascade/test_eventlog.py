@@ -71,8 +71,12 @@ def test_a_log_that_did_not_record_its_base_is_refused_once_it_holds_appends(
     log = EventLog(path)                              # as an older relaygr wrote it: no base
     log.record(1, np.array([9]), None)
     log.close()
-    with pytest.raises(ConfigError, match="a user base it did not record"):
+    with pytest.raises(ConfigError, match=r"a user base it did not record.*--events-adopt"):
         _store().persist_to(path)
+    adopted = _store()
+    assert adopted.persist_to(path, adopt=True) == 1          # taken as these users' appends
+    adopted.close()
+    assert _store().persist_to(path) == 1                     # and recorded as theirs since
     empty = tmp_path / "empty.sqlite"
     EventLog(empty).close()
     store = _store()

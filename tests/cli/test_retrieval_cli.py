@@ -66,10 +66,12 @@ def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,
         reports[name] = json.loads(out.read_text())
     assert reports["grown"]["seeds"] == [0, 1]
     assert reports["grown"]["per_seed"] == reports["once"]["per_seed"]
-    # a seed the run holds, or another config, is refused and leaves run.json as it was
+    # a seed the run holds is not trained again; another config is refused; run.json as it was
     capsys.readouterr()
-    assert main([*common, "--out", str(grown), "--seeds", "1", "--add-seeds"]) == 2
-    assert "already holds seed(s) [1]" in capsys.readouterr().err
+    before = (grown / "seed-1" / "model.safetensors").stat().st_mtime_ns
+    assert main([*common, "--out", str(grown), "--seeds", "1", "--add-seeds"]) == 0
+    assert "seed(s) [1] already finished" in capsys.readouterr().out
+    assert (grown / "seed-1" / "model.safetensors").stat().st_mtime_ns == before
     assert main([*common, "--out", str(grown), "--seeds", "2", "--add-seeds",
                  "--set", "temperature=0.3"]) == 2
     assert "another config than this training (temperature: 0.6 there)" in \
@@ -110,9 +112,11 @@ def test_an_interrupted_training_leaves_the_run_usable_and_is_finished_by_runnin
     capsys.readouterr()
     # another training into the directory, without --add-seeds: refused, the run unchanged
     assert main([*common, "--out", str(run), "--seeds", "1", "--set", "temperature=0.3"]) == 2
-    assert "already holds a retrieval run (seeds [0]); pass --add-seeds" in \
+    assert "already holds a retrieval run (seeds [0]); pass --add-seeds to train" in \
         capsys.readouterr().err
-    assert main([*common, "--out", str(run), "--seeds", "1", "--add-seeds"]) == 0
+    # the interrupted command's seeds again, with --add-seeds: the finished one is skipped
+    assert main([*common, "--out", str(run), "--seeds", "0", "1", "--add-seeds"]) == 0
+    assert "seed(s) [0] already finished" in capsys.readouterr().out
     assert json.loads((run / "run.json").read_text())["seeds"] == [0, 1]
     # a run.json that lists a seed which never finished (written by an older relaygr): that
     # seed is refused by name when loaded, and may be trained again

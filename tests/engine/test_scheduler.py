@@ -191,6 +191,32 @@ def test_a_failed_batch_runs_again_one_request_at_a_time_and_fails_only_the_bad_
     asyncio.run(scenario())
 
 
+def test_a_stop_during_a_failed_batchs_retries_fails_the_rest_over() -> None:
+    """The instance stops while its failed batch waits to be run again request by request: the
+    requests not yet run get InstanceStoppedError (the fleet answers them elsewhere), as queued
+    work does, instead of keeping the stopping instance computing."""
+    async def scenario() -> None:
+        calls: list[list[str]] = []
+        loop = asyncio.get_running_loop()
+
+        def run_batch(payloads: list[str]) -> list[str]:
+            calls.append(list(payloads))
+            if len(payloads) > 1:          # the instance is stopped as its batch fails
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(sched.stop()))
+                raise ValueError("the model refuses one of them")
+            return [p.upper() for p in payloads]
+
+        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                                  BatchPolicy(max_requests=4))
+        futures = [sched.submit_rank(p, 1) for p in ("a", "b", "c")]
+        sched.start()
+        done = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(d, InstanceStoppedError) for d in done), done
+        assert calls == [["a", "b", "c"]]
+
+    asyncio.run(scenario())
+
+
 def test_a_batch_returning_too_few_results_fails_its_requests_and_the_loop_goes_on() -> None:
     async def scenario() -> None:
         def run_batch(payloads: list[str]) -> list[str]:

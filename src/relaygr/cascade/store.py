@@ -227,14 +227,16 @@ class InMemoryHistoryStore(HistoryStore):
             self._events.record(user_id, ids, ts)
         return log.snapshot(user_id, log.length)
 
-    def persist_to(self, path: Path) -> int:
+    def persist_to(self, path: Path, adopt: bool = False) -> int:
         """Replay the appends recorded at ``path`` onto this store (built from the same base
         data as when they were recorded), then record every later append there before it
-        returns (``cascade.eventlog``). Returns how many appends were replayed."""
+        returns (``cascade.eventlog``). Returns how many appends were replayed. A log that
+        records no base but holds appends is refused unless ``adopt`` (the caller knows they
+        were made on these users)."""
         assert self._events is None, "persist_to once"
         events = EventLog(path)
         base, recorded = self.base_digest(), events.base()
-        if recorded != base and (recorded is not None or len(events)):
+        if recorded != base and (recorded is not None or (len(events) and not adopt)):
             held = len(events)
             events.close()
             whose = "another user base" if recorded is not None else \
@@ -243,7 +245,9 @@ class InMemoryHistoryStore(HistoryStore):
                 f"the event log {path} holds {held} appends made on {whose} than the users "
                 "served now (another dataset, synthetic users or history window): replayed, "
                 "they would change these users' histories. Serve with another log (--events "
-                "PATH) or none (--events none), or remove it to start afresh")
+                "PATH) or none (--events none), or remove it to start afresh"
+                + ("" if recorded is not None else "; or, if they were made on these users, "
+                   "take the log as theirs (--events-adopt)"))
         if recorded is None:
             events.set_base(base)
         replayed = 0

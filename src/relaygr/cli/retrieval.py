@@ -36,6 +36,7 @@ from relaygr.retrieval.checkpoint import (
     save_catalogue,
     save_result,
     save_splits,
+    seed_finished,
     with_added_seeds,
     write_run_info,
 )
@@ -108,19 +109,30 @@ def run_train(args: argparse.Namespace) -> int:
     info = RunInfo(name, names, pair.num_users, kind, args.preset, cfg, tuple(args.seeds),
                    {"data_dir": str(args.data_dir), **pair.summary()})
     # run.json lists the seeds that finished, written after each: an interrupted command
-    # leaves the run it added to (or nothing) as it was, and running it again finishes it
+    # leaves the run it added to (or nothing) as it was, and running it again with
+    # --add-seeds trains the seeds it has not finished
     finished: tuple[int, ...] = ()
+    seeds = tuple(args.seeds)
     if args.add_seeds:
-        finished = with_added_seeds(args.out, info).seeds[:-len(args.seeds)]  # checks the match
+        held = read_run_info(args.out).seeds if (args.out / RUN_INFO_FILE).is_file() else ()
+        done = [s for s in seeds if s in held and seed_finished(args.out, s)]
+        seeds = tuple(s for s in seeds if s not in done)
+        added = with_added_seeds(args.out, replace(info, seeds=seeds))   # checks the match
+        finished = added.seeds[:len(added.seeds) - len(seeds)]
+        if done:
+            print(f"seed(s) {done} already finished in {args.out}: not trained again",
+                  flush=True)
+        if not seeds:
+            return 0
     elif (args.out / RUN_INFO_FILE).is_file():
-        held = read_run_info(args.out).seeds
         raise CheckpointError(f"{args.out} already holds a retrieval run (seeds "
-                              f"{list(held)}); pass --add-seeds to train more seeds into it "
-                              "(its config and data must match), or choose another --out")
+                              f"{list(read_run_info(args.out).seeds)}); pass --add-seeds to "
+                              "train the seeds it lacks into it (its config and data must "
+                              "match), or choose another --out")
     save_catalogue(args.out, pair, names)
     print(f"{name}: {pair.num_users} users; " + "; ".join(
         f"{d.name} {d.num_items} items, {len(d.train)} train" for d in domains), flush=True)
-    for seed in args.seeds:
+    for seed in seeds:
         started = time.perf_counter()
         splits = {d.name: make_split(d, kind, seed, cfg.valid_share) for d in domains}
         save_splits(args.out, seed, splits)

@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--events", default="auto",
                    help="SQLite file keeping appended events across restarts (default with "
                         "--checkpoint: RUN/events.sqlite; 'none': memory only)")
+    m.add_argument("--events-adopt", action="store_true",
+                   help="the --events log was written by an older relaygr that did not record "
+                        "its user base: take its appends as made on the users served now")
     m.add_argument("--history-store", default=None, metavar="URL",
                    help="keep the users' histories in Redis at redis://HOST:PORT[/DB], shared "
                         "by every server process that names it (the dataset's users are added "
@@ -182,6 +185,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         synthetic_users=args.synthetic_users,
                         events=_events_path(args.events, args.checkpoint,
                                             args.history_store, args.synthetic_users),
+                        events_adopt=args.events_adopt,
                         history_store=args.history_store,
                         retrieval_run=args.retrieval_run)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,

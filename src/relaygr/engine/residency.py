@@ -21,6 +21,7 @@ instance's workers (the cache's threading contract allows it).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
@@ -38,6 +39,10 @@ from relaygr.kvcache import (
     ReloadOutcome,
 )
 from relaygr.model import HSTU, PrefillInput, PrefixKV
+
+log = logging.getLogger("relaygr.engine.residency")
+# Reload failures logged with their traceback per instance; the rest are counted only.
+_LOGGED_RELOAD_FAILURES = 5
 
 
 @dataclass
@@ -180,10 +185,10 @@ class Residency:
         if base is not None:
             try:
                 outcome = await self._reload(spec, base)
-            except InstanceStoppedError:
-                raise                    # the fleet answers it on another instance
+            except (InstanceStoppedError, AssertionError):
+                raise                    # the fleet answers it elsewhere; a broken cache shows
             except Exception:            # a failed copy or extension: compute it in full
-                self.counters.reloads_failed += 1
+                self._reload_failed(spec.pid)
                 return None, RankPath.FULL
             if outcome is ReloadOutcome.PENDING:
                 return await self._wait(pid)
@@ -202,16 +207,24 @@ class Residency:
             assert self.expander is not None
             try:
                 await self.expander.reload(pid, pid)   # joins the load in flight
-            except InstanceStoppedError:
+            except (InstanceStoppedError, AssertionError):
                 raise
             except Exception:            # the load failed: compute the prefix in full
-                self.counters.reloads_failed += 1
+                self._reload_failed(pid)
                 return None, RankPath.FULL
         elif not await self.pool.wait_settled(pid):
             return None, RankPath.FULL
         kv = self.pool.acquire(pid)
         return (kv, self._path(pid, RankPath.PENDING_WAIT)) if kv is not None \
             else (None, RankPath.FULL)
+
+    def _reload_failed(self, pid: PrefixId) -> None:
+        """Count a reload a ranking request met failing, and say why (the first few times:
+        a fault that repeats would otherwise flood the log)."""
+        self.counters.reloads_failed += 1
+        if self.counters.reloads_failed <= _LOGGED_RELOAD_FAILURES:
+            log.warning("the reload of user %d's prefix failed; ranking it in full",
+                        pid.user_id, exc_info=True)
 
     def _path(self, pid: PrefixId, otherwise: RankPath) -> RankPath:
         return RankPath.HOST_HIT if self._from_host.get(pid.user_id) == pid else otherwise

@@ -254,6 +254,9 @@ class InstanceScheduler:
         for w in batch:
             if w.future.done():
                 continue
+            if self._stopped:        # as stop() fails queued work: the fleet fails it over
+                w.future.set_exception(InstanceStoppedError(f"{self.executor.name} stopped"))
+                continue
             try:
                 await self._compute_ranks([w])
             except Exception as exc:

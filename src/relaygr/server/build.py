@@ -79,7 +79,7 @@ def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
             f"{len(shared)} held")
         return shared
     if source.events is not None:
-        replayed = store.persist_to(source.events)
+        replayed = store.persist_to(source.events, adopt=source.events_adopt)
         log(f"events: {replayed} appends replayed from {source.events}; new ones kept there")
     return store
 

@@ -90,6 +90,9 @@ class ModelSource:
     synthetic_users: bool = False
     # Where appended events are kept across restarts (SQLite, cascade.eventlog); None: memory.
     events: Path | None = None
+    # Take a log that records no user base (written by an older relaygr) as made on these
+    # users (``InMemoryHistoryStore.persist_to``'s ``adopt``).
+    events_adopt: bool = False
     # A shared history store (``redis://HOST:PORT[/DB]``, cascade.redis_store) instead of the
     # in-memory one: every server process that names it reads and appends the same histories.
     history_store: str | None = None
