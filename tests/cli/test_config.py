@@ -119,3 +119,20 @@ def test_a_device_this_machine_lacks_is_refused_when_parsed(
             main(["config", "show", *command, "--device", device])
         assert exit_info.value.code == 2
         assert device in capsys.readouterr().err
+
+
+def test_flags_that_would_be_ignored_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A zero replica or instance count is not 'the default', --pair is not ignored beside
+    --dataset ml-1m, and --fit-stage-weight needs the cascade head and no weight of its own."""
+    for flag in ("--replicas", "--instances"):
+        with pytest.raises(SystemExit):
+            main(["config", "show", "serve", flag, "0"])
+        assert "expected an integer >= 1" in capsys.readouterr().err
+    assert main(["train-retrieval", "--dataset", "ml-1m", "--pair", "sport_cloth",
+                 "--data-dir", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "--pair names an Amazon pair" in capsys.readouterr().err
+    for extra in (["--heads", "retrieval"], ["--stage-weight", "0.5"]):
+        assert main(["eval", "--dataset", "ml-1m", "--data-dir", str(tmp_path),
+                     "--fit-stage-weight", *extra]) == 2
+        assert "--fit-stage-weight chooses the cascade's stage weight" in capsys.readouterr().err

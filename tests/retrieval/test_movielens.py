@@ -80,3 +80,27 @@ def test_single_domain_run_on_movielens(tmp_path: Path) -> None:
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert list(report["model"]) == ["ml1m"] and report["pair"] == "ml-1m"
+
+
+def test_a_pair_file_with_negatives_foreign_bytes_or_huge_ids_is_refused(tmp_path: Path) -> None:
+    from relaygr.retrieval.data import read_pairs
+
+    cases = {b"0 1 1\n0 2 0\n": "expected 'user item \\[1\\]'",       # a negative, not a purchase
+             b"0 1\n\xff\xfe 2\n": "not UTF-8",
+             b"0 99999999999999999999\n": "id out of range"}
+    for i, (body, words) in enumerate(cases.items()):
+        path = tmp_path / f"train{i}.txt"
+        path.write_bytes(body)
+        with pytest.raises(DataFormatError, match=words):
+            read_pairs(path)
+
+
+def test_an_id_map_of_another_shape_is_a_checkpoint_error(tmp_path: Path) -> None:
+    from relaygr.data import IdMap
+    from relaygr.errors import CheckpointError
+
+    for body in ("[1, 2]", '{"format": "relaygr-id-map/1", "items": [[1], 2]}', "7"):
+        path = tmp_path / "id_map.json"
+        path.write_text(body)
+        with pytest.raises(CheckpointError, match="not a relaygr id map"):
+            IdMap.load(path)

@@ -163,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = _heads(args.heads)
+    if args.fit_stage_weight and ("cascade" not in heads or args.stage_weight):
+        raise ConfigError("--fit-stage-weight chooses the cascade's stage weight: it needs the "
+                          "cascade head (--heads ...,cascade) and no --stage-weight of its own")
     trained = None if args.checkpoint is None else load_trained(args.checkpoint, args.device)
     id_map = None if trained is None else trained.id_map
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns), id_map)

@@ -97,6 +97,9 @@ def run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     cfg = retrieval_config(args)
     if args.dataset == "ml-1m":
+        if args.pair is not None:
+            raise ConfigError("--pair names an Amazon pair (--dataset amazon-pair); ml-1m is "
+                              "one domain")
         pair, name = load_movielens(args.data_dir), "ml-1m"
         domains: tuple[Domain, ...] = pair.domains[:1]
     elif args.pair is None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
-from relaygr.cli.config import as_plain, device_name
+from relaygr.cli.config import as_plain, device_name, positive_int
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.transport.processes import PLACEMENTS, wants_processes
 from relaygr.errors import ConfigError
@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="JSON file of SystemConfig fields, its parts nested ({\"instance\": "
                         "{\"page_tokens\": 32}, \"stages\": {...}}; flags below override it)")
     s.add_argument("--mode", default=None, help="relay (default), baseline, reactive, ...")
-    s.add_argument("--instances", type=int, default=None, help="ranking instances")
+    s.add_argument("--instances", type=positive_int, default=None, help="ranking instances")
     s.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",
                    help="run each ranking instance in a process of its own (auto: on CPU, "
                         "where instances in one process contend for its interpreter lock; on "
@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = p.add_argument_group("ray serve")
     r.add_argument("--ray", action="store_true", help="serve with Ray Serve")
     r.add_argument("--ray-address", default=None, help="existing cluster (default: local)")
-    r.add_argument("--replicas", type=int, default=None,
+    r.add_argument("--replicas", type=positive_int, default=None,
                    help="ranking replicas (default: one per GPU, else --instances)")
     r.add_argument("--replica-cpus", type=float, default=None,
                    help="CPUs per ranking replica (default: an equal share of the Ray cluster "

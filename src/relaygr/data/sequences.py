@@ -93,8 +93,12 @@ class IdMap:
             data: dict[str, Any] = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"cannot read id map {path}: {exc}") from None
-        if data.get("format") != _ID_MAP_FORMAT or not isinstance(data.get("items"), list):
-            raise CheckpointError(f"{path} is not a relaygr id map ({_ID_MAP_FORMAT})")
+        if not isinstance(data, dict) or data.get("format") != _ID_MAP_FORMAT \
+                or not isinstance(data.get("items"), list) \
+                or not all(isinstance(i, (int, str)) and not isinstance(i, bool)
+                           for i in data["items"]):
+            raise CheckpointError(f"{path} is not a relaygr id map ({_ID_MAP_FORMAT}: a list "
+                                  "of original item ids, integers or strings)")
         return cls(tuple(data["items"]))
 
 

@@ -76,25 +76,33 @@ def read_pairs(path: Path) -> np.ndarray:
     if not path.is_file():
         raise DatasetNotFoundError("file not found", str(path))
     rows: list[tuple[int, int]] = []
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) not in (2, 3):
-                raise DataFormatError(f"expected 'user item [1]', got {line.strip()!r}",
-                                      str(path), lineno)
-            try:
-                user, item = int(parts[0]), int(parts[1])
-            except ValueError:
-                raise DataFormatError(f"non-integer id in {line.strip()!r}", str(path),
-                                      lineno) from None
-            if user < 0 or item < 0:
-                raise DataFormatError("negative id", str(path), lineno)
-            rows.append((user, item))
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "1"):
+                    # a third field other than 1 would be a negative: not an interaction
+                    raise DataFormatError(f"expected 'user item [1]', got {line.strip()!r}",
+                                          str(path), lineno)
+                try:
+                    user, item = int(parts[0]), int(parts[1])
+                except ValueError:
+                    raise DataFormatError(f"non-integer id in {line.strip()!r}", str(path),
+                                          lineno) from None
+                if not (0 <= user < _MAX_ID and 0 <= item < _MAX_ID):
+                    raise DataFormatError("id out of range (0 .. 2^62)", str(path), lineno)
+                rows.append((user, item))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"not UTF-8 text: {exc}", str(path), lineno + 1) from None
     if not rows:
         raise EmptyDatasetError("no interactions", str(path))
     return np.asarray(rows, dtype=np.int64)
+
+
+_MAX_ID = 1 << 62
 
 
 def load_domain(folder: Path) -> Domain:
