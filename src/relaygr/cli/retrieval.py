@@ -32,11 +32,11 @@ from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.checkpoint import (
     RUN_INFO_FILE,
     RunInfo,
+    finished_seeds,
     read_run_info,
     save_catalogue,
     save_result,
     save_splits,
-    seed_finished,
     with_added_seeds,
     write_run_info,
 )
@@ -117,11 +117,10 @@ def run_train(args: argparse.Namespace) -> int:
     finished: tuple[int, ...] = ()
     seeds = tuple(args.seeds)
     if args.add_seeds:
-        held = read_run_info(args.out).seeds if (args.out / RUN_INFO_FILE).is_file() else ()
-        done = [s for s in seeds if s in held and seed_finished(args.out, s)]
-        seeds = tuple(s for s in seeds if s not in done)
-        added = with_added_seeds(args.out, replace(info, seeds=seeds))   # checks the match
-        finished = added.seeds[:len(added.seeds) - len(seeds)]
+        finished = finished_seeds(args.out)
+        done = [s for s in seeds if s in finished]
+        seeds = tuple(s for s in seeds if s not in finished)
+        with_added_seeds(args.out, replace(info, seeds=seeds))     # checks config and data
         if done:
             print(f"seed(s) {done} already finished in {args.out}: not trained again",
                   flush=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 
 from relaygr.engine.executor import ComputeExecutor
@@ -183,12 +183,8 @@ class Residency:
             return await self._wait(pid)
         base = self.host_base(spec)
         if base is not None:
-            try:
-                outcome = await self._reload(spec, base)
-            except (InstanceStoppedError, AssertionError):
-                raise                    # the fleet answers it elsewhere; a broken cache shows
-            except Exception:            # a failed copy or extension: compute it in full
-                self._reload_failed(spec.pid)
+            outcome = await self._loaded(pid, self._reload(spec, base))
+            if outcome is None:
                 return None, RankPath.FULL
             if outcome is ReloadOutcome.PENDING:
                 return await self._wait(pid)
@@ -205,12 +201,8 @@ class Residency:
         loading = self.expander is not None and self.expander.loading(pid.user_id) == pid
         if loading:
             assert self.expander is not None
-            try:
-                await self.expander.reload(pid, pid)   # joins the load in flight
-            except (InstanceStoppedError, AssertionError):
-                raise
-            except Exception:            # the load failed: compute the prefix in full
-                self._reload_failed(pid)
+            # joins the load in flight
+            if await self._loaded(pid, self.expander.reload(pid, pid)) is None:
                 return None, RankPath.FULL
         elif not await self.pool.wait_settled(pid):
             return None, RankPath.FULL
@@ -218,13 +210,22 @@ class Residency:
         return (kv, self._path(pid, RankPath.PENDING_WAIT)) if kv is not None \
             else (None, RankPath.FULL)
 
-    def _reload_failed(self, pid: PrefixId) -> None:
-        """Count a reload a ranking request met failing, and say why (the first few times:
-        a fault that repeats would otherwise flood the log)."""
-        self.counters.reloads_failed += 1
-        if self.counters.reloads_failed <= _LOGGED_RELOAD_FAILURES:
-            log.warning("the reload of user %d's prefix failed; ranking it in full",
-                        pid.user_id, exc_info=True)
+    async def _loaded(self, pid: PrefixId,
+                      load: Awaitable[ReloadOutcome]) -> ReloadOutcome | None:
+        """``load``'s outcome, or None where the reload (or its extension) failed: counted,
+        and logged the first few times (a fault that repeats would flood the log); the request
+        then computes the prefix in full. A stopped instance (the fleet answers elsewhere) and
+        a broken cache's ``AssertionError`` go up."""
+        try:
+            return await load
+        except (InstanceStoppedError, AssertionError):
+            raise
+        except Exception:
+            self.counters.reloads_failed += 1
+            if self.counters.reloads_failed <= _LOGGED_RELOAD_FAILURES:
+                log.warning("the reload of user %d's prefix failed; ranking it in full",
+                            pid.user_id, exc_info=True)
+            return None
 
     def _path(self, pid: PrefixId, otherwise: RankPath) -> RankPath:
         return RankPath.HOST_HIT if self._from_host.get(pid.user_id) == pid else otherwise

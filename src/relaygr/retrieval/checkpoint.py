@@ -103,6 +103,13 @@ def seed_finished(run_dir: Path, seed: int) -> bool:
     return (seed_dir(run_dir, seed) / "result.json").is_file()
 
 
+def finished_seeds(run_dir: Path, info: RunInfo | None = None) -> tuple[int, ...]:
+    """The seeds of the run's ``run.json`` (``info``, read when not given) that finished
+    training: a seed an interrupted command listed without finishing it may be trained again."""
+    info = read_run_info(run_dir) if info is None else info
+    return tuple(s for s in info.seeds if seed_finished(run_dir, s))
+
+
 def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
     """The run at ``run_dir`` with ``new``'s seeds appended: ``new`` must record the same pair,
     split, preset, config and data (file digests) as its ``run.json``, and none of its finished
@@ -122,8 +129,7 @@ def with_added_seeds(run_dir: Path, new: RunInfo) -> RunInfo:
         raise CheckpointError(f"{run_dir} records another {', '.join(differ)} than this "
                               f"training{named}; train into a new run directory, or match "
                               "it with --set")
-    # a seed an interrupted command listed without finishing it may be trained again
-    held = tuple(s for s in old.seeds if seed_finished(run_dir, s))
+    held = finished_seeds(run_dir, old)
     again = sorted(set(held) & set(new.seeds))
     if again:
         raise CheckpointError(f"{run_dir} already holds seed(s) {again}")

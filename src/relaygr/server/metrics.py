@@ -96,8 +96,8 @@ class SnapshotCollector(Collector):
                                    (residency, inst.residency), (copies, _events(inst.expander))):
                 for key, count in sorted(counts.items()):
                     family.add_metric([name, key], count)
-            for event in ("split", "failed"):
-                key = "rank_batches_split" if event == "split" else "rank_requests_failed"
+            for event, key in (("split", "rank_batches_split"),
+                               ("failed", "rank_requests_failed")):
                 failed.add_metric([name, event], inst.compute.get(key, 0.0))
         yield from (healthy, queue, used, budget, entries, hits, misses, paths, trigger,
                     preinfer, residency, copies, churn, failed)
