@@ -194,6 +194,45 @@ def test_a_preinfer_that_cannot_start_reserves_nothing_and_ranking_computes_in_f
     run(scenario, make_instance(model))
 
 
+def test_a_preinfer_that_does_not_start_gives_its_tokens_back() -> None:
+    """The trigger's load bound counts pre-infer compute that runs: an admitted pre-infer the
+    pool refuses, or whose job cannot be built, takes nothing from it."""
+    model = make_model(5)
+    store = store_with({6: 120, 7: 130})
+
+    async def scenario(inst: RankingInstance) -> None:
+        res, trigger = inst.residency, inst.trigger
+        assert res is not None and trigger is not None
+        full = trigger.bucket.level_tokens
+        res.start_prefill = lambda spec: False  # type: ignore[method-assign]
+        try:
+            pre = inst.preinfer(spec_from_store(store, 6), 0, 40)
+        finally:
+            del res.start_prefill
+        assert pre.action is PreinferAction.REFUSED
+        assert trigger.bucket.level_tokens == full
+
+        def failing(requests: object) -> None:
+            raise RuntimeError("out of memory (injected)")
+
+        model.prefill_job = failing  # type: ignore[method-assign,assignment]
+        try:
+            pre = inst.preinfer(spec_from_store(store, 7), 0, 40)
+        finally:
+            del model.prefill_job
+        assert pre.action is PreinferAction.FAILED
+        assert trigger.bucket.level_tokens == full
+        spec = spec_from_store(store, 6)
+        assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
+        assert trigger.bucket.level_tokens == full - spec.num_tokens
+
+    inst = make_instance(model)
+    assert inst.trigger is not None       # a stopped clock: the bucket does not refill
+    inst.trigger = make_trigger("sequence-aware", inst.trigger.cost_model, TriggerConfig(),
+                                inst.trigger.slo_ms, clock=lambda: 0.0)
+    run(scenario, inst)
+
+
 def test_a_reload_that_fails_degrades_the_ranking_to_a_full_pass() -> None:
     """The host copy's extension fails (injected): the ranking request is answered by a full
     pass with the full pass's scores, the failure counted, no entry left pending or pinned."""

@@ -79,6 +79,9 @@ def test_each_reason_in_order_and_counted() -> None:
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.LOAD_BOUND
     clock.now_s += 0.5
     assert trigger.decide(request(1000), POOL).reason is TriggerReason.ADMITTED
+    # An admission whose pre-infer did not start is withdrawn: its tokens come back.
+    trigger.withdraw(request(1000))
+    assert trigger.bucket.level_tokens == 1000.0
 
 
 def test_risk_is_judged_at_the_instance_load() -> None:
@@ -106,6 +109,8 @@ def test_preinfer_all_admits_every_prefix_that_fits() -> None:
     assert trigger.decide(request(10, 600), POOL).reason is TriggerReason.FOOTPRINT_FULL
     assert trigger.decide(request(0), POOL).reason is TriggerReason.NOT_AT_RISK
     assert trigger.counts[TriggerReason.ADMITTED] == 51
+    trigger.withdraw(request(10))          # nothing was taken, nothing comes back
+    assert trigger.bucket.level_tokens == CONFIG.burst_tokens
     assert trigger.counts[TriggerReason.LOAD_BOUND] == 0
 
 
@@ -126,6 +131,13 @@ def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
     assert bucket.level_tokens == 0.0
     with pytest.raises(InvalidInputError):
         bucket.try_take(-1)
+    # Tokens taken for work that did not run come back, never above the capacity.
+    bucket.give_back(120.0)
+    assert bucket.level_tokens == 120.0
+    bucket.give_back(1000.0)
+    assert bucket.level_tokens == 300.0
+    with pytest.raises(InvalidInputError):
+        bucket.give_back(-1)
     with pytest.raises(ConfigError):
         TokenBucket(0.0, 10.0, clock)
 

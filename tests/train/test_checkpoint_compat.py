@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from relaygr.errors import CheckpointError
 from relaygr.train import Trainer, load_trained
 from relaygr.train.checkpoint import (
     PROGRESS_FILE,
+    STATE_FILE,
     DatasetInfo,
     RunConfig,
     TrainProgress,
@@ -81,16 +83,22 @@ def test_a_run_config_is_read_by_the_one_loader() -> None:
         RunConfig.from_dict({**saved, "format": "relaygr-run/0"})
 
 
-def test_a_progress_file_is_read_by_the_one_loader(tmp_path: Path) -> None:
+def _resave_state(run: Path, metadata: dict[str, str] | None) -> None:
+    """The run's state file written again with ``metadata`` (None: none, as before it held its
+    progress)."""
+    path = run / STATE_FILE
+    save_file(load_file(str(path)), str(path), metadata=metadata)
+
+
+def test_a_progress_record_is_read_by_the_one_loader(tmp_path: Path) -> None:
     seqs = cyclic_sequences(tmp_path, num_users=16)
     trainer = Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "run", dataset="d",
                       progress_bar=False, log=lambda _: None)
     trainer.fit()
-    path = tmp_path / "run" / PROGRESS_FILE
-    saved = json.loads(path.read_text())
+    saved = json.loads((tmp_path / "run" / PROGRESS_FILE).read_text())
 
     def load_with(progress: dict) -> TrainProgress:
-        path.write_text(json.dumps(progress))
+        _resave_state(tmp_path / "run", {"relaygr.progress": json.dumps(progress)})
         return load_train_state(tmp_path / "run", trainer.model, trainer.optimizer, trainer.gen)
 
     assert load_with(saved) == TrainProgress(**saved)
@@ -98,3 +106,36 @@ def test_a_progress_file_is_read_by_the_one_loader(tmp_path: Path) -> None:
                       ({**saved, "epoch": "one"}, r"TrainProgress\.epoch: Input should be")):
         with pytest.raises(CheckpointError, match=says):
             load_with(bad)
+
+
+def test_the_state_carries_its_own_progress(tmp_path: Path) -> None:
+    """A save killed between the state's rename and the progress file's leaves epoch 2's
+    weights beside epoch 1's progress file: the state's own record is what resumes."""
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    run = tmp_path / "run"
+    trainer = Trainer(TINY.with_(max_epochs=1), seqs, run, dataset="d", progress_bar=False,
+                      log=lambda _: None)
+    trainer.fit()
+    first = (run / PROGRESS_FILE).read_text()
+    Trainer(TINY.with_(max_epochs=2), seqs, run, dataset="d", progress_bar=False,
+            log=lambda _: None).fit(resume=True)
+    second = json.loads((run / PROGRESS_FILE).read_text())
+    assert json.loads(first)["epoch"] == 1 and second["epoch"] == 2
+    (run / PROGRESS_FILE).write_text(first)          # the rename that did not happen
+    assert load_train_state(run, trainer.model, trainer.optimizer,
+                            trainer.gen) == TrainProgress(**second)
+
+
+def test_a_state_saved_without_its_progress_reads_the_progress_file(tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    run = tmp_path / "run"
+    trainer = Trainer(TINY.with_(max_epochs=1), seqs, run, dataset="d", progress_bar=False,
+                      log=lambda _: None)
+    trainer.fit()
+    _resave_state(run, None)
+    saved = json.loads((run / PROGRESS_FILE).read_text())
+    assert load_train_state(run, trainer.model, trainer.optimizer,
+                            trainer.gen) == TrainProgress(**saved)
+    (run / PROGRESS_FILE).unlink()
+    with pytest.raises(CheckpointError, match="has no progress for its state"):
+        load_train_state(run, trainer.model, trainer.optimizer, trainer.gen)

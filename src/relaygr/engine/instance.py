@@ -247,10 +247,10 @@ class RankingInstance:
         base = res.host_base(spec)
         per_token = PrefixKV.bytes_per_token(self.model.cfg.num_layers, self.model.cfg.dim,
                                              self.model.dtype, spec.timestamps is not None)
+        request = TriggerRequest(spec.pid.user_id, spec.num_tokens, suffix_tokens, candidates,
+                                 spec.num_tokens * per_token, host_has_prefix=base is not None)
         decision = self.trigger.decide(
-            TriggerRequest(spec.pid.user_id, spec.num_tokens, suffix_tokens, candidates,
-                           spec.num_tokens * per_token, host_has_prefix=base is not None),
-            PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes),
+            request, PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes),
             InstanceLoad(self.scheduler.rank_busy.fraction()))
         if decision.reason is TriggerReason.HOST_HIT and base is not None:
             res.start_reload(spec, base)
@@ -263,8 +263,10 @@ class RankingInstance:
         except Exception:    # the signal is advisory: ranking computes the prefix in full
             log.warning("%s: the pre-infer of user %d could not start", self.name,
                         spec.pid.user_id, exc_info=True)
+            self.trigger.withdraw(request)
             return PreinferResult(PreinferAction.FAILED, decision.reason, 0)
         if not started:
+            self.trigger.withdraw(request)
             return PreinferResult(PreinferAction.REFUSED, decision.reason, 0)
         return PreinferResult(PreinferAction.PREFILL, decision.reason, spec.num_tokens)
 

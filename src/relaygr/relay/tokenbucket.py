@@ -47,6 +47,13 @@ class TokenBucket:
             return True
         return False
 
+    def give_back(self, tokens: float) -> None:
+        """Return ``tokens`` taken for work that did not run (never above the capacity)."""
+        if tokens < 0:
+            raise InvalidInputError(f"cannot give back a negative number of tokens ({tokens})")
+        self._refill()
+        self._level = min(self.capacity_tokens, self._level + tokens)
+
     def _refill(self) -> None:
         now = self._clock()
         elapsed = max(0.0, now - self._stamp_s)   # a clock that steps back adds nothing

@@ -152,6 +152,8 @@ class Trigger(ABC):
     """Admission policy for pre-inference; ``decide`` is its one decision method."""
 
     name: ClassVar[str]
+    # Whether an admission takes its prefix's tokens from the bucket (the load bound).
+    load_bounded: ClassVar[bool]
 
     def __init__(self, cost_model: LatencyCostModel, config: TriggerConfig, slo_ms: float,
                  clock: Clock = time.monotonic) -> None:
@@ -182,6 +184,13 @@ class Trigger(ABC):
         return TriggerDecision(reason is TriggerReason.ADMITTED, reason, full_ms, cached_ms,
                                at_load_ms)
 
+    def withdraw(self, request: TriggerRequest) -> None:
+        """``request`` was admitted but its pre-infer did not start (the pool refused its entry,
+        or the job could not be built): whatever the admission took from the load bound goes
+        back, since the bound counts compute that runs."""
+        if self.load_bounded:
+            self.bucket.give_back(request.prefix_tokens)
+
     @abstractmethod
     def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
                 ) -> TriggerReason:
@@ -197,6 +206,7 @@ class SequenceAwareTrigger(Trigger):
     """Pre-infer only at-risk requests, within the footprint and load bounds (module doc)."""
 
     name = "sequence-aware"
+    load_bounded = True
 
     def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
                 ) -> TriggerReason:
@@ -218,6 +228,7 @@ class PreinferAll(Trigger):
     A request with no prefix tokens is NOT_AT_RISK (there is nothing to pre-infer)."""
 
     name = "preinfer-all"
+    load_bounded = False
 
     def _reason(self, request: TriggerRequest, pool: PoolUsage, at_load_ms: float
                 ) -> TriggerReason:

@@ -8,11 +8,15 @@ Layout of ``RUN_DIR``::
                        ``load_trained`` refuses it
     id_map.json        original item id of every dense id (relaygr.data.IdMap)
     metrics.jsonl      one line per validation (written by the trainer)
-    last/state.safetensors  weights, optimizer moments and RNG states after the last epoch
-    last/progress.json      epoch counters, best score, patience, elapsed time
+    last/state.safetensors  weights, optimizer moments and RNG states after the last epoch,
+                            and its progress (in the file's metadata)
+    last/progress.json      that progress again, for people and scripts: epoch counters, best
+                            score, patience, elapsed time
 
 Only safetensors and JSON: nothing is unpickled. Files are written to a temporary name and
-renamed, so an interrupted save leaves the previous checkpoint intact.
+renamed, so an interrupted save leaves the previous checkpoint intact. The resumable state is
+one file (the progress rides in its metadata): a save interrupted between two renames cannot
+pair one epoch's weights with another's counters.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from relaygr.data.sequences import IdMap, UserSequences
@@ -228,13 +232,18 @@ def save_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimize
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng/cuda{i}"] = state
     run_dir = Path(run_dir)
-    _write_atomic(run_dir / STATE_FILE, lambda p: save_file(tensors, str(p)))
-    _write_atomic(run_dir / PROGRESS_FILE,
-                  lambda p: p.write_text(json.dumps(asdict(progress), indent=1)))
+    record = json.dumps(asdict(progress), indent=1)
+    _write_atomic(run_dir / STATE_FILE,
+                  lambda p: save_file(tensors, str(p), metadata={_PROGRESS_KEY: record}))
+    _write_atomic(run_dir / PROGRESS_FILE, lambda p: p.write_text(record))
+
+
+# The state file's metadata key for its progress record (``TrainProgress`` as JSON).
+_PROGRESS_KEY = "relaygr.progress"
 
 
 def has_train_state(run_dir: Path) -> bool:
-    return (Path(run_dir) / STATE_FILE).is_file() and (Path(run_dir) / PROGRESS_FILE).is_file()
+    return (Path(run_dir) / STATE_FILE).is_file()
 
 
 def load_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimizer,
@@ -258,7 +267,26 @@ def load_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimize
                        if f"rng/cuda{i}" in tensors]
         if cuda_states:
             torch.cuda.set_rng_state_all(cuda_states)
+    source, record = _progress_record(run_dir)
     try:
-        return load(TrainProgress, json.loads((run_dir / PROGRESS_FILE).read_text()))
+        return load(TrainProgress, json.loads(record))
     except ValueError as exc:     # not JSON, or a ConfigError naming the bad field
-        raise CheckpointError(f"cannot parse {run_dir / PROGRESS_FILE}: {exc}") from None
+        raise CheckpointError(f"cannot parse {source}: {exc}") from None
+
+
+def _progress_record(run_dir: Path) -> tuple[str, str]:
+    """Where the state's progress is read from, and its JSON: the state file's metadata (saved
+    with the weights it describes), or ``PROGRESS_FILE`` for a state saved before it held one."""
+    state = run_dir / STATE_FILE
+    try:
+        with safe_open(str(state), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot read {state}: {exc}") from None
+    if _PROGRESS_KEY in metadata:
+        return f"the progress in {state}", metadata[_PROGRESS_KEY]
+    path = run_dir / PROGRESS_FILE
+    try:
+        return str(path), path.read_text()
+    except OSError as exc:
+        raise CheckpointError(f"{run_dir} has no progress for its state: {exc}") from None
