@@ -138,6 +138,9 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     ("user,item,timestamp\n1,2,3\n1,,4\n", 3, "empty item id"),
     ("user,item,timestamp\n1,2,3\n1,3,soon\n", 3, "timestamp must be an integer"),
     ("user,item,timestamp\n1,2,3\n1,3,4.5\n", 3, "timestamp must be an integer"),
+    ("user,item,timestamp\n1,2,3\n1,3,inf\n", 3, "timestamp must be an integer"),
+    ("user,item,timestamp\n1,2,3.0\n1,3,1e30\n", 3, "timestamp must be an integer"),
+    ("user,item,timestamp\n1,2,3\n1,3,-inf\n", 3, "timestamp must be an integer"),
     ("user,item,order\n1,2,0\n1,3,\n", 3, "order must be an integer"),
     ("user,item\n1,2\n1,3,4,5\n", 3, "malformed CSV"),
 ])

@@ -162,6 +162,10 @@ def _ids(column: pd.Series, name: str, lines: np.ndarray, source: str) -> np.nda
     return values.to_numpy(dtype=object)
 
 
+# Integers a float64 holds exactly: a number column read as floats is trusted this far.
+_FLOAT_EXACT = 2.0 ** 53
+
+
 def _integers(column: pd.Series, name: str, lines: np.ndarray, source: str,
               allow_missing: bool) -> tuple[np.ndarray, np.ndarray]:
     """Integer values and a presence mask; a non-integer (or a missing value when not allowed)
@@ -173,6 +177,9 @@ def _integers(column: pd.Series, name: str, lines: np.ndarray, source: str,
     empty = column.isna() | (column.astype("string").str.strip() == "")
     numbers = pd.to_numeric(column.where(~empty), errors="coerce")
     bad = (numbers.isna() & ~empty) | (numbers.notna() & (numbers != np.floor(numbers)))
+    if pd.api.types.is_float_dtype(numbers.dtype):
+        # inf, 1e30: whole as floats, garbage as int64; past 2^53 a float is not one integer
+        bad = bad | (numbers.notna() & ~(numbers.abs() <= _FLOAT_EXACT))
     if not allow_missing:
         bad = bad | empty
     if bad.any():
