@@ -145,6 +145,40 @@ def test_next_visit_reloads_prefix_plus_ranked_suffix_from_host() -> None:
     run(scenario, make_instance(model))
 
 
+def test_a_reload_never_ranked_from_does_not_label_a_later_entry() -> None:
+    """A reload whose ranking never came, its entry and host copy gone with time, and the
+    prefix computed again by a full pass: ranking from that entry is a device hit, not a
+    host hit (the path counts say where a prefix came from)."""
+    model = make_model(2)
+    store = store_with({3: 200})
+    spec = spec_from_store(store, 3)
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None and res.host is not None
+        now = [1000.0]
+        res.pool.clock = res.host.clock = lambda: now[0]
+        inst.preinfer(spec, 0, 40)
+        await inst.rank(RankJob(spec, CANDIDATES))
+        await idle(inst)
+        assert res.pool.discard(spec.pid)                # the device copy goes; the host keeps one
+        assert inst.preinfer(spec, 0, 40).action is PreinferAction.RELOAD
+        await idle(inst)
+        assert res.resident(spec.pid) is EntryState.READY      # reloaded, never ranked from
+        now[0] += 1e6
+        res.pool.expire_leases()
+        assert res.host.expire() == 1 and res.pool.discard(spec.pid)
+        again = await inst.rank(RankJob(spec, CANDIDATES))
+        assert again.path is RankPath.FULL
+        await idle(inst)
+        assert res.resident(spec.pid) is EntryState.IDLE       # the full pass's K/V, kept
+        last = await inst.rank(RankJob(spec, CANDIDATES))
+        assert last.path is RankPath.DEVICE_HIT
+        assert_close(last.scores, full_scores(model, spec))
+
+    run(scenario, make_instance(model))
+
+
 def test_host_copy_is_extended_with_only_the_new_events() -> None:
     model = make_model(3)
     store = store_with({4: 150})

@@ -74,7 +74,9 @@ class Residency:
         self.copier = copier
         self.counters = ResidencyCounters()
         self._inflight: dict[int, PrefillWork] = {}   # user -> pre-infer/extension job
-        self._from_host: dict[int, PrefixId] = {}     # user -> device entry reloaded from host
+        # user -> the device entry reloaded from the host, until it is ranked from or the
+        # user's entry is computed here instead (its ranking is then no host hit)
+        self._from_host: dict[int, PrefixId] = {}
         self.background: set[asyncio.Future[object]] = set()
 
     def spawn(self, work: Coroutine[object, object, object]) -> None:
@@ -116,6 +118,7 @@ class Residency:
         if pending is None:
             self.counters.admission_refused += 1
             return False
+        self._from_host.pop(spec.pid.user_id, None)      # this entry is computed here
         try:
             job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps)])
             track = job.tracks[0]
@@ -253,6 +256,7 @@ class Residency:
             if pending is None:
                 self.counters.fill_refused += 1
             else:
+                self._from_host.pop(pid.user_id, None)   # computed here, not reloaded
                 await self._copy(self.pool, pending, kv)
                 self.pool.commit(pending, lease=False)
                 self.counters.fills += 1
