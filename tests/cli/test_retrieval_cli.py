@@ -46,6 +46,13 @@ def test_train_then_eval_with_a_baseline(tmp_path: Path,
                  "--json", str(full)]) == 0
     hits = json.loads(full.read_text())["model"]["aa"]
     assert hits["hit@50"] <= hits["hit@100"] <= hits["hit@200"]
+    # a baseline holding only some of the model's seeds would be averaged over others
+    assert main(["train-retrieval", *common[:-2], "0", "--out", str(tmp_path / "s0"),
+                 "--preset", "single", *FAST]) == 0
+    capsys.readouterr()
+    assert main(["eval-retrieval", "--checkpoint", str(tmp_path / "m"), "--protocol", "cvgae",
+                 "--baseline", f"single={tmp_path / 's0'}"]) == 2
+    assert "lacks seed(s) [1] of the model's run" in capsys.readouterr().err
 
 
 def test_add_seeds_extends_a_run_as_if_trained_at_once(tmp_path: Path,

@@ -103,6 +103,11 @@ def score_run(run_dir: Path, protocol: Protocol,
     """Test metrics of every seed of ``run_dir`` (checked against ``reference`` splits)."""
     info = read_run_info(run_dir)
     _check_protocol(run_dir, info, protocol)
+    missing = sorted(set(reference or ()) - set(info.seeds))
+    if missing:      # its mean would be over other seeds than the model's, splits included
+        raise CheckpointError(f"{run_dir} lacks seed(s) {missing} of the model's run: a "
+                              "baseline is compared seed for seed (train them into it with "
+                              "--add-seeds)")
     per_seed: dict[int, Metrics] = {}
     for seed in info.seeds:
         trained = load_seed(run_dir, info, seed)
