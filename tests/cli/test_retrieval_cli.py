@@ -135,7 +135,7 @@ def test_an_interrupted_training_leaves_the_run_usable_and_is_finished_by_runnin
     assert json.loads((run / "run.json").read_text())["seeds"] == [0, 1]
 
 
-def test_reserved_baseline_names_and_partner_reading_runs_behind_a_ranker_are_refused(
+def test_reserved_names_partner_reading_runs_behind_a_ranker_and_mixed_run_dirs_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = write_pair(tmp_path / "data", items=(150, 120))
     run = tmp_path / "bridged"
@@ -149,3 +149,13 @@ def test_reserved_baseline_names_and_partner_reading_runs_behind_a_ranker_are_re
     # served, the tower would read one domain's events only: not the vectors it was evaluated with
     with pytest.raises(ConfigError, match="partner-domain items"):
         TrainedRetrieval.load(run, RankerCatalogue("aa_bb", np.arange(1, 151)), 8, recency=1.0)
+    # a ranking run and a retrieval run do not share a directory: each command refuses the other
+    assert main(["train", "--dataset", "ml-1m", "--data-dir", str(data), "--out", str(run)]) == 2
+    assert "holds a retrieval run" in capsys.readouterr().err
+    ranker = tmp_path / "ranker"
+    ranker.mkdir()
+    (ranker / "config.json").write_text("{}")
+    assert main(["train-retrieval", "--pair", "aa_bb", "--data-dir", str(data), "--no-progress",
+                 "--seeds", "0", "--out", str(ranker), *FAST]) == 2
+    assert "holds a ranking run" in capsys.readouterr().err
+    assert not (ranker / "run.json").exists()

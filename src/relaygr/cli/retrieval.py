@@ -46,6 +46,7 @@ from relaygr.retrieval.movielens import load_movielens
 from relaygr.retrieval.report import report
 from relaygr.retrieval.splits import Protocol, SplitKind, make_split
 from relaygr.retrieval.trainer import RetrievalTrainer
+from relaygr.train.checkpoint import CONFIG_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -116,6 +117,9 @@ def run_train(args: argparse.Namespace) -> int:
     # --add-seeds trains the seeds it has not finished
     finished: tuple[int, ...] = ()
     seeds = tuple(args.seeds)
+    if (args.out / CONFIG_FILE).is_file():
+        raise CheckpointError(f"{args.out} holds a ranking run (train's {CONFIG_FILE}); train "
+                              "the retrieval stage into another --out")
     if args.add_seeds:
         finished = finished_seeds(args.out)
         done = [s for s in seeds if s in finished]

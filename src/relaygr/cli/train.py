@@ -25,7 +25,8 @@ import torch
 
 from relaygr.cli.config import as_plain, device_name, positive_int
 from relaygr.data import DATASET_FILES, TableSpec, load_sequences
-from relaygr.errors import ConfigError
+from relaygr.errors import CheckpointError, ConfigError
+from relaygr.retrieval.checkpoint import RUN_INFO_FILE
 from relaygr.train import (
     PRESETS,
     RankingMetrics,
@@ -113,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = train_config(args)
+    if (Path(args.out) / RUN_INFO_FILE).is_file():
+        raise CheckpointError(f"{args.out} holds a retrieval run (train-retrieval's "
+                              f"{RUN_INFO_FILE}); train the ranker into another --out")
     started = time.perf_counter()
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns))
     print(f"{seqs.source}: {seqs.num_users} users, {seqs.num_items} items, "
