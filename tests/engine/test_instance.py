@@ -12,7 +12,12 @@ from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.types import PrefixSpec, PreinferAction, RankJob, RankPath
-from relaygr.errors import ConfigError
+from relaygr.errors import (
+    CacheStateError,
+    ConfigError,
+    HistoryStoreUnavailableError,
+    InvalidInputError,
+)
 from relaygr.kvcache import EntryState, PrefixId
 from relaygr.model import HSTU
 from relaygr.relay.trigger import TriggerConfig, TriggerReason, make_trigger
@@ -175,6 +180,68 @@ def test_a_reload_never_ranked_from_does_not_label_a_later_entry() -> None:
         last = await inst.rank(RankJob(spec, CANDIDATES))
         assert last.path is RankPath.DEVICE_HIT
         assert_close(last.scores, full_scores(model, spec))
+
+    run(scenario, make_instance(model))
+
+
+def test_malformed_prefixes_and_jobs_are_refused_before_anything_is_reserved() -> None:
+    """A prefix whose events do not fill the tokens it names would leave its entry PENDING;
+    a grown name other than prefix + suffix would file the ranked K/V under other events."""
+    store = store_with({1: 100})
+    spec = spec_from_store(store, 1)
+    with pytest.raises(InvalidInputError, match="101 tokens named, events of shape"):
+        PrefixSpec(PrefixId(1, 101, spec.pid.version), spec.items, None, spec.version_at)
+    with pytest.raises(InvalidInputError, match="timestamps of shape"):
+        PrefixSpec(spec.pid, spec.items, torch.zeros(99, dtype=torch.int64), spec.version_at)
+    suffix = torch.tensor([7, 8, 9])
+    for grown in (PrefixId(1, 104, 5), PrefixId(2, 103, 5)):
+        with pytest.raises(InvalidInputError, match="must be user 1 with 103 tokens"):
+            RankJob(spec, CANDIDATES, suffix, grown=grown)
+    with pytest.raises(InvalidInputError, match="suffix timestamps"):
+        RankJob(spec, CANDIDATES, suffix, torch.zeros(2, dtype=torch.int64))
+    assert RankJob(spec, CANDIDATES, suffix, grown=PrefixId(1, 103, 5)).suffix_tokens == 3
+
+
+def test_cache_faults_degrade_to_a_full_pass_and_leave_nothing_pending() -> None:
+    """A pre-infer whose entry cannot be committed is aborted (not left PENDING for the
+    ranking to wait on), and a host copy whose check against the request's events raises
+    (the history store unreachable) is not used: both rank in full, counted."""
+    model = make_model(4)
+    store = store_with({1: 100, 2: 90})
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None
+        commit = res.pool.commit
+
+        def failing_commit(*args: object, **kwargs: object) -> None:
+            raise CacheStateError("commit failed (injected)")
+
+        spec = spec_from_store(store, 1)
+        res.pool.commit = failing_commit  # type: ignore[method-assign]
+        try:
+            assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
+            await idle(inst)
+        finally:
+            res.pool.commit = commit  # type: ignore[method-assign]
+        assert res.resident(spec.pid) is None and res.pool.stats.pending == 0
+        assert res.counters.prefills_failed == 1
+        out = await asyncio.wait_for(inst.rank(RankJob(spec, CANDIDATES)), 60)
+        assert out.path is RankPath.FULL
+        assert_close(out.scores, full_scores(model, spec))
+
+        other = spec_from_store(store, 2)
+        await inst.rank(RankJob(other, CANDIDATES))      # a full pass: its K/V kept on both tiers
+        await idle(inst)
+        assert res.pool.discard(other.pid)                # the host copy stays
+
+        def unreachable(n: int) -> int:
+            raise HistoryStoreUnavailableError("store timeout (injected)")
+
+        flaky = PrefixSpec(other.pid, other.items, None, unreachable)
+        out = await inst.rank(RankJob(flaky, CANDIDATES))
+        assert out.path is RankPath.FULL and res.counters.host_checks_failed == 1
+        assert_close(out.scores, full_scores(model, other))
 
     run(scenario, make_instance(model))
 

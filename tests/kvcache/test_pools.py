@@ -86,3 +86,25 @@ def test_block_copies_equal_one_strided_copy() -> None:
         copy_blocks(arena[:, :, 7:12], src, per_block=per_block)
         assert torch.equal(arena, expected)
     assert arena[1, 2, 7:12].is_contiguous()                  # each block: one DMA on CUDA
+
+
+def test_malformed_prefixes_and_hidden_vectors_are_refused_not_cast() -> None:
+    """A copy into the arena would cast float timestamps or another dtype's hidden vector
+    without a word: they are refused, as malformed K/V shapes are (typed, under -O too)."""
+    kv = make_kv(PrefixId(1, 8, 7))
+    assert kv.timestamps is not None
+    with pytest.raises(IncompatiblePrefixError, match="int64 seconds"):
+        PrefixKV(kv.k, kv.v, kv.timestamps.double(), kv.last_hidden)
+    with pytest.raises(IncompatiblePrefixError, match="int64 seconds"):
+        PrefixKV(kv.k, kv.v, kv.timestamps[:3], kv.last_hidden)
+    with pytest.raises(IncompatiblePrefixError, match="one \\[layers, heads, tokens, head_dim\\]"):
+        PrefixKV(kv.k[0], kv.v[0], None, kv.last_hidden)
+    with pytest.raises(IncompatiblePrefixError, match="one \\[layers, heads, tokens, head_dim\\]"):
+        PrefixKV(kv.k, kv.v[:, :, :4], None, kv.last_hidden)
+    wrong_hidden = PrefixKV(kv.k, kv.v, kv.timestamps, kv.last_hidden.to(torch.int64))
+    with pytest.raises(IncompatiblePrefixError, match=r"last_hidden is torch\.int64"):
+        LAYOUT.check(wrong_hidden)
+    arena = KVArena(LAYOUT, 4 * PAGE_BYTES, page_tokens=4)
+    with pytest.raises(IncompatiblePrefixError, match=r"last_hidden is torch\.float64"):
+        arena.write_hidden(0, kv.last_hidden.double())
+    assert torch.count_nonzero(arena.last_hidden) == 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 from relaygr.engine.executor import ComputeExecutor
@@ -41,7 +41,8 @@ from relaygr.kvcache import (
 from relaygr.model import HSTU, PrefillInput, PrefixKV
 
 log = logging.getLogger("relaygr.engine.residency")
-# Reload failures logged with their traceback per instance; the rest are counted only.
+# Reload (and host-copy check) failures logged with their traceback per instance; the rest
+# are counted only.
 _LOGGED_RELOAD_FAILURES = 5
 
 
@@ -56,6 +57,7 @@ class ResidencyCounters:
     fill_refused: int = 0
     waits: int = 0
     reloads_failed: int = 0      # reloads (or their extensions) a ranking request met failing
+    host_checks_failed: int = 0  # host copies left unused: checking their events raised
     paths: dict[str, int] = field(default_factory=dict)
 
 
@@ -109,7 +111,17 @@ class Residency:
         hit = self.host.lookup(spec.pid.user_id)
         if hit is None or hit.pid.num_tokens > spec.num_tokens:
             return None
-        return hit.pid if spec.version_at(hit.pid.num_tokens) == hit.pid.version else None
+        try:
+            version = spec.version_at(hit.pid.num_tokens)     # the history store, maybe remote
+        except (InstanceStoppedError, AssertionError):
+            raise
+        except Exception:      # unchecked, the copy is not used: the prefix is computed in full
+            self.counters.host_checks_failed += 1
+            if self.counters.host_checks_failed <= _LOGGED_RELOAD_FAILURES:
+                log.warning("user %d's host copy could not be checked against the request's "
+                            "events; not used", spec.pid.user_id, exc_info=True)
+            return None
+        return hit.pid if version == hit.pid.version else None
 
     # ---- producing entries -------------------------------------------------------------------
     def start_prefill(self, spec: PrefixSpec) -> bool:
@@ -144,7 +156,15 @@ class Residency:
         finally:
             if self._inflight.get(user) is work:
                 del self._inflight[user]
-        self.pool.commit(pending)
+        try:
+            self.pool.commit(pending)
+        except AssertionError:    # a broken cache: goes up (counted as a background failure)
+            raise
+        except Exception:     # written but not committed: never left PENDING for waiters
+            self.counters.prefills_failed += 1
+            self.pool.abort(pending)
+            log.warning("user %d's pre-inferred prefix could not be committed", user,
+                        exc_info=True)
 
     def start_reload(self, spec: PrefixSpec, base: PrefixId) -> None:
         """Reload ``base`` from the host into the device as ``spec`` (in the background)."""
@@ -257,8 +277,9 @@ class Residency:
                 self.counters.fill_refused += 1
             else:
                 self._from_host.pop(pid.user_id, None)   # computed here, not reloaded
-                await self._copy(self.pool, pending, kv)
-                self.pool.commit(pending, lease=False)
+                device = pending
+                await self._copy(self.pool, pending, kv,
+                                 lambda: self.pool.commit(device, lease=False))
                 self.counters.fills += 1
         if self.host is None:
             return
@@ -268,13 +289,16 @@ class Residency:
             return
         host_pending = self.host.begin(pid, timed=kv.has_timestamps)
         if host_pending is not None:
-            await self._copy(self.host, host_pending, kv)
-            self.host.commit(host_pending)
+            host = self.host
+            await self._copy(host, host_pending, kv, lambda: host.commit(host_pending))
 
     async def _copy(self, tier: DeviceKVPool | HostKVTier, pending: PendingEntry,
-                    kv: PrefixKV) -> None:
+                    kv: PrefixKV, commit: Callable[[], None]) -> None:
+        """Write ``kv`` into ``pending`` on the copier, then ``commit``; on any failure of
+        either the entry is aborted (never left PENDING)."""
         try:
             await self.copier.run(lambda: tier.write(pending, kv))
+            commit()
         except BaseException:
             tier.abort(pending)
             raise

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from relaygr.errors import InvalidInputError
 from relaygr.kvcache import PrefixId
 from relaygr.relay.trigger import TriggerReason
 
@@ -39,6 +40,17 @@ class PrefixSpec:
     version_at: Callable[[int], int]
     window_start: int = 0           # index in the user's history of items[0]
 
+    def __post_init__(self) -> None:
+        # the entry is reserved for pid.num_tokens tokens and written from these events: a
+        # spec whose events do not fill it would leave the entry PENDING for good
+        if self.items.dim() != 1 or self.items.numel() != self.pid.num_tokens:
+            raise InvalidInputError(f"prefix of user {self.pid.user_id}: {self.pid.num_tokens} "
+                                    f"tokens named, events of shape {tuple(self.items.shape)}")
+        if self.timestamps is not None and self.timestamps.shape != self.items.shape:
+            raise InvalidInputError(f"prefix of user {self.pid.user_id}: timestamps of shape "
+                                    f"{tuple(self.timestamps.shape)} for "
+                                    f"{self.items.numel()} events")
+
     @property
     def num_tokens(self) -> int:
         return self.pid.num_tokens
@@ -59,6 +71,20 @@ class RankJob:
     suffix_timestamps: Tensor | None = None
     query_ts: int | None = None
     grown: PrefixId | None = None
+
+    def __post_init__(self) -> None:
+        # grown keys the K/V this ranking computes (prefix + suffix): any other name would
+        # file it under the wrong events, or fail after the prefix was pinned
+        user, expected = self.prefix.pid.user_id, self.prefix.num_tokens + self.suffix_tokens
+        if self.grown is not None and (self.grown.user_id != user
+                                       or self.grown.num_tokens != expected):
+            raise InvalidInputError(f"grown prefix {self.grown} of user {user}: must be user "
+                                    f"{user} with {expected} tokens (prefix + suffix)")
+        suffix = None if self.suffix_items is None else tuple(self.suffix_items.shape)
+        if self.suffix_timestamps is not None and \
+                tuple(self.suffix_timestamps.shape) != suffix:
+            raise InvalidInputError(f"suffix timestamps of shape "
+                                    f"{tuple(self.suffix_timestamps.shape)} for suffix {suffix}")
 
     @property
     def suffix_tokens(self) -> int:

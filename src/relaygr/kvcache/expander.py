@@ -209,12 +209,14 @@ class Expander:
         With ``extended``, the host stores ``pid``'s tokens followed by ``extended.tail`` (the
         suffix the ranking pass computed, ``RankOutput.computed``) as ``extended.pid``: the
         next visit's longer prefix, written straight into the host arena (no concatenation).
-        Arguments are checked before anything changes; after that the device release happens
-        whatever the demotion's outcome."""
+        Arguments are checked before the host changes; the device release happens whatever
+        the check's or the demotion's outcome (a bad ``extended`` must not pin ``pid`` for
+        good)."""
         kv = self.pool.view_in_use(pid)
-        parts = [kv] if extended is None else [kv, _check_extended(self.host, pid, kv, extended)]
-        stored = pid if extended is None else extended.pid
         try:
+            parts = [kv] if extended is None else \
+                [kv, _check_extended(self.host, pid, kv, extended)]
+            stored = pid if extended is None else extended.pid
             return await self._demote(stored, parts)
         finally:
             self.pool.release(pid)

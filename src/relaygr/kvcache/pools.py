@@ -76,9 +76,15 @@ class KVLayout:
         if got != want:
             raise IncompatiblePrefixError(
                 f"prefix has (layers, heads, head_dim, dtype) {got}, the cache holds {want}")
-        if tuple(kv.last_hidden.shape) != (self.dim,):
+        self.check_hidden(kv.last_hidden)
+
+    def check_hidden(self, hidden: Tensor) -> None:
+        """Raise ``IncompatiblePrefixError`` unless ``hidden`` is a ``[dim]`` vector of the
+        cache's dtype (a copy would cast it silently)."""
+        if tuple(hidden.shape) != (self.dim,) or hidden.dtype != self.dtype:
             raise IncompatiblePrefixError(
-                f"last_hidden has shape {tuple(kv.last_hidden.shape)}, expected ({self.dim},)")
+                f"last_hidden is {hidden.dtype} of shape {tuple(hidden.shape)}, expected "
+                f"{self.dtype} of shape ({self.dim},)")
 
 
 class KVArena:
@@ -166,9 +172,7 @@ class KVArena:
             self.last_hidden[start_page].copy_(kv.last_hidden, non_blocking=non_blocking)
 
     def write_hidden(self, start_page: int, hidden: Tensor, non_blocking: bool = False) -> None:
-        if tuple(hidden.shape) != (self.layout.dim,):
-            raise IncompatiblePrefixError(
-                f"last_hidden has shape {tuple(hidden.shape)}, expected ({self.layout.dim},)")
+        self.layout.check_hidden(hidden)
         with torch.no_grad():
             self.last_hidden[start_page].copy_(hidden, non_blocking=non_blocking)
 

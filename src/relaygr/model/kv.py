@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relaygr.errors import IncompatiblePrefixError
+
 
 @dataclass(frozen=True)
 class PrefixKV:
@@ -29,10 +31,14 @@ class PrefixKV:
     last_hidden: Tensor
 
     def __post_init__(self) -> None:
-        assert self.k.shape == self.v.shape, f"k {tuple(self.k.shape)} != v {tuple(self.v.shape)}"
-        assert self.k.dim() == 4, f"k must be [layers, heads, tokens, head_dim], got {self.k.shape}"
-        if self.timestamps is not None:
-            assert self.timestamps.shape == (self.k.shape[2],), "one timestamp per prefix token"
+        if self.k.shape != self.v.shape or self.k.dim() != 4:
+            raise IncompatiblePrefixError(f"k {tuple(self.k.shape)} and v {tuple(self.v.shape)}"
+                                          " must be one [layers, heads, tokens, head_dim] shape")
+        if self.timestamps is not None and (self.timestamps.shape != (self.k.shape[2],)
+                                            or self.timestamps.dtype != torch.int64):
+            raise IncompatiblePrefixError(
+                f"timestamps must be {self.k.shape[2]} int64 seconds (one per prefix token), "
+                f"got {self.timestamps.dtype} of shape {tuple(self.timestamps.shape)}")
 
     @property
     def num_tokens(self) -> int:
