@@ -62,6 +62,11 @@ def test_compare_records() -> None:
     assert report.candidate_paths == {"device_hit": 1, "host_hit": 1}
     with pytest.raises(BenchProtocolError):
         compare_records((rec(0, (1.0,)),), (rec(0, (1.0, 2.0)),), "baseline", "relay")
+    # a NaN score agrees with nothing (a maximum that skipped it would report 0, "exact")
+    for bad in ((0.1, math.nan, 0.3), (math.nan, math.nan, math.nan), (math.inf, 0.2, 0.3)):
+        odd = compare_records((rec(0, (0.1, 0.2, 0.3)), rec(1, (1.0,))),
+                              (rec(0, bad), rec(1, (1.0,))), "baseline", "relay")
+        assert odd.requests_compared == 2 and math.isinf(odd.max_abs_score_diff)
 
 
 def test_requests_after_a_user_request_only_one_run_answered_are_not_compared() -> None:
@@ -137,6 +142,14 @@ def test_limit_report_math() -> None:
     assert report.achieved_fraction_of_peak == pytest.approx(report.achieved_gflops / 50.0)
     bare = limit_report(stats, None, None, None, 100, 4, 8)
     assert bare.cached_rank_ms_isolated is None and bare.relay_overhead_ratio is None
+    # no request took the relay path: full passes say nothing of the relay's overhead
+    full = RunResult(tuple(replace(r, path="full") for r in _low_load_point().records),
+                     5, 5, 0, 0, 0, 0, {}, (0.0,), (SystemSnapshot(),), 1.0, False,
+                     {i: 0.0 for i in range(5)})
+    unrelayed = limit_report(point_stats(full, "relay", "limit", 1.0, 100), Probe(), cfg,
+                             peak_gflops=50.0, prefix_len=100, suffix_tokens=4, candidates=8)
+    assert unrelayed.low_load_p50_ms == pytest.approx(4.0)
+    assert unrelayed.relay_overhead_ratio is None and unrelayed.relay_overhead_low is None
     assert describe_overhead(report) is None          # the system reported no parts
 
 

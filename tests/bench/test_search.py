@@ -214,6 +214,21 @@ def test_a_halted_search_proposes_nothing_and_says_the_deadline_stopped_it() -> 
     done.record(256, Outcome(20.0, Verdict.PASS, 17.0))
     done.halt()
     assert done.result().stopped_by == "answer"
+    # halted after one fail, nothing passed and nothing below it measured: the fail may be a
+    # hiccup, so it bounds nothing; walked down to the bottom, every length failing, it does
+    cut = LengthSweep((256, 512, 1024), start=1024)
+    cut.record(1024, Outcome(90.0, Verdict.FAIL, 17.0))
+    cut.halt()
+    assert cut.result().failing_above_len is None and cut.result().bracket == (0.0, math.inf)
+    bottom = LengthSweep((256, 512), start=512)
+    for length in (512, 256):
+        bottom.record(length, Outcome(90.0, Verdict.FAIL, 17.0))
+    assert bottom.next_point() is None and bottom.result().bracket == (0.0, 256.0)
+    rates = QpsSearch(32.0)
+    rates.record(32.0, Outcome(90.0, Verdict.FAIL, 16.0))
+    rates.halt()
+    assert rates.result().lowest_failing_qps is None
+    assert rates.result().interval == (0.0, math.inf)
 
 
 def test_lockstep_halts_every_search_at_the_first_point_that_does_not_fit() -> None:

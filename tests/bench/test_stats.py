@@ -49,14 +49,23 @@ def test_p99_interval_ranks() -> None:
     assert quantile_ci_ranks(1000, 0.99) == (983, 997)
     for n in (100, 500, 1000, 5000):
         lo, hi = quantile_ci_ranks(n, 0.99)
-        assert lo <= math.ceil(0.99 * n) <= (hi or n + 1)
+        assert lo is not None and lo <= math.ceil(0.99 * n) <= (hi or n + 1)
+
+
+def test_a_median_from_five_or_fewer_samples_has_no_bound() -> None:
+    """The smallest of n samples lies above the median with probability 0.5^n: over 0.025
+    up to n = 5, so no order statistic bounds it at 95 %; from n = 6 the extremes do."""
+    for n in range(6):
+        assert quantile_ci_ranks(n, 0.5) == (None, None)
+    assert quantile_ci_ranks(6, 0.5) == (1, 6)
+    assert quantile_ci_ranks(20, 0.5) == (6, 15)
 
 
 def test_p99_interval_covers_the_true_quantile() -> None:
     rng = np.random.default_rng(0)
     n, trials = 2000, 400
     lo, hi = quantile_ci_ranks(n, 0.99)
-    assert hi is not None
+    assert lo is not None and hi is not None
     samples = np.sort(rng.exponential(1.0, (trials, n)), axis=1)
     truth = -math.log(0.01)  # the exponential's 99th percentile
     covered = np.mean((samples[:, lo - 1] <= truth) & (truth <= samples[:, hi - 1]))

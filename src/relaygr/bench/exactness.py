@@ -9,6 +9,7 @@ pre-processing deterministic given the store and the model).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -72,7 +73,10 @@ def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[Reque
                 f"candidates, {candidate_mode} {len(record.scores)}")
         diff = np.abs(np.asarray(ref.scores, dtype=np.float64)
                       - np.asarray(record.scores, dtype=np.float64))
-        worst = max(worst, float(diff.max()) if len(diff) else 0.0)
+        if not np.isfinite(diff).all():   # a NaN or inf score: no agreement (max would skip NaN)
+            worst = math.inf
+        elif len(diff):
+            worst = max(worst, float(diff.max()))
         requests += 1
         scores += len(diff)
         paths[record.path] += 1

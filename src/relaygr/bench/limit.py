@@ -64,12 +64,13 @@ class LimitProbe(Protocol):
 
 
 def median_interval(samples: Sequence[float]) -> tuple[float, float] | None:
-    """The median's distribution-free 95% interval (high inf: too few samples); None: none."""
+    """The median's distribution-free 95% interval of non-negative ``samples`` (0 and inf:
+    too few samples to bound it below and above); None: no samples."""
     if not samples:
         return None
     ordered = sorted(samples)
     lo, hi = quantile_ci_ranks(len(ordered), 0.5)
-    return ordered[lo - 1], (math.inf if hi is None else ordered[hi - 1])
+    return (0.0 if lo is None else ordered[lo - 1]), (math.inf if hi is None else ordered[hi - 1])
 
 
 class ModelLimitProbe:
@@ -150,7 +151,8 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
     trigger left to the full pass) are in ``low_load_p99_ms``, which covers the whole point.
     ``relayed_parts`` is ``stats.latency_parts`` over those same relayed requests, and
     ``compute_by_path`` their ``stats.compute_by_path``; ``relayed_latencies_ms`` their ranking
-    latencies (the overhead's interval; none: no interval)."""
+    latencies (the overhead's interval; none: no interval). With no relayed request the
+    overhead is not measured: the point's other requests are full passes, not the relay's."""
     samples = ([] if probe is None
                else probe.cached_rank_samples_ms(prefix_len, suffix_tokens, candidates, passes))
     isolated_ms = statistics.median(samples) if samples else None
@@ -170,7 +172,8 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
         cached_rank_ms_isolated=isolated_ms, low_load_p50_ms=p50_ms,
         low_load_p99_ms=low_load.ranking.p99_ms,
         low_load_relayed_share=relayed.count / max(low_load.completed, 1),
-        relay_overhead_ratio=ratio(p50_ms, isolated_ms), relay_overhead_low=low,
+        relay_overhead_ratio=ratio(relayed.p50_ms, isolated_ms) if relayed.count else None,
+        relay_overhead_low=low,
         relay_overhead_high=high, isolated_passes=len(samples),
         matmul_peak_gflops=peak_gflops, achieved_gflops=achieved,
         achieved_fraction_of_peak=ratio(achieved, peak_gflops),

@@ -130,7 +130,7 @@ class QpsSearch:
         standing = self._standing
         return QpsSearchResult(
             best_qps=standing.highest_pass() or 0.0,
-            lowest_failing_qps=standing.believed_fail(), converged=point is None,
+            lowest_failing_qps=standing.believed_fail(point is None), converged=point is None,
             trials=tuple(standing.trials),
             stopped_by=stop_reason(point is None, self._halted, why),
             spent_s=standing.spent_s, undecided_qps=tuple(standing.points(Verdict.UNDECIDED)))

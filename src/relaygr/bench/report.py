@@ -76,8 +76,8 @@ class LimitReport:
 @dataclass(frozen=True)
 class TargetVerdict:
     """One target of the bar: the figure, the interval it is known within (``high`` inf:
-    unbounded; both None: not measured) and ``status``: met, missed, undecided or not
-    measured (``relaygr.bench.verdict``)."""
+    unbounded; both None: not measured, or an estimate with no interval, undecided) and
+    ``status``: met, missed, undecided or not measured (``relaygr.bench.verdict``)."""
 
     name: str
     value: float | None

@@ -108,11 +108,16 @@ class Standing(Generic[Q]):
         return min((p for p in self.points(Verdict.FAIL) if highest is None or p > highest),
                    default=None)
 
-    def believed_fail(self) -> Q | None:
-        """The deciding fail once the rule believes it (re-measured, or with no pass below
-        it): what a result may bound its answer with. A search stopped by its budget between a
-        fail and its re-measure leaves its bracket open above."""
-        return self.deciding_fail() if self.recheck() is None else None
+    def believed_fail(self, walk_done: bool) -> Q | None:
+        """The deciding fail once the rule believes it: what a result may bound its answer
+        with. With a pass below it, once re-measured; with none, once the search's walk is done
+        (it walked down to the bottom failing, or stopped at a bound). A search stopped by its
+        budget or the deadline before either leaves its bracket open above: a fail measured
+        once, nothing passed below it, may be a hiccup."""
+        fail = self.deciding_fail()
+        if fail is None or self.recheck() is not None:
+            return None
+        return fail if walk_done or self.highest_pass() is not None else None
 
     def recheck(self) -> Q | None:
         """The deciding fail, when a pass lies below it and it was measured once: to be
@@ -145,6 +150,16 @@ class LengthSweepResult:
             return float(self.max_seq_len), math.inf
         below = [n for n in self.lengths if n < self.failing_above_len]
         return float(self.max_seq_len), float(max(below, default=self.max_seq_len))
+
+    @property
+    def bracket(self) -> tuple[float, float]:
+        """[low, high) of the length itself, not of its grid answer: at least the longest
+        passing length, below the first failing one above it (inf: nothing failed above it; 0
+        when nothing passed). What a ratio of two lengths is known within: on a grid of 2x
+        steps the grid answers of two systems differ by a power of two whatever their true
+        ratio is."""
+        high = math.inf if self.failing_above_len is None else float(self.failing_above_len)
+        return float(self.max_seq_len), high
 
     def latest(self) -> tuple[Trial[int], ...]:
         """The verdict standing for each length measured, by length."""
@@ -198,12 +213,12 @@ class LengthSweep:
 
     def result(self) -> LengthSweepResult:
         standing = self._standing
+        done = self._plan() is None
         return LengthSweepResult(standing.highest_pass() or 0,
                                  min(standing.points(Verdict.FAIL), default=None),
-                                 tuple(standing.trials), standing.believed_fail(),
+                                 tuple(standing.trials), standing.believed_fail(done),
                                  tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
-                                 stop_reason(self._plan() is None, self._halted),
-                                 standing.spent_s)
+                                 stop_reason(done, self._halted), standing.spent_s)
 
 
 def stop_reason(done: bool, halted: bool, finished: str = "answer") -> str:

@@ -35,13 +35,15 @@ def percentile(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q, method="inverted_cdf"))
 
 
-def quantile_ci_ranks(n: int, q: float, confidence: float = 0.95) -> tuple[int, int | None]:
+def quantile_ci_ranks(n: int, q: float,
+                      confidence: float = 0.95) -> tuple[int | None, int | None]:
     """1-based ranks (lo, hi) of order statistics bracketing the ``q`` quantile (0-1).
 
-    ``hi`` is None when even the largest sample is not a safe upper bound (too few samples).
+    ``lo`` is None when even the smallest sample is not a safe lower bound, ``hi`` when even
+    the largest is not a safe upper one (too few samples: a median from five or fewer).
     """
     if n < 1:
-        return 1, None
+        return None, None
     k = np.arange(n + 1)
     log_pmf = (math.lgamma(n + 1) - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1)
                                               for i in k])
@@ -49,10 +51,10 @@ def quantile_ci_ranks(n: int, q: float, confidence: float = 0.95) -> tuple[int, 
     cdf = np.cumsum(np.exp(log_pmf))  # cdf[j] = P(X <= j), X = samples below the quantile
     alpha = 1.0 - confidence
     below = np.flatnonzero(cdf <= alpha / 2)
-    lo = int(below[-1]) + 1 if len(below) else 1
+    lo = int(below[-1]) + 1 if len(below) else None
     above = np.flatnonzero(cdf >= 1 - alpha / 2)
     hi = int(above[0]) + 1
-    return max(lo, 1), (hi if hi <= n else None)
+    return lo, (hi if hi <= n else None)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class LatencySummary:
                    p99_ms=p["p99"], p999_ms=p["p999"],
                    mean_ms=float(finite.mean()) if len(finite) else math.nan,
                    max_ms=float(ordered[-1]) if n else math.nan,
-                   p99_ci_low_ms=float(ordered[lo - 1]) if n else math.nan,
+                   p99_ci_low_ms=(math.nan if not n else 0.0 if lo is None
+                                  else float(ordered[lo - 1])),
                    p99_ci_high_ms=float(ordered[hi - 1]) if hi is not None else math.inf)
 
 

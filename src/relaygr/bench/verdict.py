@@ -7,13 +7,14 @@ ranking latency; exactness within 1e-4.
 
 Each target gets a ``TargetVerdict``: its figure, the interval the figure is known within, and
 ``met`` / ``missed`` / ``undecided`` / ``not measured``. A mode's answer is known within the
-bracket its search left: the longest passing grid length up to the longest grid length below
-the first failing one above it, and the highest passing QPS up to the lowest failing QPS above
-it (exclusive; unbounded where nothing failed). The ratio of two answers is then known within
-[low_a / high_b, high_a / low_b], and a target is met only when the whole interval meets it,
-missed when none of it does. The overhead is known within the interval ``bench.limit`` gives
-it (both medians' order-statistic intervals). ``checks`` keeps the same names: true (met),
-false (missed), null.
+bracket its search left: the longest passing length up to the first failing length above it,
+and the highest passing QPS up to the lowest failing QPS above it (exclusive; unbounded where
+nothing failed, and where the fail was not believed: ``search.Standing.believed_fail``). The
+ratio of two answers is then known within [low_a / high_b, high_a / low_b], and a target is met
+only when the whole interval meets it, missed when none of it does. The overhead is known
+within the interval ``bench.limit`` gives it (both medians' order-statistic intervals); without
+one (too few relayed requests or passes) it is undecided, and without relayed requests not
+measured. ``checks`` keeps the same names: true (met), false (missed), null.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _answer(modes: Mapping[str, ModeReport], mode: str, attr: str) -> Interval |
     if report is None:
         return None
     if attr == "max_seq_len_under_slo":
-        return None if report.sweep is None else report.sweep.answer_interval
+        return None if report.sweep is None else report.sweep.bracket
     search = report.throughput if attr == "slo_throughput_qps" else report.mixed
     return None if search is None else search.interval
 
@@ -95,10 +96,14 @@ def _versus(name: str, value: float | None, interval: Interval | None, target: f
 
 
 def _at_most(name: str, value: float | None, target: float,
-             interval: Interval | None = None) -> TargetVerdict:
-    """A figure that must not exceed ``target``, known within ``interval`` (None: exactly)."""
+             interval: Interval | None = None, exact: bool = False) -> TargetVerdict:
+    """A figure that must not exceed ``target``, known within ``interval``; without one it
+    is known exactly when ``exact`` (a computed figure), else not known well enough for a
+    verdict (an estimate from too few samples)."""
     if value is None:
         return TargetVerdict(name, None, None, None, target, "not measured")
+    if interval is None and not exact:
+        return TargetVerdict(name, value, None, None, target, "undecided")
     low, high = (value, value) if interval is None else interval
     status = "met" if high <= target else "missed" if low > target else "undecided"
     return TargetVerdict(name, value, low, high, target, status)
@@ -136,7 +141,7 @@ def compute_verdicts(modes: Mapping[str, ModeReport], ratios: Mapping[str, float
     rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET, known))
     exact = (None if exactness is None or not exactness.requests_compared
              else exactness.max_abs_score_diff)
-    rows.append(_at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET))
+    rows.append(_at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET, exact=True))
     return tuple(rows)
 
 
