@@ -82,6 +82,7 @@ def test_bench_shows_its_plan_without_measuring(capsys: pytest.CaptureFixture[st
     ["train-retrieval", "--pair", "a_b", "--data-dir", "x", "--out", "y", "--threads", "0"],
     ["eval-retrieval", "--checkpoint", "x", "--protocol", "cvgae", "--threads", "-1"],
     ["profile", "--threads", "0"],
+    ["bench", "--quick", "--instances", "0"],
 ])
 def test_a_thread_count_below_one_is_refused_not_ignored(
         command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,11 +103,13 @@ def test_an_unreadable_system_config_is_a_config_error(
 
 def test_an_unwritable_json_path_is_refused_before_any_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """eval, eval-retrieval and profile check --json first, not after minutes of work."""
+    """eval, eval-retrieval, profile and bench check --json first, not after minutes (or an
+    hour) of work."""
     for command in (["eval", "--dataset", "ml-1m", "--data-dir", str(tmp_path / "none")],
                     ["eval-retrieval", "--checkpoint", str(tmp_path / "none"),
                      "--protocol", "cvgae"],
-                    ["profile", "--lengths", "64", "--candidates", "8"]):
+                    ["profile", "--lengths", "64", "--candidates", "8"],
+                    ["bench", "--quick", "--out", str(tmp_path / "out")]):
         assert main([*command, "--json", str(tmp_path)]) == 2
         assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
 
@@ -136,3 +139,24 @@ def test_flags_that_would_be_ignored_are_refused(
         assert main(["eval", "--dataset", "ml-1m", "--data-dir", str(tmp_path),
                      "--fit-stage-weight", *extra]) == 2
         assert "--fit-stage-weight chooses the cascade's stage weight" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--slo-ms", "0"], "expected a finite number > 0"),
+    (["--slo-ms", "inf"], "expected a finite number > 0"),
+    (["--slo-ms", "-5"], "expected a finite number > 0"),
+    (["--seed", "-1"], "expected an integer >= 0"),
+])
+def test_bench_refuses_an_slo_or_seed_it_would_replace_or_fail_on_late(
+        flags: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--slo-ms 0`` ran with the profile's SLO, ``inf`` passed every point, a negative seed
+    failed in numpy after the model was built."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "show", "bench", "--quick", *flags])
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_bench_refuses_a_mode_list_that_names_no_mode(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "bench", "--quick", "--modes", " , "]) == 2
+    assert "names no mode" in capsys.readouterr().err

@@ -40,7 +40,14 @@ from relaygr.cascade.trained_retrieval import (
     TrainedRetrieval,
     beside_the_default,
 )
-from relaygr.cli.config import as_plain, device_name
+from relaygr.cli.config import (
+    as_plain,
+    check_output_file,
+    device_name,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.transport.processes import (
@@ -49,6 +56,7 @@ from relaygr.engine.transport.processes import (
     threads_per_instance,
     wants_processes,
 )
+from relaygr.errors import ConfigError
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.relay.measure import fit_on_model
 
@@ -61,12 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: dlrmv3 on CUDA, cpu otherwise")
     p.add_argument("--device", type=device_name,
                    default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--instances", type=int, default=None,
+    p.add_argument("--instances", type=positive_int, default=None,
                    help="ranking instances (default: one per GPU, 2 on CPU)")
     p.add_argument("--instance-processes", choices=PLACEMENTS, default="auto",
                    help="run each ranking instance in a process of its own (auto: on CPU; on "
                         "CUDA each instance runs on a worker thread of this process)")
-    p.add_argument("--slo-ms", type=float, default=None, help="ranking P99 SLO (profile's)")
+    p.add_argument("--slo-ms", type=positive_float, default=None,
+                   help="ranking P99 SLO (profile's)")
     p.add_argument("--modes", default=None,
                    help="comma-separated modes, measured in this order (default: all six; "
                         "--quick: baseline, reactive, relay)")
@@ -79,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the fixed-length throughput search runs at the prefix length where "
                         "the P99 of the baseline's full ranking pass alone takes this share of "
                         "the SLO, measured on this machine (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.add_argument("--json", type=Path, default=None, help="default: OUT/bench.json")
     p.set_defaults(func=run, effective_config=effective_config)
@@ -87,9 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _instances(args: argparse.Namespace, device: torch.device) -> tuple[int, tuple[str, ...]]:
     if device.type == "cuda":
-        count = args.instances or torch.cuda.device_count()
+        count = torch.cuda.device_count() if args.instances is None else args.instances
         return count, tuple(f"cuda:{i % torch.cuda.device_count()}" for i in range(count))
-    return args.instances or 2, ("cpu",)
+    return (2 if args.instances is None else args.instances), ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -113,11 +122,13 @@ def setup_from_args(args: argparse.Namespace) -> BenchSetup:
     default_modes = QUICK_MODES if args.quick else tuple(m.value for m in Mode)
     names = args.modes.split(",") if args.modes else default_modes
     modes = [Mode.parse(m.strip()).value for m in names if m.strip()]
+    if not modes:
+        raise ConfigError(f"--modes {args.modes!r} names no mode")
     num_instances, devices = _instances(args, device)
     # On CPU, one core per instance: instances compute in parallel without oversubscribing.
     threads = (threads_per_instance(num_instances) if device.type == "cpu"
                else torch.get_num_threads())
-    slo_ms = args.slo_ms or profile.slo_ms
+    slo_ms = profile.slo_ms if args.slo_ms is None else args.slo_ms
     in_processes = wants_processes(args.instance_processes, str(device))
     size = profile.model_size
     model_cfg = HSTUConfig(num_items=profile.num_items, max_seq_len=profile.max_seq_len,
@@ -152,6 +163,7 @@ def effective_config(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 120))
     setup = setup_from_args(args)
+    check_output_file(args.json)
     device, model_cfg, system, config = setup.device, setup.model, setup.system, setup.plan
     tune_host_allocator()  # before the first model call: see relaygr.engine.hostmem
     if device.type == "cpu":

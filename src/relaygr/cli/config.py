@@ -36,6 +36,29 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (a seed; numpy refuses negative ones far later)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (``--slo-ms 0`` or ``inf`` is refused, not
+    replaced by a default or accepted as a bound nothing exceeds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
+    return value
+
+
 def device_name(text: str) -> str:
     """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``, ...),
     refused at parse time rather than when the first tensor moves."""
