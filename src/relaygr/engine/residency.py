@@ -277,9 +277,9 @@ class Residency:
                 self.counters.fill_refused += 1
             else:
                 self._from_host.pop(pid.user_id, None)   # computed here, not reloaded
-                device = pending
-                await self._copy(self.pool, pending, kv,
-                                 lambda: self.pool.commit(device, lease=False))
+                entry = pending           # not Optional: what the commit closes over
+                await self._copy(self.pool, entry, kv,
+                                 lambda: self.pool.commit(entry, lease=False))
                 self.counters.fills += 1
         if self.host is None:
             return
