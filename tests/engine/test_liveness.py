@@ -55,9 +55,30 @@ def test_a_stuck_ranking_call_is_judged_while_the_host_still_beats() -> None:
     liveness = HostLiveness(0.0)
     liveness.rank_sent(7, 1.0)                       # never answered
     liveness.rank_sent(8, 1.25)
-    liveness.answered(8)                             # answered: never judged
+    liveness.answered(8, 1.5)                        # answered: never judged
+    # waiting since the last answer (1.5): suspected at 3.5, judged at the next check
     assert _first_verdict(liveness, 0.0, 10.0, beats_until=10.0) == (
-        3.25, "ranking call 7 unanswered for 2.25 s")
+        3.75, "ranking call 7 unanswered, and no ranking call answered, for 2.25 s")
+
+
+def test_a_busy_host_that_answers_its_queue_is_not_judged() -> None:
+    """Forty calls sent at once, answered one every half second: the last waits 20 s, ten
+    times the deadline, but the host makes progress all along. Once it stops answering, the
+    deadline runs from its last answer."""
+    liveness = HostLiveness(0.0)
+    for seq in range(1, 41):
+        liveness.rank_sent(seq, 0.0)
+    answered, now = 0, 0.0
+    while answered < 30:         # checked every tick, answered every other tick
+        now += TICK
+        liveness.heard(now)
+        if now % 0.5 == 0:
+            answered += 1
+            liveness.answered(answered, now)
+        assert liveness.check(now, POLICY) is None
+    assert liveness.unanswered_ranks == 10 and now == 15.0
+    assert _first_verdict(liveness, now, now + 10.0, beats_until=now + 10.0) == (
+        now + 2.25, "ranking call 31 unanswered, and no ranking call answered, for 2.25 s")
 
 
 def test_calls_answered_in_time_are_not_judged() -> None:
@@ -66,7 +87,7 @@ def test_calls_answered_in_time_are_not_judged() -> None:
         sent = seq * TICK
         liveness.rank_sent(seq, sent)
         if seq > 7:
-            liveness.answered(seq - 7)
+            liveness.answered(seq - 7, sent)
     assert liveness.unanswered_ranks == 7
     assert _first_verdict(liveness, 0.0, 9.75, beats_until=9.75) is None
 
@@ -76,7 +97,7 @@ def test_a_call_answered_after_a_stall_clears_its_suspicion() -> None:
     liveness.rank_sent(1, 0.0)
     liveness.heard(2.5)
     assert liveness.check(2.5, POLICY) is None       # overdue at first sight
-    liveness.answered(1)                             # the reply was waiting unread
+    liveness.answered(1, 2.5)                        # the reply was waiting unread
     liveness.heard(2.75)
     assert liveness.check(2.75, POLICY) is None
     assert liveness.unanswered_ranks == 0

@@ -135,7 +135,7 @@ class HostLink:
             if handle is not None:
                 handle.last = msg.snapshot
         elif isinstance(msg, Reply):
-            self.liveness.answered(seq)
+            self.liveness.answered(seq, loop.time())
             future = self.calls.pop(seq, None)
             if future is not None and not future.done():
                 future.set_result(msg)

@@ -8,8 +8,12 @@ when; ``check`` judges the host hung when, at a check,
 
 * nothing came from it for ``silent_s`` (its process is stopped, e.g. by SIGSTOP, or its loop
   is blocked), or
-* one ranking call has been unanswered for ``rank_deadline_s`` (stuck in a call while the loop
-  still beats),
+* a ranking call has been unanswered for ``rank_deadline_s`` and no other ranking call was
+  answered in that time either (stuck in a call while the loop still beats). A host that
+  answers calls is making progress, however long its queue: 64 queued full passes of long
+  prefixes take longer than any fixed deadline, and killing such a host would lose its queue
+  and its cache for being busy. With several instances on one host, one stuck instance is
+  judged only once the others stop answering too (``serve`` runs one instance a process),
 
 and the same suspicion (the same silence, or the same call) held at an earlier check at least
 ``confirm_s`` before. The second look keeps a parent whose own loop stalled from judging a
@@ -34,8 +38,9 @@ class LivenessPolicy:
     # A host writes every 0.25 s (``HostSpec.push_interval_s``): 0.6 s is two frames missed and
     # most of a third, short enough to judge a stopped host within a second.
     silent_s: float = 0.6
-    # A ranking call waits at most ``max_rank_queue_depth`` batches (then it is shed), tens of
-    # ms each: five seconds is a stuck call, not a slow one, on any machine we run.
+    # Five seconds without a single ranking answer while a call waits: no batch of the
+    # passes we serve takes that long on any machine we run, so it is a stuck call, not a busy
+    # host (a busy host answers its queue one batch after another).
     rank_deadline_s: float = 5.0
     # The second look (see the module docstring): at least one turn of the parent's loop.
     confirm_s: float = 0.1
@@ -49,7 +54,8 @@ class LivenessPolicy:
 @dataclass(frozen=True)
 class Suspicion:
     """What a check found wrong: ``kind`` "silent" (``since``: the last frame heard) or
-    "rank call" (``since``: when call ``seq`` was sent). Equal suspicions are the same fault."""
+    "rank call" (``since``: when call ``seq`` was sent, or the last ranking answer if later).
+    Equal suspicions are the same fault."""
 
     kind: str
     since: float
@@ -62,6 +68,7 @@ class HostLiveness:
     def __init__(self, now: float) -> None:
         self.last_heard = now
         self._rank_sent: dict[int, float] = {}          # seq -> sent at, oldest first
+        self._last_answer = now                         # the last ranking call answered
         self._suspect: tuple[Suspicion, float] | None = None   # and when first seen
 
     def heard(self, now: float) -> None:
@@ -71,8 +78,9 @@ class HostLiveness:
     def rank_sent(self, seq: int, now: float) -> None:
         self._rank_sent[seq] = now
 
-    def answered(self, seq: int) -> None:
-        self._rank_sent.pop(seq, None)
+    def answered(self, seq: int, now: float) -> None:
+        if self._rank_sent.pop(seq, None) is not None:
+            self._last_answer = max(self._last_answer, now)
 
     @property
     def unanswered_ranks(self) -> int:
@@ -83,8 +91,9 @@ class HostLiveness:
         if now - self.last_heard >= policy.silent_s:
             return Suspicion("silent", self.last_heard)
         for seq, sent in self._rank_sent.items():    # the oldest call is the first
-            if now - sent >= policy.rank_deadline_s:
-                return Suspicion("rank call", sent, seq)
+            waiting = max(sent, self._last_answer)   # since it was sent or the host progressed
+            if now - waiting >= policy.rank_deadline_s:
+                return Suspicion("rank call", waiting, seq)
             break
         return None
 
@@ -102,4 +111,5 @@ class HostLiveness:
             return None
         if seen.kind == "silent":
             return f"nothing heard from it for {now - seen.since:.2f} s"
-        return f"ranking call {seen.seq} unanswered for {now - seen.since:.2f} s"
+        return (f"ranking call {seen.seq} unanswered, and no ranking call answered, for "
+                f"{now - seen.since:.2f} s")
