@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relaygr.cascade.config import StagesConfig, SystemConfig
+from relaygr.cascade.instances import build_instance
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import Recommendation, Visit
@@ -18,7 +19,7 @@ from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.types import RankPath
-from relaygr.errors import ConfigError, NoCandidatesError
+from relaygr.errors import CacheStateError, ConfigError, NoCandidatesError
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
@@ -346,3 +347,47 @@ def test_a_hash_collision_in_the_book_is_a_miss(monkeypatch: pytest.MonkeyPatch)
     assert book.get(5, first, 8) is None           # never the other history's candidates
     found = book.get(5, second, 8)
     assert found is not None and torch.equal(found[0], torch.tensor([2]))
+
+
+@pytest.mark.parametrize("reported", ["at once", "later"])
+def test_a_preinfer_that_raises_is_lost_and_the_visit_ranks_in_full_once(reported: str) -> None:
+    """The pre-infer signal is advisory: an instance whose pre-infer raises (at once, as in
+    this process, or in the awaited outcome, as an instance in another process reports it)
+    loses the signal, counted; the visit is ranked in full with the baseline's scores and its
+    events are appended once (an error after the append would make a retry append twice)."""
+    model = make_model(0, num_items=NUM_ITEMS)
+
+    def failing_preinfer(config: object, name: str, device: str, model: object,
+                         cost_model: object) -> RankingInstance:
+        instance = build_instance(config, name, device, model, cost_model)  # type: ignore[arg-type]
+
+        def preinfer(spec: object, suffix_tokens: int, candidates: int) -> object:
+            if reported == "at once":
+                raise CacheStateError("host tier index inconsistent (injected)")
+
+            async def outcome() -> None:
+                raise CacheStateError("host tier index inconsistent (injected)")
+
+            return asyncio.ensure_future(outcome())
+
+        instance.preinfer = preinfer  # type: ignore[method-assign,assignment]
+        return instance
+
+    plan = visits(count=1)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    before = store.num_events(plan[0].user_id)
+    system = RelaySystem(config("relay"), model, store, flops_cost_model(model.cfg),
+                         instance_factory=failing_preinfer)
+
+    async def main() -> Recommendation:
+        await system.start()
+        try:
+            return await system.recommend(plan[0])
+        finally:
+            await system.stop()
+
+    out = asyncio.run(main())
+    assert out.path is RankPath.FULL and system.counters.lost_preinfer == 1
+    assert store.num_events(plan[0].user_id) == before + 3
+    reference, _ = serve("baseline", plan)
+    torch.testing.assert_close(out.scores, reference[0].scores, atol=SCORE_TOL, rtol=SCORE_TOL)

@@ -25,6 +25,7 @@ first (at ``shed_preinfer_queue_depth`` ranking requests queued), then ranking a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,9 +33,18 @@ from typing import Protocol
 from relaygr.cascade.config import SystemConfig
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.scheduler import InstanceStoppedError
-from relaygr.engine.types import SKIPPED, PrefixSpec, PreinferResult, RankJob, RankResult
+from relaygr.engine.types import (
+    FAILED,
+    SKIPPED,
+    PrefixSpec,
+    PreinferResult,
+    RankJob,
+    RankResult,
+)
 from relaygr.errors import OverloadedError
 from relaygr.routing import InstanceView, RouteDecision, Router
+
+log = logging.getLogger("relaygr.cascade.fleet")
 
 
 class InstanceLost(Exception):
@@ -121,8 +131,15 @@ class InstanceFleet:
         instance = self.by_name[decision.instance_id]
         if sheds_preinfer(instance.rank_queue_depth, self.config):
             return FirstLeg(decision, instance.name, SKIPPED, shed=True)
-        return FirstLeg(decision, instance.name,
-                        instance.preinfer(spec, suffix_tokens, candidates))
+        try:
+            result = instance.preinfer(spec, suffix_tokens, candidates)
+        except AssertionError:
+            raise
+        except Exception:   # advisory: the signal is lost, ranking computes the prefix
+            log.warning("the pre-infer of user %d on %s raised", user_id, instance.name,
+                        exc_info=True)
+            return FirstLeg(decision, instance.name, FAILED, lost=True)
+        return FirstLeg(decision, instance.name, result)
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
                    job: RankJob, avoid: tuple[str, ...]) -> RankResult:

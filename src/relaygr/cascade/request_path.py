@@ -20,6 +20,7 @@ the relay; a shed ranking leg raises ``OverloadedError`` (HTTP 503).
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
@@ -37,6 +38,7 @@ from relaygr.cascade.stages import EarlierStages, StageTiming
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.types import (
+    FAILED,
     PrefixSpec,
     PreinferResult,
     RankJob,
@@ -50,6 +52,10 @@ from relaygr.train.stages import fused_scores
 
 # Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
 _MAX_REMEMBERED_DECISIONS = 100_000
+# Pre-infer signals that raised, logged with their traceback; the rest are counted only.
+_LOGGED_LOST_PREINFERS = 5
+
+log = logging.getLogger("relaygr.cascade.request_path")
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class SystemCounters:
     failovers: int = 0
     shed_preinfer: int = 0
     shed_rank: int = 0
-    lost_preinfer: int = 0       # pre-infer signals whose instance was gone
+    lost_preinfer: int = 0       # pre-infer signals that did nothing: instance gone, or raised
     paths: Counter[str] = field(default_factory=Counter)
     window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
     windowed_requests: int = 0   # ranked from a window that starts after the first event
@@ -169,7 +175,7 @@ class RequestPath:
             self._decisions.move_to_end(user_id)
             while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
                 self._decisions.popitem(last=False)
-        result = await _result(first)
+        result = await self._outcome(first)
         if result is None or first.instance is None:
             raise NoHealthyInstanceError("the pre-infer signal found no live ranking instance")
         return first.instance, result
@@ -212,11 +218,37 @@ class RequestPath:
         return _Leg(visit, request_id, spec, history_items, n_cand, sent)
 
     async def _first(self, leg: _Leg) -> FirstLeg:
-        """The first leg's outcome (awaited once: across Ray it comes with the reply)."""
+        """The first leg's outcome (awaited once: across Ray it comes with the reply). The
+        signal is advisory: one that raised is lost, and ranking computes the prefix."""
         if not isinstance(leg.sent, FirstLeg):
-            leg.sent = await leg.sent
+            try:
+                leg.sent = await leg.sent
+            except AssertionError:
+                raise
+            except Exception:
+                self._log_lost(leg.visit.user_id)
+                leg.sent = FirstLeg(None, lost=True)
             self._count_first(leg.sent)
         return leg.sent
+
+    async def _outcome(self, first: FirstLeg) -> PreinferResult | None:
+        """The pre-infer's outcome (an instance in another process reports it later): one
+        that raised counts as lost and reads ``failed``; the request goes on without it."""
+        if inspect.isawaitable(first.result):
+            try:
+                first.result = await first.result
+            except AssertionError:
+                raise
+            except Exception:
+                self.counters.lost_preinfer += 1
+                self._log_lost(None)
+                first.result = FAILED
+        return first.result
+
+    def _log_lost(self, user_id: int | None) -> None:
+        if self.counters.lost_preinfer < _LOGGED_LOST_PREINFERS:
+            log.warning("a pre-infer signal%s raised; ranking computes the prefix in full",
+                        "" if user_id is None else f" of user {user_id}", exc_info=True)
 
     def _count_first(self, first: FirstLeg) -> None:
         self.counters.shed_preinfer += int(first.shed)
@@ -238,13 +270,14 @@ class RequestPath:
         due = time.perf_counter()
         result = await self._rank(leg, route, job)
         done = time.perf_counter()
+        preinfer = await self._outcome(first)      # before the append: nothing can fail after
         if visit.recent_items:
             self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps)
         self.counters.requests += 1
         self.counters.windowed_requests += int(spec.window_start > 0)
         self.counters.paths[result.path.value] += 1
         return Recommendation(candidates, result.scores, result.path, result.instance,
-                              await _result(first), first.instance, spec.num_tokens,
+                              preinfer, first.instance, spec.num_tokens,
                               job.suffix_tokens, due, done, result.timing, spec.window_start,
                               stages, stage_scores,
                               0.0 if stages is None else self.config.stages.stage_weight)
@@ -265,9 +298,3 @@ class RequestPath:
         raise NoHealthyInstanceError(
             f"ranking failed on {self.fleet.max_attempts} instances in turn")
 
-
-async def _result(first: FirstLeg) -> PreinferResult | None:
-    """The pre-infer outcome (an instance in another process reports it asynchronously)."""
-    if inspect.isawaitable(first.result):
-        first.result = await first.result
-    return first.result

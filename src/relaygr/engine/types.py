@@ -139,3 +139,4 @@ class PreinferResult:
 
 # What a shed or lost pre-infer signal did: nothing (the ranking leg recomputes).
 SKIPPED = PreinferResult(PreinferAction.SKIPPED, None, 0)
+FAILED = PreinferResult(PreinferAction.FAILED, None, 0)

@@ -111,7 +111,8 @@ class SnapshotCollector(Collector):
         failovers.add_metric([], snap.counters.failovers)
         yield failovers
         lost = CounterMetricFamily("relaygr_lost_preinfer",
-                                   "Pre-infer signals whose instance was gone")
+                                   "Pre-infer signals that did nothing: their instance "
+                                   "was gone, or the pre-infer raised")
         lost.add_metric([], snap.counters.lost_preinfer)
         yield lost
         lifecycle = CounterMetricFamily(

@@ -33,7 +33,7 @@ class ServingCounters:
     window_slides: int = 0          # appends that moved a user's history window (cascade.window)
     windowed_requests: int = 0      # ranked from a window that starts after the first event
     instance_hangs: int = 0         # instance processes killed by the supervisor for not answering
-    lost_preinfer: int = 0          # pre-infer signals whose instance was gone
+    lost_preinfer: int = 0          # pre-infer signals that did nothing: instance gone, or raised
 
 
 @dataclass(frozen=True)
