@@ -17,7 +17,12 @@ from relaygr.cascade.instances import build_instance
 from relaygr.cascade.request_path import Recommendation
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.transport import process_instance
+from relaygr.engine.transport.host import HostSpec
+from relaygr.engine.transport.host_link import HostLink
 from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
+from relaygr.engine.transport.supervisor import SupervisorPolicy
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
@@ -217,3 +222,93 @@ def test_a_factory_refuses_a_model_its_processes_do_not_serve() -> None:
         RelaySystem(config("relay"), other, store, flops_cost_model(other.cfg),
                     instance_factory=processes.factory)
     assert processes.pids() == [None, None]     # nothing was started
+
+
+_FAIL_BUILD = "RELAYGR_TEST_FAIL_BUILD"
+
+
+def failing_after_a_flag(config: Any, name: str, device: str, model: Any,
+                         cost_model: Any) -> Any:
+    """``build_instance``, until the flag is in the environment a host process starts with (as
+    an arena allocation could start failing on a machine whose memory ran short)."""
+    if os.environ.get(_FAIL_BUILD):
+        raise MemoryError("arena allocation failed (injected)")
+    return build_instance(config, name, device, model, cost_model)
+
+
+def test_a_restart_whose_instance_cannot_be_built_stays_down_and_is_given_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new host process starts but cannot open the instance: the instance is not healthy
+    (it was reported healthy, open nowhere, and never tried again), each try counts as a
+    failed restart, and the supervisor gives up after its limit."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    processes = InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2,
+                                            build=failing_after_a_flag)
+
+    async def main() -> None:
+        system = _system("relay", processes)
+        system.supervisor.policy = SupervisorPolicy(interval_s=0.05, backoff_s=0.05,
+                                                    max_backoff_s=0.1, max_restarts=2)
+        await system.start()
+        try:
+            monkeypatch.setenv(_FAIL_BUILD, "1")       # the hosts started from now on
+            pid = processes.pids()[0]
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 120        # a hang guard: two process starts
+            while not system.supervisor.counts.given_up and time.monotonic() < deadline:
+                assert system.instances[0].snapshot().healthy is False or \
+                    processes.pids()[0] == pid        # never healthy once its host died
+                await asyncio.sleep(0.02)
+            counts = system.supervisor.counts
+            assert counts.given_up == ["rank-0"] and counts.failed_restarts == 2
+            assert not system.instances[0].healthy and counts.restarts == 0
+            out = [await system.recommend(v) for v in visits(count=4)]
+            assert {r.instance for r in out} == {"rank-1"}
+        finally:
+            await system.stop()
+
+    _run(processes, main)
+
+
+def test_a_stop_ends_even_when_a_host_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host stopped (SIGSTOP) at shutdown is killed once its instance's stop times out;
+    the system's stop returns instead of waiting for it for good."""
+    monkeypatch.setattr(process_instance, "STOP_TIMEOUT_S", 1.0)
+    processes = _processes()
+
+    async def main() -> float:
+        system = _system("relay", processes)
+        await system.start()
+        await system.recommend(visits(count=1)[0])
+        pid = processes.pids()[0]
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        await asyncio.wait_for(system.stop(), 60)     # a hang guard, not the verdict
+        return time.monotonic() - started
+
+    took = _run(processes, main)
+    assert took < 30          # bounded by the stop timeout (1 s), not by the host
+
+
+def test_a_host_killed_as_it_starts_fails_its_start_instead_of_blocking_it() -> None:
+    """The host's spec (the model's weights) travels over its socket after the spawn: a
+    child killed before reading it fails the start at once; sent with the spawn, the parent's
+    write of a payload larger than a pipe holds blocked for good."""
+    model = make_model(0, num_items=20_000)       # weights far larger than a pipe's buffer
+    link = HostLink(0, HostSpec.of(model, flops_cost_model(model.cfg), build_instance, 1),
+                    start_timeout_s=60.0)
+
+    async def main() -> None:
+        starting = asyncio.ensure_future(link.ensure_started())
+        while link.process is None or link.process.pid is None:
+            await asyncio.sleep(0.001)
+        os.kill(link.process.pid, signal.SIGKILL)
+        with pytest.raises(InstanceStoppedError, match="failed to start"):
+            await asyncio.wait_for(starting, 30)      # a hang guard: the start blocked
+
+    try:
+        asyncio.run(main())
+    finally:
+        link.terminate()

@@ -287,8 +287,28 @@ async def _serve(sock: socket.socket, spec: HostSpec) -> None:
         writer.close()
 
 
-def host_main(sock: socket.socket, spec: HostSpec) -> None:
-    """Entry point of a host process (spawned by ``InstanceProcesses``)."""
+def _read_spec(sock: socket.socket) -> HostSpec:
+    """The parent's first frame, read before the loop starts: what this host serves."""
+    def read(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the parent closed the socket before sending the spec")
+            data += chunk
+        return bytes(data)
+
+    _, spec = pickle.loads(read(int.from_bytes(read(_HEADER_BYTES), "little")))
+    if not isinstance(spec, HostSpec):
+        raise TypeError(f"the first frame must be a HostSpec, got {type(spec).__name__}")
+    return spec
+
+
+def host_main(sock: socket.socket) -> None:
+    """Entry point of a host process (spawned by ``InstanceProcesses``). The ``HostSpec``
+    comes as the socket's first frame, not with the spawn: spawning writes its arguments into a
+    pipe the parent holds open until the child has read them all, so a child that died with
+    the model's weights half read would block the parent's start for good."""
     # The parent decides when we stop: it still has requests to drain through us when a
     # terminal's Ctrl-C or a wrapper's SIGTERM reaches its process group, so we leave the group
     # (a service manager that signals a whole cgroup should signal the main process only,
@@ -297,6 +317,7 @@ def host_main(sock: socket.socket, spec: HostSpec) -> None:
         os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_host_allocator()
+    spec = _read_spec(sock)
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
     asyncio.run(_serve(sock, spec))

@@ -87,14 +87,15 @@ class HostLink:
         parent_end, child_end = socket.socketpair()
         self._sock = parent_end
         ctx = multiprocessing.get_context("spawn")
-        self.process = ctx.Process(target=host_main, args=(child_end, self.spec), daemon=True,
+        self.process = ctx.Process(target=host_main, args=(child_end,), daemon=True,
                                    name=f"relaygr-instances-{self.index}")
         ready: asyncio.Future[object] = loop.create_future()
         frames = FrameProtocol(lambda seq, msg: self._on_frame(loop, ready, seq, msg))
         try:
-            await asyncio.to_thread(self.process.start)
+            await asyncio.to_thread(self.process.start)   # a small payload: the socket only
             child_end.close()
             self.writer, _ = await loop.create_connection(lambda: frames, sock=parent_end)
+            write_frame(self.writer, 0, self.spec)         # what it serves (host._read_spec)
             await asyncio.wait((ready, frames.closed), timeout=self.start_timeout_s,
                                return_when=asyncio.FIRST_COMPLETED)
             if not ready.done():

@@ -11,6 +11,7 @@ host that is down is ``revive``d by ``engine.transport.supervisor``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import replace
@@ -32,6 +33,11 @@ from relaygr.engine.transport.messages import (
 from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
 
+log = logging.getLogger("relaygr.engine.transport")
+# How long a host may take to answer an instance's stop (the instance fails its queued work and
+# ends its running pass) before it is killed: a hung host must not hold a shutdown for ever.
+STOP_TIMEOUT_S = 10.0
+
 
 class ProcessInstance:
     """The parent's handle for one instance in a host process (``InstanceHandle``).
@@ -49,6 +55,7 @@ class ProcessInstance:
         self._name = name
         self.device = device
         self._up = False
+        self._open_on_host = False      # Open answered by the current host process
         self._ranks = 0
         self.last = InstanceSnapshot(name, False, 0, 0, None, None)   # pushed or replied
 
@@ -58,7 +65,7 @@ class ProcessInstance:
 
     @property
     def healthy(self) -> bool:
-        return self._up and self.link.alive
+        return self._up and self._open_on_host and self.link.alive
 
     @property
     def rank_queue_depth(self) -> int:
@@ -88,14 +95,23 @@ class ProcessInstance:
         self.link.kill()
 
     async def revive(self) -> None:
-        """Open this instance again on a fresh host process (its caches start empty)."""
+        """Open this instance again on a fresh host process (its caches start empty). Not
+        healthy until the host has opened it; where the host cannot (the instance's build
+        raised), the host is ended, so the instance is down again and the supervisor's next
+        try (with its back-off and give-up) starts over."""
+        self._open_on_host = False
         await self.link.respawn()
-        await self._open()
+        try:
+            await self._open()
+        except BaseException:
+            self.link.kill()
+            raise
 
     async def _open(self) -> None:
         self._value(await self.link.call(Open(iid=self.iid, config=self.config,
                                               name=self._name, device=self.device)))
         self.link.handles[self.iid] = self
+        self._open_on_host = True
 
     def _value(self, reply: Reply) -> Any:
         if reply.snapshot is not None:
@@ -114,12 +130,19 @@ class ProcessInstance:
         self._up = True
 
     async def stop(self) -> None:
+        """Stop the instance on its host; a host that does not answer within
+        ``STOP_TIMEOUT_S`` (stopped, or stuck) is killed, so that a stop always ends."""
         was_up, self._up = self._up, False
         if was_up and self.link.alive:
             try:
-                final = await self._control("stop")
+                final = await asyncio.wait_for(self._control("stop"), STOP_TIMEOUT_S)
             except InstanceStoppedError:
                 final = None            # the process ended first: the instance is gone with it
+            except TimeoutError:
+                log.warning("instance %s did not answer its stop within %g s: killing its "
+                            "process", self._name, STOP_TIMEOUT_S)
+                self.link.kill()
+                final = None
             if isinstance(final, InstanceSnapshot):
                 self.last = final
         self.link.handles.pop(self.iid, None)

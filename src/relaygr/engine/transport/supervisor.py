@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.transport.liveness import LivenessPolicy
 
 log = logging.getLogger("relaygr.supervisor")
@@ -143,7 +142,7 @@ class InstanceSupervisor:
             await asyncio.sleep(wait)
         try:
             await inst.revive()
-        except (InstanceStoppedError, OSError) as exc:
+        except Exception as exc:   # the process did not start, or the instance's build raised
             self.counts.failed_restarts += 1
             self._tries[inst.name] = tries + 1
             if tries + 1 >= self.policy.max_restarts:
