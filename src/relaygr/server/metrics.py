@@ -117,10 +117,12 @@ class SnapshotCollector(Collector):
         yield lost
         lifecycle = CounterMetricFamily(
             "relaygr_instance_events", "Instance processes seen dead (exited by themselves), "
-            "hung (alive but not answering: killed), restarted, given up", labels=["event"])
+            "hung (alive but not answering: killed), restarted, failed to restart, given up",
+            labels=["event"])
         lifecycle.add_metric(["death"], snap.counters.instance_deaths)
         lifecycle.add_metric(["hang"], snap.counters.instance_hangs)
         lifecycle.add_metric(["restart"], snap.counters.instance_restarts)
+        lifecycle.add_metric(["failed_restart"], snap.counters.instance_failed_restarts)
         lifecycle.add_metric(["given_up"], snap.counters.instances_given_up)
         yield lifecycle
         slides = CounterMetricFamily(

@@ -34,6 +34,7 @@ class ServingCounters:
     windowed_requests: int = 0      # ranked from a window that starts after the first event
     instance_hangs: int = 0         # instance processes killed by the supervisor for not answering
     lost_preinfer: int = 0          # pre-infer signals that did nothing: instance gone, or raised
+    instance_failed_restarts: int = 0  # restarts that failed (no process, or its build raised)
 
 
 @dataclass(frozen=True)
