@@ -16,6 +16,7 @@ from relaygr.bench.hardware import CpuTimes, cpu_times, steal_fraction
 from relaygr.bench.suite import BenchSuite
 from relaygr.bench.workload import SyntheticWorkload
 from tests.bench.simulated_plan import CONFIG, POPULATION, factory, fake_steal
+from tests.virtual_time import run_virtual
 
 
 def test_a_failing_point_under_host_steal_is_measured_again(monkeypatch: pytest.MonkeyPatch
@@ -88,3 +89,16 @@ def test_waiting_for_a_quiet_host_polls_steal(monkeypatch: pytest.MonkeyPatch) -
     readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 3)
     assert not asyncio.run(noise_module.wait_for_quiet_host(0.05, window_s=0.01,
                                                             patience_s=0.03))
+
+    async def noisy_for(patience_s: float) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert not await noise_module.wait_for_quiet_host(0.05, window_s=5.0,
+                                                          patience_s=patience_s)
+        return loop.time() - start
+
+    # the wait ends at its patience (the time left before a deadline), not a window later
+    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 4)
+    assert run_virtual(noisy_for(1.5)) == 1.5
+    readings = iter([CpuTimes(0, 0), CpuTimes(50, 100)] * 4)
+    assert run_virtual(noisy_for(7.0)) == 7.0

@@ -68,8 +68,9 @@ async def wait_for_quiet_host(max_steal: float, window_s: float = 5.0,
     waited = 0.0
     while waited < patience_s:
         before = cpu_times()
-        await asyncio.sleep(window_s)
-        waited += window_s
+        window = min(window_s, patience_s - waited)     # never past the patience given
+        await asyncio.sleep(window)
+        waited += window
         steal = steal_fraction(before, cpu_times())
         if steal is None or steal <= max_steal:
             return True
