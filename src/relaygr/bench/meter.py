@@ -118,10 +118,11 @@ class PointMeter:
             if stats.passed or not self._noisy(stats):
                 break
             if attempt <= budget.max_remeasures:
-                # wait for a quiet host only as long as the point would still end in time
-                await wait_for_quiet_host(budget.remeasure_steal,
-                                          patience_s=min(QUIET_PATIENCE_S, self._slack_s(workload)))
-                if not self.fits(workload):
+                # wait for a quiet host only as long as the point would still end in time: a
+                # wait that spent all of that slack leaves no time to measure again
+                patience = min(QUIET_PATIENCE_S, self._slack_s(workload))
+                quiet = await wait_for_quiet_host(budget.remeasure_steal, patience_s=patience)
+                if (not quiet and patience < QUIET_PATIENCE_S) or not self.fits(workload):
                     self.progress.note(f"{label}: not measured again under noise "
                                        f"({noise.describe()}): it would end past the run's "
                                        "deadline")
