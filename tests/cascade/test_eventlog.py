@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -10,7 +11,12 @@ import pytest
 
 from relaygr.cascade.eventlog import EventLog
 from relaygr.cascade.store import InMemoryHistoryStore
-from relaygr.errors import ConfigError, ItemOutOfRangeError
+from relaygr.errors import (
+    ConfigError,
+    HistoryStoreUnavailableError,
+    InvalidInputError,
+    ItemOutOfRangeError,
+)
 from relaygr.server import ServerConfig, build_embedded
 from relaygr.server.build import load_model
 from tests.engine.helpers import flops_cost_model
@@ -43,6 +49,39 @@ def test_appends_are_replayed_onto_the_same_base(tmp_path: Path) -> None:
     assert timestamps is not None
     assert timestamps.tolist() == [100, 160, 200]
     assert list(second) == [1, 2, 3]
+
+
+def test_an_append_the_log_refuses_is_neither_served_nor_doubled_by_a_retry(
+        tmp_path: Path) -> None:
+    """The log is written first: where SQLite refuses an append (locked past its timeout, a
+    full disk; here a second writer holds the database), the caller gets a typed error and
+    the history is as it was, so the retry appends once and a restart replays what was
+    served."""
+    path = tmp_path / "events.sqlite"
+    store = _store()
+    store.persist_to(path)
+    before = store.get(1)
+    blocker = sqlite3.connect(path, timeout=0)
+    blocker.execute("BEGIN IMMEDIATE")                     # a writer holding the database
+    assert store._events is not None
+    store._events._db.execute("PRAGMA busy_timeout = 0")   # fail at once, not in 5 s
+    with pytest.raises(HistoryStoreUnavailableError, match="refused the append"):
+        store.append(1, [9])
+    with pytest.raises(HistoryStoreUnavailableError):
+        store.append(4, [9])                               # a new user is not made either
+    assert store.get(1).items.tolist() == before.items.tolist() and 4 not in store
+    assert store.get(1).version == before.version
+    blocker.rollback()
+    blocker.close()
+    store.append(1, [9])                                   # the retry
+    served = store.get(1)
+    store.close()
+    replayed = _store()
+    replayed.persist_to(path)
+    assert replayed.get(1).items.tolist() == served.items.tolist() == [3, 4, 5, 9]
+    assert replayed.get(1).version == served.version
+    with pytest.raises(InvalidInputError, match="2\\^63"):
+        replayed.append(2 ** 63, [9])
 
 
 def test_a_log_is_never_replayed_onto_other_users(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relaygr.errors import HistoryStoreUnavailableError
+
 _SCHEMA = """CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id INTEGER NOT NULL,
@@ -58,11 +60,17 @@ class EventLog:
                              (digest,))
 
     def record(self, user_id: int, items: np.ndarray, timestamps: np.ndarray | None) -> None:
-        """Write one append and commit it."""
+        """Write one append and commit it; ``HistoryStoreUnavailableError`` (nothing written)
+        where SQLite refuses it (the file locked past its timeout, the disk full)."""
         ts = None if timestamps is None else timestamps.astype("<i8").tobytes()
-        with self._db:   # one transaction, committed on exit
-            self._db.execute("INSERT INTO events (user_id, items, timestamps) VALUES (?, ?, ?)",
-                             (int(user_id), items.astype("<i8").tobytes(), ts))
+        try:
+            with self._db:   # one transaction, committed on exit (rolled back on an error)
+                self._db.execute(
+                    "INSERT INTO events (user_id, items, timestamps) VALUES (?, ?, ?)",
+                    (int(user_id), items.astype("<i8").tobytes(), ts))
+        except sqlite3.Error as exc:
+            raise HistoryStoreUnavailableError(
+                f"the event log {self.path} refused the append ({exc})") from None
 
     def replay(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
         """Every recorded append, oldest first."""

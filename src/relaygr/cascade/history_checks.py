@@ -16,9 +16,11 @@ from relaygr.errors import EmptyInputError, InvalidInputError, ItemOutOfRangeErr
 
 
 def check_user(user_id: int) -> None:
-    """``InvalidInputError`` unless ``user_id`` is an int >= 0."""
-    if not isinstance(user_id, (int, np.integer)) or isinstance(user_id, bool) or user_id < 0:
-        raise InvalidInputError(f"user_id must be an int >= 0, got {user_id!r}")
+    """``InvalidInputError`` unless ``user_id`` is an int in [0, 2^63) (an int64: what the
+    event log and the stores keep)."""
+    if not isinstance(user_id, (int, np.integer)) or isinstance(user_id, bool) \
+            or not 0 <= user_id < 2 ** 63:
+        raise InvalidInputError(f"user_id must be an int in [0, 2^63), got {user_id!r}")
 
 
 def as_int_array(name: str, values: npt.ArrayLike) -> np.ndarray:

@@ -219,12 +219,12 @@ class InMemoryHistoryStore(HistoryStore):
             last_ts = int(log.timestamps[log.length - 1])
         ts = check_timestamps(timestamps is not None if log is None else log.timed, last_ts,
                               ids, timestamps)
+        if self._events is not None:    # recorded first: an append the log refused (typed)
+            self._events.record(user_id, ids, ts)      # is not served, nor doubled by a retry
         if log is None:
             log = _UserLog(timed=ts is not None)
             self._logs[user_id] = log
         log.extend(ids, ts)
-        if self._events is not None:
-            self._events.record(user_id, ids, ts)
         return log.snapshot(user_id, log.length)
 
     def persist_to(self, path: Path, adopt: bool = False) -> int:
