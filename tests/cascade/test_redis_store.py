@@ -241,6 +241,29 @@ def test_add_absent_adds_only_users_the_store_does_not_hold(redis_url: str) -> N
     store.check_integrity()
 
 
+def test_a_user_whose_keys_were_torn_apart_is_refused_never_given_its_old_version(
+        redis_url: str) -> None:
+    """A key lost to an eviction, expiry or DEL: the old sums would give a new history the old
+    history's version, under which the cache holds the old K/V. Every read and append of such a
+    user is refused, typed, and writes nothing."""
+    store = RedisHistoryStore.connect(redis_url, num_items=100)
+    store.append(7, [1, 2, 3])
+    store.append(8, [4, 5], [10, 20])
+    client = store._client
+    client.delete("relaygr:user:7:items")                 # the sums stay behind
+    client.delete("relaygr:user:8:sums")
+    calls: list[Callable[[int], object]] = [
+        lambda u: store.append(u, [50, 60, 70]), store.get, lambda u: store.version_at(u, 1),
+        store.num_events, lambda u: store.prefix(u, 1),
+        lambda u: store.add_absent({u: ([9], None)})]
+    for user in (7, 8):
+        for call in calls:
+            with pytest.raises(HistoryStoreUnavailableError, match="disagree"):
+                call(user)
+    assert client.strlen("relaygr:user:7:items") == 0 and client.lrange("relaygr:users", 0, -1) \
+        == [b"7", b"8"]                                   # nothing written, not listed twice
+
+
 def test_a_store_of_another_catalogue_is_refused(redis_url: str) -> None:
     RedisHistoryStore.connect(redis_url, num_items=100)
     with pytest.raises(ConfigError, match="catalogue of 100 items"):

@@ -50,7 +50,7 @@ from relaygr.cascade.history_checks import (
     check_timestamps,
     check_user,
 )
-from relaygr.cascade.redis_scripts import APPEND, READ, SUMS
+from relaygr.cascade.redis_scripts import APPEND, READ, SUMS, TORN
 from relaygr.cascade.store import HistorySnapshot, HistoryStore
 from relaygr.engine.versions import event_hash_sums, version_of
 from relaygr.errors import ConfigError, HistoryStoreUnavailableError, UnknownUserError
@@ -146,6 +146,7 @@ class RedisHistoryStore(HistoryStore):
         keys = self._keys(user_id)[:3]
         with self._reaching():
             out = self._sums_script(keys=keys, args=[int(k) for k in counts])
+        self._whole(user_id, out[0])
         length, timed = int(out[0]) // _WORD, bool(out[1])
         last_ts = _ints(out[2 + len(counts)])[0] if timed and length else None
         return _Sums(length, timed, tuple(_word(raw) for raw in out[2:2 + len(counts)]),
@@ -156,6 +157,7 @@ class RedisHistoryStore(HistoryStore):
         with self._reaching():
             out = self._read_script(keys=self._keys(user_id)[:3],
                                     args=[-1 if num_events is None else int(num_events)])
+        self._whole(user_id, out[0])
         length, timed = int(out[0]) // _WORD, bool(out[1])
         if length == 0:
             raise UnknownUserError(f"user {user_id} has no history in this store")
@@ -163,6 +165,15 @@ class RedisHistoryStore(HistoryStore):
         items = _ints(out[2])
         ts = _ints(out[3]) if timed else None
         return self._history(user_id, items, ts, _word(out[4]), n)
+
+    def _whole(self, user_id: int, out: Any) -> None:
+        """``HistoryStoreUnavailableError`` where a script found the user's keys torn."""
+        if out == TORN:
+            raise HistoryStoreUnavailableError(
+                f"user {user_id}'s keys in the history store at {self.location} disagree "
+                "(items, timestamps and sums of different lengths): one was lost to an "
+                "eviction, an expiry or a DEL; run Redis with maxmemory-policy noeviction and "
+                "no expiry on these keys, and restore or remove the user")
 
     @staticmethod
     def _history(user_id: int, items: np.ndarray, ts: np.ndarray | None, hash_sum: int,
@@ -226,6 +237,7 @@ class RedisHistoryStore(HistoryStore):
             with self._reaching():
                 out = self._append(keys=self._keys(user_id),
                                    args=self._append_args(user_id, tail.length, ids, ts, sums))
+            self._whole(user_id, out)
             if out != -1:
                 n = int(out[0]) // _WORD
                 return self._history(user_id, _ints(out[1]),
@@ -259,7 +271,10 @@ class RedisHistoryStore(HistoryStore):
                 for user_id, ids, ts, sums in checked[lo:lo + _SEED_BATCH]:
                     self._append(keys=self._keys(user_id),
                                  args=self._append_args(user_id, 0, ids, ts, sums), client=pipe)
-                created += sum(out != -1 for out in pipe.execute())
+                outs = pipe.execute()
+                for (user_id, *_), out in zip(checked[lo:lo + _SEED_BATCH], outs, strict=True):
+                    self._whole(user_id, out)
+                created += sum(out != -1 for out in outs)
         return created
 
     def check_integrity(self) -> None:
