@@ -84,6 +84,21 @@ def test_an_append_the_log_refuses_is_neither_served_nor_doubled_by_a_retry(
         replayed.append(2 ** 63, [9])
 
 
+def test_one_process_appends_to_a_log(tmp_path: Path) -> None:
+    """A second server on the same log would serve its own events and a restart would replay
+    both merged: it is refused until the first lets the log go."""
+    path = tmp_path / "events.sqlite"
+    first = _store()
+    first.persist_to(path)
+    first.append(1, [9])
+    with pytest.raises(ConfigError, match="held by another process"):
+        _store().persist_to(path)
+    first.close()
+    second = _store()
+    assert second.persist_to(path) == 1
+    second.close()
+
+
 def test_a_log_is_never_replayed_onto_other_users(tmp_path: Path) -> None:
     """A log records the user base its appends were made on: a store of other users (here one
     more event for user 1: another dataset, synthetic users, another window) is refused with

@@ -18,13 +18,15 @@ logs recorded their base cannot say whose it is: one that holds appends is refus
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
-from relaygr.errors import HistoryStoreUnavailableError
+from relaygr.errors import ConfigError, HistoryStoreUnavailableError
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -41,6 +43,7 @@ class EventLog:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._lock = _hold(path.with_name(path.name + ".lock"))
         # built on one thread, written by the serving loop's (one writer at a time)
         self._db = sqlite3.connect(path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -84,3 +87,20 @@ class EventLog:
 
     def close(self) -> None:
         self._db.close()
+        self._lock.close()         # and with it the lock
+
+
+def _hold(lock_path: Path) -> IO[bytes]:
+    """An exclusive lock on ``lock_path``, held while the returned file is open:
+    ``ConfigError`` where another process holds it. Two servers appending to one log would each
+    serve their own events, and a restart would replay both merged (or refuse their timestamps
+    half-way)."""
+    handle = open(lock_path, "ab")   # noqa: SIM115 (held for the log's life, closed by close())
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ConfigError(f"the event log {lock_path.with_suffix('')} is held by another "
+                          "process: one server appends to a log (share histories between "
+                          "servers with --history-store redis://...)") from None
+    return handle

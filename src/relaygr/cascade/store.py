@@ -100,6 +100,9 @@ class HistoryStore(ABC):
         """Whether the store answers now (readiness); a store in this process always does."""
         return True
 
+    def close(self) -> None:  # noqa: B027 (a store with nothing to let go keeps this)
+        """Let go of what the store holds outside its memory (a file, connections)."""
+
     @abstractmethod
     def __contains__(self, user_id: object) -> bool: ...
 
@@ -251,9 +254,13 @@ class InMemoryHistoryStore(HistoryStore):
         if recorded is None:
             events.set_base(base)
         replayed = 0
-        for user_id, items, timestamps in events.replay():
-            self.append(user_id, items, timestamps)
-            replayed += 1
+        try:
+            for user_id, items, timestamps in events.replay():
+                self.append(user_id, items, timestamps)
+                replayed += 1
+        except BaseException:     # the server does not start: the log (and its lock) is let go
+            events.close()
+            raise
         self._events = events
         return replayed
 

@@ -74,12 +74,16 @@ class RelayService:
         self.lifecycle.started = True
 
     async def stop(self) -> None:
-        """Drain in-flight requests (refusing new ones), then stop the instances."""
+        """Drain in-flight requests (refusing new ones), stop the instances, then close the
+        history store (its event log, and the log's lock, are let go)."""
         if self.lifecycle.stopped:
             return
         self.lifecycle.drained_cleanly = await self.admission.drain(self.config.drain_timeout_s)
         self.lifecycle.stopped = True
-        await self.backend.stop()
+        try:
+            await self.backend.stop()
+        finally:
+            self.backend.store.close()
 
     def readiness(self) -> ReadyResponse:
         instances = self.backend.snapshot().instances
