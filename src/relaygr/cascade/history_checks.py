@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from relaygr.errors import EmptyInputError, InvalidInputError, ItemOutOfRangeError, TimestampError
+from relaygr.model.inputs import MAX_ABS_TIMESTAMP
 
 
 def check_user(user_id: int) -> None:
@@ -83,6 +84,9 @@ def check_timestamps(timed: bool, last_ts: int | None, ids: np.ndarray,
     if np.any(np.diff(ts) < 0) or (last_ts is not None and int(ts[0]) < last_ts):
         raise TimestampError("events must be appended in time order (timestamps "
                              "non-decreasing, from the user's last event on)")
+    if ts.size and (int(ts.min()) < -MAX_ABS_TIMESTAMP or int(ts.max()) > MAX_ABS_TIMESTAMP):
+        raise TimestampError("timestamps must be within +-2^61 seconds (what the model's time "
+                             "buckets take)")
     return ts
 
 

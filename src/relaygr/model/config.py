@@ -11,6 +11,10 @@ from relaygr.settings import changed, load, require_positive_ints
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
 ATTENTION_KERNELS = ("fused", "eager")
+# Time buckets a model may have: bucket b starts at a gap of ceil(1.5^b - 1) seconds, and the
+# last start must stay within 2^61 (model.inputs.MAX_ABS_TIMESTAMP: gaps and timestamps less a
+# start then fit int64).
+MAX_TIME_BUCKETS = 105
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class HSTUConfig:
         require_positive_ints(self, "num_items", "dim", "num_layers", "num_heads", "max_seq_len",
                               "num_time_buckets", "query_block", "score_block_elems",
                               "candidate_block", "attention_tile_elems")
+        if self.num_time_buckets > MAX_TIME_BUCKETS:
+            raise ConfigError(f"HSTUConfig.num_time_buckets must be at most {MAX_TIME_BUCKETS} "
+                              f"(the last starts at a gap of 1.5^{MAX_TIME_BUCKETS - 1} s, about "
+                              f"2^61: int64 seconds), got {self.num_time_buckets}")
         if self.dim % self.num_heads:
             raise ConfigError(
                 f"HSTUConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relaygr.errors import InvalidInputError, TimestampError
+from relaygr.errors import EmptyInputError, InvalidInputError, TimestampError
 from relaygr.model.attention import dense_attention, time_buckets
 from relaygr.model.config import HSTUConfig
 from relaygr.model.fused import AttentionKernel, attention_kernel
@@ -273,6 +273,12 @@ class HSTU(nn.Module):
         if not torch.equal(items != 0, arange < lengths[:, None]):
             raise InvalidInputError("histories must be right-padded with 0")
         check_item_range("items", items[items != 0], cfg.num_items)
+        if candidates is not None and (candidates.dim() != 2 or candidates.shape[0] != batch
+                                       or candidates.shape[1] == 0):
+            raise EmptyInputError(f"candidates must be [{batch}, C >= 1], got shape "
+                                  f"{tuple(candidates.shape)}")
+        if query_ts is not None and timestamps is None:
+            raise TimestampError("query timestamps given but the histories carry no timestamps")
         x = self.embed_history(items, arange.expand(batch, hist))           # [B, T, d]
         n_cand = 0 if candidates is None else candidates.shape[1]
         q_pos = arange.expand(batch, hist)

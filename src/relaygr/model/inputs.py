@@ -7,6 +7,7 @@ rejected call changes nothing. After validation, tensors are 1-D int64 on the mo
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from relaygr.errors import (
+    ConfigError,
     EmptyInputError,
     IncompatiblePrefixError,
     InvalidInputError,
@@ -77,13 +79,33 @@ class History:
 
 
 def as_ids(name: str, value: IntSeq, device: torch.device) -> Tensor:
-    """A 1-D int64 tensor on ``device`` from a tensor or a sequence of ints."""
-    tensor = value if isinstance(value, Tensor) else torch.as_tensor(list(value), dtype=torch.int64)
+    """A 1-D int64 tensor on ``device`` from a tensor or a sequence of ints (floats and
+    bools refused, as sequences too: converted first, 1.9 would be item 1)."""
+    if isinstance(value, Tensor):
+        tensor = value
+    else:
+        values = list(value)
+        try:
+            tensor = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise InvalidInputError(f"{name} must be integers in int64: {exc}") from None
     if tensor.dim() != 1:
         raise InvalidInputError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
     if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
         raise InvalidInputError(f"{name} must hold integers, got dtype {tensor.dtype}")
     return tensor.to(device=device, dtype=torch.int64)
+
+
+# Timestamps (seconds) the time buckets take: every gap between two of them, and a timestamp
+# less a bucket start (at most 2^61 for the bucket counts HSTUConfig allows), stay in int64.
+MAX_ABS_TIMESTAMP = 2 ** 61
+
+
+def check_timestamp_range(name: str, timestamps: Tensor) -> None:
+    """``TimestampError`` unless every timestamp is within +-``MAX_ABS_TIMESTAMP`` seconds."""
+    if timestamps.numel() and (int(timestamps.min()) < -MAX_ABS_TIMESTAMP
+                               or int(timestamps.max()) > MAX_ABS_TIMESTAMP):
+        raise TimestampError(f"{name} holds a timestamp beyond +-2^61 seconds")
 
 
 def check_item_range(name: str, items: Tensor, num_items: int) -> None:
@@ -111,6 +133,9 @@ def build_history(cfg: HSTUConfig, device: torch.device, dtype: torch.dtype,
                   past: PrefixKV | None, parts: list[tuple[str, IntSeq | None, IntSeq | None]]
                   ) -> History:
     """Validate and concatenate history parts ``(name, items, timestamps)`` after ``past``."""
+    if dtype == torch.float16:
+        raise ConfigError("a float16 model cannot serve: its range ends at 65504, so the causal "
+                          "mask's -1e30 becomes -inf and SiLU of it NaN; use bfloat16 or float32")
     if past is not None:
         check_past(cfg, past, device, dtype)
     timed: bool | None = None if past is None else past.has_timestamps
@@ -135,6 +160,7 @@ def build_history(cfg: HSTUConfig, device: torch.device, dtype: torch.dtype,
             if ts.numel() != ids.numel():
                 raise TimestampError(
                     f"{name} has {ids.numel()} items but {ts.numel()} timestamps")
+            check_timestamp_range(f"{name}_timestamps", ts)
             ts_list.append(ts)
     new_items = torch.cat(items_list) if items_list else torch.empty(0, dtype=torch.int64,
                                                                      device=device)
@@ -191,4 +217,8 @@ def validate_rank(cfg: HSTUConfig, request: RankInput, device: torch.device,
         source = last if last is not None else history.past.timestamps  # type: ignore[union-attr]
         assert source is not None
         query_ts = int(source[-1])
+    if isinstance(query_ts, bool) or not isinstance(query_ts, numbers.Integral) \
+            or not -MAX_ABS_TIMESTAMP <= query_ts <= MAX_ABS_TIMESTAMP:
+        raise TimestampError(f"query_timestamp must be an integer within +-2^61 seconds, got "
+                             f"{query_ts!r}")
     return history, candidates, int(query_ts)

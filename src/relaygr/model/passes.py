@@ -28,6 +28,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from relaygr.errors import IncompatiblePrefixError
 from relaygr.model.attention import (
     is_time_ordered,
     reversed_padded,
@@ -131,6 +132,13 @@ def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | Non
     ``out_device`` (default: the past's) and ``pin_memory`` let a caller demote a prefix to host
     memory without an intermediate device copy.
     """
+    if past.has_timestamps != tail.has_timestamps or past.dtype != tail.dtype \
+            or past.k.shape[:2] != tail.k.shape[:2] or past.k.shape[3] != tail.k.shape[3]:
+        raise IncompatiblePrefixError(
+            f"cannot join {'a timed' if past.has_timestamps else 'an untimed'} {past.dtype} prefix "
+            f"of shape {tuple(past.k.shape)} and a "
+            f"{'timed' if tail.has_timestamps else 'untimed'} {tail.dtype} tail of shape "
+            f"{tuple(tail.k.shape)}")
     device = out_device or past.device
     n_past, n_tail = past.num_tokens, tail.num_tokens
     shape = (*past.k.shape[:2], n_past + n_tail, past.k.shape[3])
@@ -140,7 +148,7 @@ def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | Non
     v[:, :, :n_past], v[:, :, n_past:] = past.v, tail.v
     ts = None
     if past.timestamps is not None and tail.timestamps is not None:
-        ts = torch.cat([past.timestamps, tail.timestamps]).to(device)
+        ts = torch.cat([past.timestamps.to(device), tail.timestamps.to(device)])
     return PrefixKV(k, v, ts, tail.last_hidden.to(device))
 
 
@@ -232,7 +240,8 @@ class Pass:
         ``round_scores`` where it has one."""
         cfg = self.model.cfg
         fit = self._block_budget // (cfg.num_heads * (start + cfg.query_block))
-        return max(_MIN_BLOCK, min(cfg.query_block, fit - fit % _MIN_BLOCK))
+        # never past query_block: the position bias view is padded for that many queries
+        return min(cfg.query_block, max(_MIN_BLOCK, fit - fit % _MIN_BLOCK))
 
     def _candidate_block_size(self, keys: int) -> int:
         """Candidates per micro-batch against ``keys`` history keys: at most ``candidate_block``,

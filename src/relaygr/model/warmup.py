@@ -62,9 +62,10 @@ def warm_up(model: WarmUpModel) -> None:
 
 
 def _passes(model: WarmUpModel, items: Tensor, ts: Tensor | None, candidates: Tensor) -> None:
-    cut = len(items) - len(items) // 3
+    cut = max(1, len(items) - max(1, len(items) // 3))     # both parts non-empty when >= 2
     kv = model.prefill(items[:cut], None if ts is None else ts[:cut])
-    kv = model.prefill(items[cut:], None if ts is None else ts[cut:], past=kv)
+    if cut < len(items):
+        kv = model.prefill(items[cut:], None if ts is None else ts[cut:], past=kv)
     query_ts = None if ts is None else int(ts[-1]) + 1
     model.rank(candidates, prefix=kv, query_timestamp=query_ts)
     model.rank(candidates, prefix_items=items, prefix_timestamps=ts, query_timestamp=query_ts)
