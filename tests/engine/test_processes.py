@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -301,14 +302,31 @@ def test_a_host_killed_as_it_starts_fails_its_start_instead_of_blocking_it() -> 
                     start_timeout_s=60.0)
 
     async def main() -> None:
+        before = _children()
         starting = asyncio.ensure_future(link.ensure_started())
-        while link.process is None or link.process.pid is None:
+        while not (new := _children() - before):     # the child, as soon as it exists
             await asyncio.sleep(0.001)
-        os.kill(link.process.pid, signal.SIGKILL)
+        for pid in new:
+            os.kill(pid, signal.SIGKILL)
         with pytest.raises(InstanceStoppedError, match="failed to start"):
             await asyncio.wait_for(starting, 30)      # a hang guard: the start blocked
 
+    loop = asyncio.new_event_loop()       # closed without waiting for a start that blocked
     try:
-        asyncio.run(main())
+        loop.run_until_complete(main())
     finally:
         link.terminate()
+        loop.close()
+
+
+def _children() -> set[int]:
+    """Process ids whose parent is this process (from /proc)."""
+    me, found = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.add(int(stat.parent.name))
+    return found
