@@ -14,7 +14,7 @@ from relaygr.errors import (
     SequenceTooLongError,
     TimestampError,
 )
-from relaygr.model import HSTUConfig, concat_prefix
+from relaygr.model import HSTUConfig, PrefixKV, concat_prefix
 from tests.model.helpers import make_model
 
 
@@ -121,6 +121,8 @@ def test_floats_and_bools_given_as_lists_are_refused_not_truncated(  # type: ign
         model.rank([1], prefix_items=[5, 6], prefix_timestamps=[10, 11], query_timestamp=11.9)
     with pytest.raises(InvalidInputError, match="integers in int64"):
         model.rank([2 ** 64], prefix_items=[5, 6])
+    with pytest.raises(InvalidInputError, match="integers in int64"):
+        model.rank(5, prefix_items=[5, 6])
 
 
 @pytest.mark.parametrize("stamp", [-2 ** 63 + 10, 2 ** 62, -2 ** 61 - 1])
@@ -160,6 +162,10 @@ def test_a_timed_prefix_and_an_untimed_tail_are_not_joined(model) -> None:  # ty
     untimed = model.prefill([8, 9])
     with pytest.raises(IncompatiblePrefixError, match="cannot join a timed"):
         concat_prefix(timed, untimed)
+    # a prefix whose user vector is not the model's width would broadcast into its scores
+    odd = PrefixKV(untimed.k, untimed.v, None, untimed.last_hidden[:-1])
+    with pytest.raises(IncompatiblePrefixError, match="last_hidden has shape"):
+        model.rank([1], prefix=odd)
 
 
 def test_the_dense_path_refuses_what_the_serving_path_refuses(model) -> None:  # type: ignore[no-untyped-def]

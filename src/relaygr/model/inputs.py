@@ -84,8 +84,8 @@ def as_ids(name: str, value: IntSeq, device: torch.device) -> Tensor:
     if isinstance(value, Tensor):
         tensor = value
     else:
-        values = list(value)
         try:
+            values = list(value)
             tensor = torch.as_tensor(values) if values else torch.empty(0, dtype=torch.int64)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise InvalidInputError(f"{name} must be integers in int64: {exc}") from None
@@ -123,6 +123,9 @@ def check_past(cfg: HSTUConfig, past: PrefixKV, device: torch.device, dtype: tor
     if got != expected:
         raise IncompatiblePrefixError(
             f"prefix has (layers, heads, head_dim) {got}, model expects {expected}")
+    if tuple(past.last_hidden.shape) != (cfg.dim,):
+        raise IncompatiblePrefixError(f"prefix's last_hidden has shape "
+                                      f"{tuple(past.last_hidden.shape)}, model dim is {cfg.dim}")
     if past.device != device or past.dtype != dtype:
         raise IncompatiblePrefixError(
             f"prefix is {past.dtype} on {past.device}, model is {dtype} on {device}; "
