@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from unittest import mock
 
 import pytest
 import torch
@@ -305,23 +306,13 @@ def test_a_preinfer_that_does_not_start_gives_its_tokens_back() -> None:
         res, trigger = inst.residency, inst.trigger
         assert res is not None and trigger is not None
         full = trigger.bucket.level_tokens
-        res.start_prefill = lambda spec: False  # type: ignore[method-assign]
-        try:
-            pre = inst.preinfer(spec_from_store(store, 6), 0, 40)
-        finally:
-            del res.start_prefill
-        assert pre.action is PreinferAction.REFUSED
+        with mock.patch.object(res, "start_prefill", return_value=False):    # the pool refuses
+            assert inst.preinfer(spec_from_store(store, 6), 0, 40).action \
+                is PreinferAction.REFUSED
         assert trigger.bucket.level_tokens == full
-
-        def failing(requests: object) -> None:
-            raise RuntimeError("out of memory (injected)")
-
-        model.prefill_job = failing  # type: ignore[method-assign,assignment]
-        try:
-            pre = inst.preinfer(spec_from_store(store, 7), 0, 40)
-        finally:
-            del model.prefill_job
-        assert pre.action is PreinferAction.FAILED
+        with mock.patch.object(model, "prefill_job", side_effect=RuntimeError("out of memory")):
+            assert inst.preinfer(spec_from_store(store, 7), 0, 40).action \
+                is PreinferAction.FAILED
         assert trigger.bucket.level_tokens == full
         spec = spec_from_store(store, 6)
         assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
