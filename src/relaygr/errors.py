@@ -111,6 +111,11 @@ class CheckpointError(RelayGRError):
     """A training run directory is missing, incomplete, or does not match what it is used with."""
 
 
+class TrainingDivergedError(RelayGRError):
+    """A training loss became NaN or infinite: the weights are no longer a model, and every
+    later evaluation of them would be meaningless (NaN scores), so training stops."""
+
+
 class CatalogueMismatchError(ConfigError):
     """Two trained runs served together number items of different catalogues (another dataset,
     or too few items in common): their ids cannot be reconciled."""

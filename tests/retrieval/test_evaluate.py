@@ -30,6 +30,22 @@ def test_sampled_ranks_count_the_negatives_scoring_higher() -> None:
     assert sampled_ranks(scorer, "d", rows, negs).tolist() == [1, 3]
 
 
+def test_a_nan_score_is_a_miss_not_a_hit() -> None:
+    """NaN compares False with anything: counted as it was, a NaN item had no negative above
+    it and read as ranked first (a diverged model scored HR@10 = 1.0)."""
+    nan_users = VectorScorer({"d": np.full((1, 1), np.nan, np.float32)},
+                             {"d": np.arange(8, dtype=np.float32)[:, None]})
+    rows = np.array([[0, 5], [0, 1]])
+    negs = np.array([[7, 2, 3], [2, 3, 4]])
+    assert sampled_ranks(nan_users, "d", rows, negs).tolist() == [4, 4]
+    assert full_ranks(nan_users, "d", rows, 8, np.empty((0, 2), np.int64)).tolist() == [8, 8]
+    items = np.arange(8, dtype=np.float32)[:, None]
+    items[5] = np.nan                                  # one item's score NaN, the rest finite
+    one = VectorScorer({"d": np.array([[1.0]], np.float32)}, {"d": items})
+    assert sampled_ranks(one, "d", rows, negs).tolist() == [4, 3]
+    assert full_ranks(one, "d", rows, 8, np.empty((0, 2), np.int64)).tolist() == [8, 5]
+
+
 def test_ties_are_broken_at_random_but_reproducibly() -> None:
     pop = PopularityScorer({"d": np.zeros(10, np.float32)})   # every item tied
     rows = np.zeros((2000, 2), np.int64)

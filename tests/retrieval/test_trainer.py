@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from relaygr.errors import CheckpointError
+from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.retrieval.checkpoint import (
     RunInfo,
     load_seed,
@@ -55,6 +55,21 @@ def test_same_seed_same_weights(tmp_path: Path, name: str) -> None:
         assert a.history[0]["loss"]["inter"] > 0 and a.history[0]["loss"]["intra"] > 0
     else:
         assert a.history[0]["loss"]["inter"] == 0 and a.history[0]["loss"]["intra"] == 0
+
+
+def test_a_diverged_loss_stops_training_and_an_empty_validation_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN loss makes NaN weights, whose NaN scores used to read as hits; with no
+    validation rows no epoch could be chosen, and the untrained weights were kept."""
+    splits, num_users = _splits(tmp_path)
+    trainer = RetrievalTrainer(PRESETS["single"].with_(**SMALL), splits, num_users, seed=7,
+                               progress_bar=False)
+    monkeypatch.setattr(trainer, "_epoch", lambda epoch: {"total": float("nan")})
+    with pytest.raises(TrainingDivergedError, match="epoch 1: the training loss is nan"):
+        trainer.fit()
+    for share in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="valid_share must be in \\(0, 1\\)"):
+            PRESETS["single"].with_(valid_share=share)
 
 
 def test_partner_stop_gradient_keeps_inter_cl_out_of_the_partner_tower(tmp_path: Path) -> None:

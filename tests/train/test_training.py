@@ -13,7 +13,7 @@ import torch
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.window import HistoryWindow
 from relaygr.data import iter_histories, leave_one_out
-from relaygr.errors import CheckpointError, ConfigError
+from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.model import HSTU
 from relaygr.server.build import load_model, load_store
 from relaygr.server.config import ModelSource
@@ -283,6 +283,24 @@ def test_a_run_stopped_in_its_first_epoch_holds_no_weights_and_resumes_from_the_
                                  load_trained(tmp_path / "b").model.state_dict().items(),
                                  strict=True):
         assert torch.equal(a, b), name
+
+
+def test_a_diverged_epoch_stops_training_and_keeps_the_last_finished_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN loss means NaN weights: the run stops, typed, before that epoch is saved, so
+    the files hold the last finished epoch (what --resume continues from)."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    run = Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "r", dataset="d", seed=2,
+                  progress_bar=False, log=lambda _: None)
+    run.fit()
+    saved = (tmp_path / "r" / "last" / "progress.json").read_text()
+    trainer = Trainer(TINY.with_(max_epochs=2), seqs, tmp_path / "r", dataset="d", seed=2,
+                      progress_bar=False, log=lambda _: None)
+    monkeypatch.setattr(Trainer, "train_epoch",
+                        lambda self, progress: {"loss": float("nan")})
+    with pytest.raises(TrainingDivergedError, match="epoch 2: the training loss is nan"):
+        trainer.fit(resume=True)
+    assert (tmp_path / "r" / "last" / "progress.json").read_text() == saved
 
 
 def straight_steps(trainer: Trainer) -> int:

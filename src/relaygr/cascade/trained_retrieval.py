@@ -152,6 +152,19 @@ class TrainedRetrieval:
         return self.model.user_vector(self.domain, recent.tolist(), self.run_user(user_id),
                                       recency=self.recency)
 
+    def trained_on(self, user_ids: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Whether each (cascade user id, ranker item id) pair is one of the run's training
+        interactions (all False without them): a target it held is no test of the stage."""
+        held = np.zeros(len(user_ids), dtype=bool)
+        if self.train_rows is None or not self.dataset_users:
+            return held
+        pairs = set(zip(self.train_rows[:, 0].tolist(),
+                        self.to_ranker[self.train_rows[:, 1]].tolist(), strict=True))
+        for j, (user, item) in enumerate(zip(user_ids.tolist(), items.tolist(), strict=True)):
+            run_user = self._run_users.get(int(user))
+            held[j] = run_user is not None and (run_user, int(item)) in pairs
+        return held
+
     def run_user(self, user_id: int | None) -> int | None:
         """The run's id of the cascade's user ``user_id`` (None: not one the run trained on)."""
         if user_id is None or not self.dataset_users:

@@ -40,6 +40,7 @@ from relaygr.cascade.trained_retrieval import (
     beside_the_default,
 )
 from relaygr.data.sequences import UserSequences
+from relaygr.data.split import EvalCases
 from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.model import HSTU
 from relaygr.train import TrainedModel
@@ -93,6 +94,15 @@ class TrainedRunStage:
     @property
     def name(self) -> str:
         return self.stage.name
+
+    def targets_trained_on(self, cases: EvalCases) -> float:
+        """Share of ``cases``' targets that are the run's own training interactions (its split
+        held out other events than this evaluation's): where above 0, the stage's figures are
+        not a clean test."""
+        if not len(cases):
+            return 0.0
+        held = self.run.trained_on(self.user_ids[cases.users], cases.targets)
+        return float(held.mean())
 
     def window(self) -> dict[str, float]:
         """The user's window (latest events, recency) and the channels' shares, as reported."""

@@ -150,9 +150,11 @@ class SCCDRConfig:
         for name in ("lambda_intra", "lambda_inter", "weight_decay", "embedding_l2"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {getattr(self, name)}")
-        for name in ("edge_dropout", "neighbour_weight", "start_share", "valid_share"):
+        for name in ("edge_dropout", "neighbour_weight", "start_share"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
+        if not 0.0 < float(self.valid_share) < 1.0:     # epochs are chosen on it: never empty
+            raise ConfigError(f"valid_share must be in (0, 1); got {self.valid_share}")
         if self.causal_window < 0 or not 0.0 < self.causal_recency <= 1.0:
             raise ConfigError("causal_window must be >= 0 and causal_recency in (0, 1]; got "
                               f"{self.causal_window} and {self.causal_recency}")

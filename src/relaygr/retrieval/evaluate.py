@@ -135,10 +135,18 @@ def sampled_ranks(scorer: Scorer, domain: str, rows: np.ndarray, negatives: np.n
     for s in range(0, len(rows), chunk):
         r = rows[s:s + chunk]
         cand = np.concatenate([r[:, 1:2], negatives[s:s + chunk]], axis=1)
-        sc = scorer.scores(domain, r[:, 0], cand)
+        raw = np.asarray(scorer.scores(domain, r[:, 0], cand))
+        sc = _no_nan(raw)
         above = (sc[:, 1:] > sc[:, :1]).sum(axis=1)
         ranks[s:s + chunk] = tie_broken_rank(above, (sc[:, 1:] == sc[:, :1]).sum(axis=1), rng)
+        ranks[s:s + chunk][np.isnan(raw[:, 0])] = cand.shape[1]     # a NaN item: a miss
     return ranks
+
+
+def _no_nan(scores: np.ndarray) -> np.ndarray:
+    """``scores`` with NaN at -inf for the comparisons (a NaN compares False with anything,
+    so a NaN item would read as ranked first); the caller marks a NaN item's row a miss."""
+    return np.where(np.isnan(scores), -np.inf, scores) if np.isnan(scores).any() else scores
 
 
 def full_ranks(scorer: Scorer, domain: str, rows: np.ndarray, num_items: int,
@@ -158,8 +166,11 @@ def full_ranks(scorer: Scorer, domain: str, rows: np.ndarray, num_items: int,
             sc[i, masked] = -np.inf
         pos = sc[np.arange(len(r)), r[:, 1]]
         sc[np.arange(len(r)), r[:, 1]] = -np.inf
+        nan_item = np.isnan(pos)
+        sc = _no_nan(sc)
         above = (sc > pos[:, None]).sum(axis=1)
         ranks[s:s + chunk] = tie_broken_rank(above, (sc == pos[:, None]).sum(axis=1), rng)
+        ranks[s:s + chunk][nan_item] = num_items                     # a NaN item: a miss
     return ranks
 
 

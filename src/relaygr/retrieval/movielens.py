@@ -55,11 +55,14 @@ def _read(path: Path) -> pd.DataFrame:
 
 
 def load_movielens(path: Path) -> DomainPair:
-    """``path``: the file, or a folder holding ``ratings_ordered.csv.gz`` or ``ratings.dat``.
-    Returns a one-domain ``DomainPair`` (``source`` is the same domain; use ``domains[:1]``)."""
+    """``path``: the file, or a folder holding ``ratings.dat`` or ``ratings_ordered.csv.gz``
+    (``ratings.dat`` first where it holds both, as the ranker's reader does, ``relaygr.data``'s
+    ``DATASET_FILES``: the two break timestamp ties differently, so a user's last event, which
+    both hold out, would differ). Returns a one-domain ``DomainPair`` (``source`` is the same
+    domain; use ``domains[:1]``)."""
     path = Path(path)
     if path.is_dir():
-        found = [path / n for n in ("ratings_ordered.csv.gz", "ratings.dat")
+        found = [path / n for n in ("ratings.dat", "ratings_ordered.csv.gz")
                  if (path / n).is_file()]
         if not found:
             raise DatasetNotFoundError("no ratings_ordered.csv.gz or ratings.dat", str(path))

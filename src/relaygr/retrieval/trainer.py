@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from relaygr.errors import TrainingDivergedError
 from relaygr.retrieval import losses
 from relaygr.retrieval.config import (
     Encoder,
@@ -248,6 +249,10 @@ class RetrievalTrainer:
         for epoch in range(cfg.max_epochs):
             self.model.train()
             train_loss = self._epoch(epoch)
+            if not np.isfinite(train_loss["total"]):
+                raise TrainingDivergedError(
+                    f"epoch {epoch + 1}: the training loss is {train_loss['total']} (diverged); "
+                    "lower the learning rate or the loss weights")
             if self.scheduler is not None:
                 self.scheduler.step()
             valid = validate(self.model, self.splits)

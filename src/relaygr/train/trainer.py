@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of, leave_one_out
-from relaygr.errors import CheckpointError, ConfigError
+from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.model import HSTU
 from relaygr.train.batches import BATCH_ORDERS, BatchOrder, RankBatch, TrainingData
 from relaygr.train.checkpoint import (
@@ -245,6 +245,11 @@ class Trainer:
         while not progress.stopped:
             started = time.perf_counter()
             losses = self.train_epoch(progress)
+            if not math.isfinite(losses["loss"]):
+                raise TrainingDivergedError(
+                    f"epoch {progress.epoch + 1}: the training loss is {losses['loss']} "
+                    "(diverged); the last finished epoch's state is kept: resume with a lower "
+                    "learning rate")
             progress.epoch += 1
             lr = self.optimizer.param_groups[0]["lr"]
             line = (f"epoch {progress.epoch} step {progress.step} lr {lr:.2g} "
