@@ -39,6 +39,12 @@ def test_leave_one_out_holds_out_each_users_last_item(tmp_path: Path) -> None:
     assert sorted(map(tuple, d.train.tolist())) == [(0, 0), (0, 1), (1, 0)]
     with pytest.raises(DatasetNotFoundError):
         load_movielens(tmp_path / "missing")
+    # beside a ratings.dat, that file is read, as the ranker's reader reads it (the two break
+    # timestamp ties differently, and both hold out each user's last event)
+    (tmp_path / "ratings.dat").write_text("7::40::3::100\n7::80::5::200\n9::40::1::100\n"
+                                           "9::70::2::150\n")
+    d = load_movielens(tmp_path).target
+    assert d.num_items == 3 and d.original_items[d.test[:, 1]].tolist() == [80, 70]
 
 
 def test_malformed_or_truncated_files_are_typed_errors_never_silent_rows(tmp_path: Path) -> None:
