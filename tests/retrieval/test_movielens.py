@@ -44,7 +44,8 @@ def test_leave_one_out_holds_out_each_users_last_item(tmp_path: Path) -> None:
     (tmp_path / "ratings.dat").write_text("7::40::3::100\n7::80::5::200\n9::40::1::100\n"
                                            "9::70::2::150\n")
     d = load_movielens(tmp_path).target
-    assert d.num_items == 3 and d.original_items[d.test[:, 1]].tolist() == [80, 70]
+    assert d.num_items == 3 and d.original_items is not None
+    assert d.original_items[d.test[:, 1]].tolist() == [80, 70]
 
 
 def test_malformed_or_truncated_files_are_typed_errors_never_silent_rows(tmp_path: Path) -> None:
