@@ -113,6 +113,12 @@ def test_warmup_requests_are_sent_but_excluded() -> None:
     assert sorted(servers[0].arrivals_s) == list(range(20))
     assert [r.request_id for r in result.records] == list(range(5, 20))
     assert result.measured == 15 and set(result.send_s) == set(range(5, 20))
+    assert len(result.dispatch_lag_s) == 15
+    # a loop blocked during the warm-up: its late sends are the warm-up's, not the point's
+    blocked = run(run_point(lambda ctx: LoopBlockingServer(ctx, 0.15),
+                            tiny_workload([0.01 * i for i in range(40)]),
+                            RunOptions(warmup_requests=20)))
+    assert len(blocked.dispatch_lag_s) == 20 and max(blocked.dispatch_lag_s) == 0.0
 
 
 def test_in_flight_cap_drops_instead_of_blocking_the_schedule() -> None:

@@ -160,7 +160,8 @@ def test_reference_point_limit_and_exactness(bench: Bench) -> None:
     assert ex is not None and ex.requests_compared == 12 and ex.scores_compared == 48
     assert ex.max_abs_score_diff == pytest.approx(1e-7, rel=1e-3)
     assert ex.candidate_paths == {"device_hit": 12}
-    assert report.checks["exactness_within_1e-4"] is True
+    # agreement on 12 requests, fewer than the 50 the bar asks: not shown either way
+    assert report.checks["exactness_within_1e-4"] is None
     assert report.checks["relay_ahead_of_reactive"] is True
 
 

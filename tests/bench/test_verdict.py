@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from relaygr.bench.decision import Verdict
+from relaygr.bench.exactness import ExactnessReport
 from relaygr.bench.qps_search import QpsSearchResult
 from relaygr.bench.report import LimitReport, ModeReport
 from relaygr.bench.search import LengthSweepResult, Trial
@@ -83,3 +84,18 @@ def test_the_overhead_is_met_missed_or_undecided_by_its_interval() -> None:
     assert status(1.05, 1.25) == (1.05, 1.25, "undecided")
     # no interval (too few relayed requests or passes): an estimate, not a verdict
     assert status(None, None) == (None, None, "undecided")
+
+
+def test_exactness_is_shown_on_enough_requests_only() -> None:
+    """The issue's bar: agreement on at least 50 replayed requests; on fewer (say most of them
+    failed in one run) it is not shown, whatever their scores; a difference above the target
+    is a miss however few."""
+    def status(compared: int, diff: float) -> str:
+        report = ExactnessReport("baseline", "relay", compared, compared * 8, diff, {},
+                                 requests_unanswered=60 - compared)
+        rows = compute_verdicts({}, {}, None, report)
+        return next(v.status for v in rows if v.name == "exactness_within_1e-4")
+
+    assert status(60, 3e-7) == "met" and status(50, 3e-7) == "met"
+    assert status(1, 0.0) == "undecided" and status(49, 3e-7) == "undecided"
+    assert status(1, 0.5) == "missed"

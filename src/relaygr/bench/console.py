@@ -94,7 +94,10 @@ def print_report(report: BenchReport, console: Console | None = None) -> None:
     if report.exactness is not None:
         ex = report.exactness
         console.print(f"exactness: {ex.requests_compared} requests, max |score diff| "
-                      f"{ex.max_abs_score_diff:.2e} ({ex.candidate_mode} vs {ex.reference_mode})")
+                      f"{ex.max_abs_score_diff:.2e} ({ex.candidate_mode} vs {ex.reference_mode})"
+                      + (f"; not compared: {ex.requests_skipped} of other inputs in the two "
+                         f"runs, {ex.requests_unanswered} unanswered in one"
+                         if ex.requests_skipped or ex.requests_unanswered else ""))
     late = [p for p in report.points
             if p.dispatch_lag_p99_ms > LATE_DISPATCH_SHARE * report.slo_ms]
     if late:

@@ -36,8 +36,13 @@ class ExactnessReport:
     max_abs_score_diff: float
     candidate_paths: dict[str, int]
     # requests answered by both whose inputs differ between the runs: an earlier request of the
-    # same user was answered in one run only, so its events are in one history and not the other
+    # same user was answered in one run only, so its events are in one history and not the
+    # other; or its earlier visit's events were appended before it arrived in one run (ranked
+    # sooner) and after in the other, so the two ranked prefixes differ in length
     requests_skipped: int = 0
+    # requests of either run without scores in the other (failed, timed out, dropped): not
+    # compared, and not evidence of agreement
+    requests_unanswered: int = 0
 
 
 def _diverged(reference: tuple[RequestRecord, ...], candidate: tuple[RequestRecord, ...]
@@ -54,9 +59,13 @@ def _diverged(reference: tuple[RequestRecord, ...], candidate: tuple[RequestReco
 def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[RequestRecord, ...],
                     reference_mode: str, candidate_mode: str) -> ExactnessReport:
     """Compare scores of requests present with scores in both; lengths must agree. A request
-    after one of its user's that only one run answered is skipped and counted (its history
-    differs between the runs: not the same input)."""
+    after one of its user's that only one run answered, or whose ranked prefix differs in
+    length between the runs, is skipped and counted (not the same input); requests without
+    scores in one run are counted as unanswered."""
     by_id = {r.request_id: r for r in reference if r.scores is not None}
+    answered = {r.request_id for r in candidate if r.scores is not None}
+    unanswered = len(by_id.keys() ^ answered) + sum(
+        r.scores is None for records in (reference, candidate) for r in records)
     diverged = _diverged(reference, candidate)
     worst, requests, scores, skipped = 0.0, 0, 0, 0
     paths: Counter[str] = Counter()
@@ -64,7 +73,8 @@ def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[Reque
         ref = by_id.get(record.request_id)
         if ref is None or record.scores is None or ref.scores is None:
             continue
-        if record.request_id > diverged.get(record.user_id, record.request_id):
+        if record.request_id > diverged.get(record.user_id, record.request_id) \
+                or record.prefix_tokens != ref.prefix_tokens:
             skipped += 1
             continue
         if len(ref.scores) != len(record.scores):
@@ -81,7 +91,7 @@ def compare_records(reference: tuple[RequestRecord, ...], candidate: tuple[Reque
         scores += len(diff)
         paths[record.path] += 1
     return ExactnessReport(reference_mode, candidate_mode, requests, scores, worst,
-                           dict(sorted(paths.items())), skipped)
+                           dict(sorted(paths.items())), skipped, unanswered)
 
 
 async def replay_exactness(reference: SystemFactory, candidate: SystemFactory,

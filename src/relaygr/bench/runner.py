@@ -186,7 +186,8 @@ class _Run:
             if self.stop.is_set():
                 self.counts["not_sent"] += sum(self._is_measured(r) for r in self.requests[index:])
                 return
-            self.lags.append(max(0.0, self.clock.now_s() - request.send_s))
+            if self._is_measured(request):         # warm-up's lag is the warm-up's
+                self.lags.append(max(0.0, self.clock.now_s() - request.send_s))
             self.due += self._is_measured(request)
             if len(self.in_flight) >= self.options.max_in_flight:
                 self._count(request, "dropped")

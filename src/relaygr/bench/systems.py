@@ -87,6 +87,15 @@ class CascadeUnderTest:
         offset = self.clock.now_s() - time.perf_counter()     # perf_counter -> run clock
         done = rec.ranking_done_s + offset
         due = min(max(rec.ranking_due_s + offset, request.send_s), done)
+        if rec.stages is not None:
+            # due when the earlier stages would have ended had the request started on time:
+            # its scheduled send plus their own time (the configured delays, or the measured
+            # retrieval where that took longer). A request the loop started late, or handed
+            # over late, is charged that lag in its ranking latency, not hidden before it.
+            stages = self.system.config.stages
+            took = max(rec.stages.retrieval_s,
+                       (stages.retrieval_delay_ms + stages.preprocess_delay_ms) / 1e3)
+            due = min(due, request.send_s + took)
         pre = rec.preinfer
         return RequestRecord(
             request_id=request.request_id, user_id=request.user_id, ranking_due_s=due,

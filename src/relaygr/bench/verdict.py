@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from relaygr.bench.exactness import ExactnessReport
 from relaygr.bench.report import LimitReport, ModeReport, TargetVerdict, ratio
@@ -28,6 +29,8 @@ from relaygr.bench.stats import PointStats
 
 SEQ_LEN_TARGET, THROUGHPUT_TARGET = 2.0, 4.0
 OVERHEAD_TARGET, EXACTNESS_TARGET = 1.15, 1e-4
+# Requests compared before agreement counts as shown (the "at least 50 replayed").
+EXACTNESS_MIN_REQUESTS = 50
 
 
 def reference_point(mode: str, points: Sequence[PointStats], slo_ms: float) -> PointStats | None:
@@ -141,7 +144,11 @@ def compute_verdicts(modes: Mapping[str, ModeReport], ratios: Mapping[str, float
     rows.append(_at_most("relay_overhead_within_1_15x", overhead, OVERHEAD_TARGET, known))
     exact = (None if exactness is None or not exactness.requests_compared
              else exactness.max_abs_score_diff)
-    rows.append(_at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET, exact=True))
+    row = _at_most("exactness_within_1e-4", exact, EXACTNESS_TARGET, exact=True)
+    if row.status == "met" and exactness is not None \
+            and exactness.requests_compared < EXACTNESS_MIN_REQUESTS:
+        row = replace(row, status="undecided")   # agreement on too few requests to show it
+    rows.append(row)
     return tuple(rows)
 
 
