@@ -19,6 +19,7 @@ the relay; a shed ranking leg raises ``OverloadedError`` (HTTP 503).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -149,11 +150,12 @@ class RequestPath:
 
     async def recommend(self, visit: Visit) -> Recommendation:
         """The whole cascade for one visit: retrieval, pre-processing and relayed ranking."""
+        arrived = asyncio.get_running_loop().time()    # the earlier stages' fleets start here
         leg = self._first_leg(visit, send=True)
         seen = np.concatenate([leg.history_items,
                                np.asarray(visit.recent_items, dtype=np.int64)])
         try:
-            earlier = await self.stages.run(seen, leg.num_candidates, visit.user_id)
+            earlier = await self.stages.run(seen, leg.num_candidates, visit.user_id, arrived)
         finally:
             first = await self._first(leg)
         return await self._second_leg(leg, first, first.route, earlier.candidates,

@@ -155,15 +155,18 @@ class EarlierStages:
                 torch.from_numpy(np.ascontiguousarray(scores[fresh][:num_candidates],
                                                       dtype=np.float32)))
 
-    async def run(self, history: np.ndarray, num_candidates: int, user_id: int | None = None
-                  ) -> StageOutput:
-        """Both stages: done no earlier than their configured total after the call, and no
-        later than that plus timer granularity (one absolute deadline, not two sleeps), or
-        when the measured work is done if that is later. The book's answer is used when it
-        holds ``user_id`` with exactly this history."""
+    async def run(self, history: np.ndarray, num_candidates: int, user_id: int | None = None,
+                  arrived: float | None = None) -> StageOutput:
+        """Both stages: done no earlier than their configured total after the request
+        ``arrived`` (the event loop's time; default: the call), and no later than that plus
+        timer granularity (one absolute deadline, not two sleeps), or when the measured work
+        is done if that is later. Their fleets start on the request when it arrives, beside
+        the pre-infer signal, so the signal's own work is not added to their time. The book's
+        answer is used when it holds ``user_id`` with exactly this history."""
         loop = asyncio.get_running_loop()
         start = self.clock()
-        deadline = loop.time() + self.retrieval_delay_s + self.preprocess_delay_s
+        deadline = (loop.time() if arrived is None else arrived) \
+            + self.retrieval_delay_s + self.preprocess_delay_s
         found = None
         if self.book is not None and user_id is not None:
             found = self.book.get(user_id, history, num_candidates)
