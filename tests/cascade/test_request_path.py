@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisa
 from relaygr.routing import RouteDecision, RouteReason
 from tests.cascade.test_system import NUM_ITEMS, config, histories
 from tests.model.helpers import make_model
+from tests.virtual_time import run_virtual
 
 DONE = PreinferResult(PreinferAction.PREFILL, None, 7)
 
@@ -162,3 +164,25 @@ def test_the_shed_rules_bound_at_their_depths() -> None:
     shed = rank_shed("r", 5, cfg)
     assert isinstance(shed, OverloadedError) and shed.retry_after_s == 0.25
     assert str(shed) == "r has 5 ranking requests queued"
+
+
+def test_the_earlier_stages_run_from_the_requests_arrival_beside_the_signal() -> None:
+    """The simulated stages' fleets start on the request when it arrives, as the pre-infer
+    signal is sent: work done before their call (the signal, the history read) is inside
+    their window, not added to it. On the loop's virtual clock: 70 ms of stages, 50 ms of
+    which had passed before the call, leave 20 ms to wait."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    stages = EarlierStages(EmbeddingRetrieval.of(model, 16, recency=1.0), 64, 0.040, 0.030)
+    history = np.arange(1, 30)
+
+    async def waited(before_s: float) -> float:
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+        await asyncio.sleep(before_s)                 # the first leg's work, as the loop sees it
+        start = loop.time()
+        await stages.run(history, 8, 3, arrived)
+        return loop.time() - start
+
+    assert run_virtual(waited(0.050)) == pytest.approx(0.020, abs=1e-9)
+    assert run_virtual(waited(0.100)) == pytest.approx(0.0, abs=1e-9)   # already past it
+    stages.shutdown()
