@@ -75,8 +75,11 @@ class RunResult:
     """Outcome of one point: records of completed measured requests and counts of the rest.
 
     Counts cover the measured requests only (after warm-up): ``measured == completed + dropped +
-    failed + timed_out + not_sent``. ``dispatch_lag_s`` holds, per request actually sent, how late
-    the dispatcher sent it after its scheduled time.
+    failed + timed_out + not_sent + cancelled``. ``cancelled``: in flight when the point stopped
+    on a fail it had decided, and ended by the runner, not by the system: their latency is not
+    known, so they are left out of the latency figures (counted as timed out, they made every
+    failing point's P99 infinite). ``dispatch_lag_s`` holds, per measured request actually sent,
+    how late the dispatcher sent it after its scheduled time.
     """
 
     records: tuple[RequestRecord, ...]
@@ -97,6 +100,7 @@ class RunResult:
     # every due measured request; None without an SLO. The point's latency statistics cover
     # every record, those drained after a pass included.
     decision: P99Decision | None = None
+    cancelled: int = 0
 
     @property
     def unserved(self) -> int:
@@ -105,8 +109,9 @@ class RunResult:
 
     @property
     def sent(self) -> int:
-        """Measured requests that were due before the run stopped (all but ``not_sent``)."""
-        return self.measured - self.not_sent
+        """Measured requests that were due before the run stopped and whose outcome is known
+        (all but ``not_sent`` and ``cancelled``)."""
+        return self.measured - self.not_sent - self.cancelled
 
     def misses(self, slo_ms: float) -> int:
         """Sent measured requests whose ranking latency exceeded ``slo_ms`` (unserved ones
@@ -125,7 +130,8 @@ class _Run:
         self.measured_from = min(options.warmup_requests, len(requests))
         self.measured = len(requests) - self.measured_from
         self.records: dict[int, RequestRecord] = {}
-        self.counts = {"dropped": 0, "failed": 0, "timed_out": 0, "not_sent": 0}
+        self.counts = {"dropped": 0, "failed": 0, "timed_out": 0, "not_sent": 0, "cancelled": 0}
+        self.abandoning = False   # the point failed: what is still in flight is cancelled
         self.errors: dict[str, int] = {}
         self.protocol_errors: list[str] = []
         self.lags: list[float] = []
@@ -152,7 +158,8 @@ class _Run:
         self.accounted.add(request.request_id)
         if self._is_measured(request):
             self.counts[outcome] += 1
-            self._outcome(request, missed=True)
+            if outcome != "cancelled":      # a cancelled request's outcome is not known
+                self._outcome(request, missed=True)
 
     def _outcome(self, request: BenchRequest, missed: bool) -> None:
         self.misses += missed
@@ -202,7 +209,7 @@ class _Run:
         try:
             record = await self.system.handle(request)
         except asyncio.CancelledError:
-            self._count(request, "timed_out")
+            self._count(request, "cancelled" if self.abandoning else "timed_out")
             raise
         except Exception as exc:  # a failing system is measured, not fatal
             self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
@@ -230,13 +237,14 @@ class _Run:
         timeout = 0.0 if failed else self.options.drain_timeout_s
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=timeout)
+        self.abandoning = failed      # else: past the drain timeout, a timeout of the system's
         for task in list(self.in_flight):
             task.cancel()
         if self.in_flight:
             await asyncio.gather(*self.in_flight, return_exceptions=True)
         for request in self.sent:  # cancelled before its coroutine ever ran
             if request.request_id not in self.accounted:
-                self._count(request, "timed_out")
+                self._count(request, "cancelled" if failed else "timed_out")
 
 
 def check_record(request: BenchRequest, record: RequestRecord) -> str | None:
@@ -296,6 +304,7 @@ async def run_open_loop(system: RankingSystem, requests: tuple[BenchRequest, ...
         records=records, measured=run.measured, completed=len(records),
         dropped=run.counts["dropped"], failed=run.counts["failed"],
         timed_out=run.counts["timed_out"], not_sent=run.counts["not_sent"],
+        cancelled=run.counts["cancelled"],
         errors=dict(run.errors), dispatch_lag_s=tuple(run.lags), snapshots=tuple(snapshots),
         duration_s=duration_s, stopped_early=run.stop.is_set(),
         send_s={r.request_id: r.send_s for r in requests[run.measured_from:]},

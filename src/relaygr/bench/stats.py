@@ -146,6 +146,9 @@ class PointStats:
     round: int = 1
     # Where the ranking latency went (``latency_parts``); empty when the system reports nothing.
     ranking_parts: dict[str, object] = field(default_factory=dict)
+    # In flight when the point stopped on its decided fail: ended by the runner, latency unknown,
+    # so in no latency figure (``RunResult.cancelled``).
+    cancelled: int = 0
 
     @property
     def verdict(self) -> Verdict:
@@ -216,7 +219,7 @@ def point_stats(result: RunResult, mode: str, phase: str, qps: float,
     return PointStats(
         mode=mode, phase=phase, qps=qps, prefix_len=prefix_len, measured=result.measured,
         completed=result.completed, dropped=result.dropped, failed=result.failed,
-        timed_out=result.timed_out, not_sent=result.not_sent,
+        timed_out=result.timed_out, not_sent=result.not_sent, cancelled=result.cancelled,
         stopped_early=result.stopped_early, decision=result.decision,
         ranking=LatencySummary.of(ranking_s, unserved), e2e=LatencySummary.of(e2e_s, unserved),
         ranking_relayed=LatencySummary.of(
