@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -163,6 +165,17 @@ def test_failed_batch_fails_only_its_requests() -> None:
     asyncio.run(scenario())
 
 
+def _merging(run_batch: Callable[[list[str]], list[str]], payloads: tuple[str, ...]
+             ) -> tuple[InstanceScheduler, list[asyncio.Future[Any]]]:
+    """A started scheduler over ``run_batch`` (up to 4 requests a batch) with ``payloads``
+    queued before it starts, so that they merge into one batch."""
+    sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
+                              BatchPolicy(max_requests=4))
+    futures = [sched.submit_rank(p, 1) for p in payloads]
+    sched.start()
+    return sched, futures
+
+
 def test_a_failed_batch_runs_again_one_request_at_a_time_and_fails_only_the_bad_one() -> None:
     async def scenario() -> None:
         calls: list[list[str]] = []
@@ -173,10 +186,7 @@ def test_a_failed_batch_runs_again_one_request_at_a_time_and_fails_only_the_bad_
                 raise ValueError("the model refuses this request")
             return [p.upper() for p in payloads]
 
-        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
-                                  BatchPolicy(max_requests=4))
-        futures = [sched.submit_rank(p, 1) for p in ("a", "bad", "b")]
-        sched.start()
+        sched, futures = _merging(run_batch, ("a", "bad", "b"))
         done = await asyncio.gather(*futures, return_exceptions=True)
         assert done[0] == "A" and done[2] == "B"
         assert isinstance(done[1], ValueError)
@@ -206,10 +216,7 @@ def test_a_stop_during_a_failed_batchs_retries_fails_the_rest_over() -> None:
                 raise ValueError("the model refuses one of them")
             return [p.upper() for p in payloads]
 
-        sched = InstanceScheduler(ComputeExecutor("t", torch.device("cpu")), run_batch,
-                                  BatchPolicy(max_requests=4))
-        futures = [sched.submit_rank(p, 1) for p in ("a", "b", "c")]
-        sched.start()
+        sched, futures = _merging(run_batch, ("a", "b", "c"))
         done = await asyncio.gather(*futures, return_exceptions=True)
         assert all(isinstance(d, InstanceStoppedError) for d in done), done
         assert calls == [["a", "b", "c"]]

@@ -92,9 +92,7 @@ class CascadeUnderTest:
             # its scheduled send plus their own time (the configured delays, or the measured
             # retrieval where that took longer). A request the loop started late, or handed
             # over late, is charged that lag in its ranking latency, not hidden before it.
-            stages = self.system.config.stages
-            took = max(rec.stages.retrieval_s,
-                       (stages.retrieval_delay_ms + stages.preprocess_delay_ms) / 1e3)
+            took = max(rec.stages.retrieval_s, self.system.config.stages.delay_s)
             due = min(due, request.send_s + took)
         pre = rec.preinfer
         return RequestRecord(

@@ -155,15 +155,14 @@ class TrainedRetrieval:
     def trained_on(self, user_ids: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Whether each (cascade user id, ranker item id) pair is one of the run's training
         interactions (all False without them): a target it held is no test of the stage."""
-        held = np.zeros(len(user_ids), dtype=bool)
         if self.train_rows is None or not self.dataset_users:
-            return held
-        pairs = set(zip(self.train_rows[:, 0].tolist(),
-                        self.to_ranker[self.train_rows[:, 1]].tolist(), strict=True))
-        for j, (user, item) in enumerate(zip(user_ids.tolist(), items.tolist(), strict=True)):
-            run_user = self._run_users.get(int(user))
-            held[j] = run_user is not None and (run_user, int(item)) in pairs
-        return held
+            return np.zeros(len(user_ids), dtype=bool)
+        # (run user, ranker item) as one int64 key: run users x (ranker ids + 1) fits easily
+        width = len(self.to_run)
+        trained = self.train_rows[:, 0] * width + self.to_ranker[self.train_rows[:, 1]]
+        run_users = np.array([self._run_users.get(int(u), -1) for u in user_ids.tolist()],
+                             dtype=np.int64)
+        return (run_users >= 0) & np.isin(run_users * width + np.asarray(items), trained)
 
     def run_user(self, user_id: int | None) -> int | None:
         """The run's id of the cascade's user ``user_id`` (None: not one the run trained on)."""

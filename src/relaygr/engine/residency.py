@@ -41,9 +41,9 @@ from relaygr.kvcache import (
 from relaygr.model import HSTU, PrefillInput, PrefixKV
 
 log = logging.getLogger("relaygr.engine.residency")
-# Reload (and host-copy check) failures logged with their traceback per instance; the rest
-# are counted only.
-_LOGGED_RELOAD_FAILURES = 5
+# Failures of each kind (``Residency._failed``) logged with their traceback per instance; the
+# rest are counted only (a fault that repeats would flood the log).
+_LOGGED_FAILURES = 5
 
 
 @dataclass
@@ -116,10 +116,8 @@ class Residency:
         except (InstanceStoppedError, AssertionError):
             raise
         except Exception:      # unchecked, the copy is not used: the prefix is computed in full
-            self.counters.host_checks_failed += 1
-            if self.counters.host_checks_failed <= _LOGGED_RELOAD_FAILURES:
-                log.warning("user %d's host copy could not be checked against the request's "
-                            "events; not used", spec.pid.user_id, exc_info=True)
+            self._failed("host_checks_failed", "user %d's host copy could not be checked "
+                         "against the request's events; not used", spec.pid.user_id)
             return None
         return hit.pid if version == hit.pid.version else None
 
@@ -161,10 +159,9 @@ class Residency:
         except AssertionError:    # a broken cache: goes up (counted as a background failure)
             raise
         except Exception:     # written but not committed: never left PENDING for waiters
-            self.counters.prefills_failed += 1
             self.pool.abort(pending)
-            log.warning("user %d's pre-inferred prefix could not be committed", user,
-                        exc_info=True)
+            self._failed("prefills_failed", "user %d's pre-inferred prefix could not be "
+                         "committed", user)
 
     def start_reload(self, spec: PrefixSpec, base: PrefixId) -> None:
         """Reload ``base`` from the host into the device as ``spec`` (in the background)."""
@@ -244,11 +241,17 @@ class Residency:
         except (InstanceStoppedError, AssertionError):
             raise
         except Exception:
-            self.counters.reloads_failed += 1
-            if self.counters.reloads_failed <= _LOGGED_RELOAD_FAILURES:
-                log.warning("the reload of user %d's prefix failed; ranking it in full",
-                            pid.user_id, exc_info=True)
+            self._failed("reloads_failed", "the reload of user %d's prefix failed; ranking it "
+                         "in full", pid.user_id)
             return None
+
+    def _failed(self, counter: str, message: str, *args: object) -> None:
+        """Count a failure the request degrades around (``counter``, a ``ResidencyCounters``
+        field); the first few of each kind are logged with the exception being handled."""
+        count = getattr(self.counters, counter) + 1
+        setattr(self.counters, counter, count)
+        if count <= _LOGGED_FAILURES:
+            log.warning(message, *args, exc_info=True)
 
     def _path(self, pid: PrefixId, otherwise: RankPath) -> RankPath:
         return RankPath.HOST_HIT if self._from_host.get(pid.user_id) == pid else otherwise

@@ -103,8 +103,10 @@ MAX_ABS_TIMESTAMP = 2 ** 61
 
 def check_timestamp_range(name: str, timestamps: Tensor) -> None:
     """``TimestampError`` unless every timestamp is within +-``MAX_ABS_TIMESTAMP`` seconds."""
-    if timestamps.numel() and (int(timestamps.min()) < -MAX_ABS_TIMESTAMP
-                               or int(timestamps.max()) > MAX_ABS_TIMESTAMP):
+    if not timestamps.numel():
+        return
+    low, high = torch.aminmax(timestamps)            # one pass, one read back
+    if int(low) < -MAX_ABS_TIMESTAMP or int(high) > MAX_ABS_TIMESTAMP:
         raise TimestampError(f"{name} holds a timestamp beyond +-2^61 seconds")
 
 
