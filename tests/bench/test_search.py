@@ -13,6 +13,7 @@ from relaygr.bench.config import SweepConfig
 from relaygr.bench.decision import Verdict
 from relaygr.bench.qps_search import QpsSearch
 from relaygr.bench.search import LengthSweep, Outcome
+from relaygr.bench.verdict import ratio_interval
 from relaygr.errors import ConfigError
 
 
@@ -67,6 +68,82 @@ def test_sweep_config_gives_coarse_modes_every_other_length_through_the_start() 
                                                                                    1536)
     with pytest.raises(ConfigError):
         SweepConfig(lengths=grid, start=300)
+
+
+def run_oracle(sweep: LengthSweep, limit_len: int) -> None:
+    """Measure ``sweep`` against a system that meets a 50 ms SLO up to ``limit_len`` tokens."""
+    while (length := sweep.next_point()) is not None:
+        sweep.record(length, judged(50.0 * length / limit_len))
+
+
+def test_a_sweep_with_a_tolerance_narrows_its_grid_bracket_by_midpoints() -> None:
+    grid = (384, 768, 1536, 3072)
+    sweep = LengthSweep(grid, start=768, rel_tol=0.25, quantum_tokens=16)
+    run_oracle(sweep, 1100)
+    result = sweep.result()
+    # the grid's bracket [768, 1536), then its geometric midpoints on multiples of 16:
+    # sqrt(768 * 1536) = 1086 -> 1088 passes; sqrt(1088 * 1536) = 1293 -> 1296 fails (twice)
+    assert [(t.point, t.round) for t in result.trials] == [
+        (768, 1), (1536, 1), (1536, 2), (1088, 1), (1296, 1), (1296, 2)]
+    assert result.bracket == (1088.0, 1296.0) and 1296 / 1088 < 1.25
+    assert result.stopped_by == "answer" and result.lengths == (384, 768, 1088, 1296, 1536,
+                                                                3072)
+    assert result.answer_interval == (1088.0, 1088.0)
+    # without a tolerance the grid's bracket is the answer, as before
+    plain = LengthSweep(grid, start=768)
+    run_oracle(plain, 1100)
+    assert plain.result().bracket == (768.0, 1536.0) and plain.result().lengths == grid
+
+
+def test_narrowed_brackets_decide_a_2x_bar_that_grid_brackets_cannot() -> None:
+    """Relay 2.4x the baseline (2,640 against 1,100 tokens): on a 2x grid both brackets are a
+    factor 2 wide, so their ratio lies within [1, 4] and a 2x bar stays undecided."""
+    grid = (384, 768, 1536, 3072, 6144)
+    brackets: dict[tuple[str, float | None], tuple[float, float]] = {}
+    for tol in (None, 0.25):
+        for name, limit_len in (("baseline", 1100), ("relay", 2640)):
+            sweep = LengthSweep(grid, start=768, rel_tol=tol)
+            run_oracle(sweep, limit_len)
+            brackets[name, tol] = sweep.result().bracket
+    assert ratio_interval(brackets["relay", None], brackets["baseline", None]) == (1.0, 4.0)
+    narrowed = ratio_interval(brackets["relay", 0.25], brackets["baseline", 0.25])
+    assert narrowed is not None and 2.0 <= narrowed[0] <= 2.4 <= narrowed[1]
+
+
+def test_narrowing_steers_round_undecided_and_re_measured_midpoints() -> None:
+    grid = (384, 768, 1536, 3072)
+    # an undecided midpoint bounds nothing: the lower gap, from the pass to it, is halved next
+    sweep = LengthSweep(grid, start=768, rel_tol=0.25)
+    for length, verdict in [(768, Verdict.PASS), (1536, Verdict.FAIL), (1536, Verdict.FAIL),
+                            (1088, Verdict.UNDECIDED), (912, Verdict.PASS),
+                            (1296, Verdict.FAIL), (1296, Verdict.PASS)]:
+        assert sweep.next_point() == length
+        sweep.record(length, Outcome(1.0, verdict))
+    # 1296 failed, then passed afresh: it stands as a pass, 1536 (failed twice) bounds it
+    result = sweep.result()
+    assert result.bracket == (1296.0, 1536.0) and result.undecided_lens == (1088,)
+    assert sweep.next_point() is None     # 1536 / 1296 < 1.25
+    # a gap with no multiple of the quantum inside ends the narrowing
+    tight = LengthSweep((96, 112), rel_tol=0.01, quantum_tokens=16)
+    for length, verdict in [(96, Verdict.PASS), (112, Verdict.FAIL), (112, Verdict.FAIL)]:
+        assert tight.next_point() == length
+        tight.record(length, Outcome(1.0, verdict))
+    assert tight.next_point() is None and tight.result().stopped_by == "answer"
+
+
+def test_sweep_config_narrows_the_modes_with_a_bar_on_length_only() -> None:
+    cfg = SweepConfig(lengths=(384, 768, 1536, 3072), start=768, rel_tol=0.25,
+                      coarse_modes=("reactive",), coarse_stride=1)
+    narrowed, coarse = cfg.search("relay"), cfg.search("reactive")
+    run_oracle(narrowed, 1100)
+    run_oracle(coarse, 1100)
+    assert narrowed.result().bracket == (1088.0, 1296.0)
+    assert coarse.result().bracket == (768.0, 1536.0)
+    for bad in ({"rel_tol": 0.0}, {"quantum_tokens": 0}):
+        with pytest.raises(ConfigError):
+            SweepConfig(lengths=(384, 768), **bad)
+        with pytest.raises(ConfigError):
+            LengthSweep((384, 768), **bad)
 
 
 def test_length_sweep_validates_grid() -> None:

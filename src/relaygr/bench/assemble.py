@@ -67,10 +67,12 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
     point = phases.operating_point
     workload: dict[str, Any] = {
         "population": config.population.describe(),
-        # budget_s: seconds of measuring each mode's sweep may spend (null: unbounded)
-        "sweep": None if config.sweep is None else {"qps": config.sweep.qps,
-                                                    "lengths": config.sweep.lengths,
-                                                    "budget_s": config.sweep.budget_s},
+        # budget_s: seconds of measuring each mode's sweep may spend (null: unbounded);
+        # rel_tol: how narrow its bracket is made past the grid (null: not at all)
+        "sweep": None if config.sweep is None else {
+            "qps": config.sweep.qps, "lengths": config.sweep.lengths,
+            "budget_s": config.sweep.budget_s, "rel_tol": config.sweep.rel_tol,
+            "quantum_tokens": config.sweep.quantum_tokens},
         "throughput": {"prefix_len": phases.prefix_len, "chosen_by": phases.chosen_by,
                        "search": None if phases.throughput_search is None
                        else asdict(phases.throughput_search),

@@ -18,6 +18,7 @@ from typing import Any
 
 from relaygr.bench.cost_curve import LengthSearch
 from relaygr.bench.decision import P99Rule
+from relaygr.bench.search import LengthSweep
 from relaygr.bench.workload import SyntheticConfig
 from relaygr.errors import ConfigError
 from relaygr.model import HSTUConfig
@@ -119,6 +120,9 @@ class SweepConfig:
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
     ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
     ``budget_s``: seconds of measuring each mode's sweep may spend (``LengthSweep``).
+    ``rel_tol`` (None: the grid's answer): how narrow the other modes' sweeps make the bracket
+    the grid leaves, by midpoints on multiples of ``quantum_tokens`` (``LengthSweep``); a
+    coarse mode's bar is not on length, so it stops at its grid's bracket.
     """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
@@ -127,6 +131,9 @@ class SweepConfig:
     coarse_modes: tuple[str, ...] = ()
     coarse_stride: int = 2
     budget_s: float = math.inf
+    rel_tol: float | None = None
+    # the synthetic workloads' lengths are whole tokens; 16 keeps midpoints on round figures
+    quantum_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.start is not None and self.start not in self.lengths:
@@ -135,6 +142,9 @@ class SweepConfig:
             raise ConfigError("coarse_stride must be >= 1")
         if not self.budget_s > 0:
             raise ConfigError(f"sweep budget_s must be > 0, got {self.budget_s}")
+        if (self.rel_tol is not None and not self.rel_tol > 0) or self.quantum_tokens < 1:
+            raise ConfigError(f"sweep rel_tol must be > 0 (or None) and quantum_tokens >= 1, "
+                              f"got {self.rel_tol} and {self.quantum_tokens}")
 
     def grid(self, mode: str) -> tuple[int, ...]:
         """The lengths ``mode`` is swept over."""
@@ -142,6 +152,12 @@ class SweepConfig:
             return self.lengths
         anchor = 0 if self.start is None else self.lengths.index(self.start)
         return self.lengths[anchor % self.coarse_stride::self.coarse_stride]
+
+    def search(self, mode: str) -> LengthSweep:
+        """``mode``'s sweep: its grid, the start, the budget, and narrowing unless coarse."""
+        return LengthSweep(self.grid(mode), self.start, self.budget_s,
+                           None if mode in self.coarse_modes else self.rel_tol,
+                           self.quantum_tokens)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,13 @@ QUICK_DEADLINE_S = 230.0
 # at the limit's 2,048 tokens each request's pre-inference is ~100 ms of one core, and at 4 QPS
 # that contention alone put the relay's compute 4.4 ms over the pass timed alone.
 QUICK_REPLAY_QPS = 8.0
+# How narrow the sweeps of the modes with a bar on length make their brackets past the grid
+# (SweepConfig.rel_tol). Quick: its grid's 2x bracket once halved (x1.41), once more where the
+# budget lets (x1.19); then a 2x bar on the relay/baseline ratio can be decided, which two 2x
+# brackets never can (their ratio lies within a factor of 4). Full: its grid's x1.33-1.5 steps
+# down to within 10 %, a couple of points a mode.
+QUICK_LENGTH_TOL = 0.25
+FULL_LENGTH_TOL = 0.1
 
 
 def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, device: str,
@@ -61,22 +68,23 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     workloads (ML-1M replay and the DLRMv3 profile with and without cross-request reuse). Every
     mode's sweep starts at the third grid length (512 on the cpu profile; it walks down if that
     does not pass), the modes without a bar on length (reactive and the three ablations) sweep
-    every other length; searches start at twice the profile's search start (8 QPS on cpu; the
-    fixed-length one, at the operating point, at its grid's rate at or below a fifth of the
-    baseline's capacity there), go no lower than half of it, and take up to 10 minutes of
-    measuring per mode. Warm-up: 25 requests or 2 s of the schedule, whichever is more (a fresh
-    system's caches fill first). Quick: verdicts at 90% confidence, 230-512 measured requests a
-    point (a clean pass at 230 of 256 or 270 of 512, one with a single overage at 438 of 512)
-    after the same warm-up, three modes, every other length from the second, sweep and searches
-    from 4x the profile's sweep load (16 QPS on cpu: a passing point takes ~15 s there, a minute
-    at 4 QPS; the fixed-length search from a fifth of the baseline's capacity, on the same x2
-    grid), sweeps of 45 s and searches of 40 s of measuring per mode, the searches down to a
-    quarter of that load and none on the mixed workload (it serves the exactness replay, 60
-    requests at 8 QPS), one re-measure of a point under noise, a 20-request limit point, no
-    extra workloads, and a deadline (``QUICK_DEADLINE_S``) by which the sweep and searches
-    end, so that the whole run takes under five minutes: a smoke figure of the same shape. Both
-    compare throughput at this machine's operating point (``relaygr.bench.operating``,
-    ``slo_share``).
+    every other length, the others narrow their brackets to ``FULL_LENGTH_TOL``; searches start
+    at twice the profile's search start (8 QPS on cpu; the fixed-length one, at the operating
+    point, at its grid's rate at or below a fifth of the baseline's capacity there), go no lower
+    than half of it, and take up to 10 minutes of measuring per mode. Warm-up: 25 requests or 2
+    s of the schedule, whichever is more (a fresh system's caches fill first). Quick: verdicts
+    at 90% confidence, 230-512 measured requests a point (a clean pass at 230 of 256 or 270 of
+    512, one with a single overage at 438 of 512) after the same warm-up, three modes, every
+    other length from the second (the brackets then narrowed to ``QUICK_LENGTH_TOL`` while the
+    sweep's budget lasts), sweep and searches from 4x the profile's sweep load (16 QPS on cpu: a
+    passing point takes ~15 s there, a minute at 4 QPS; the fixed-length search from a fifth of
+    the baseline's capacity, on the same x2 grid), sweeps of 45 s and searches of 40 s of
+    measuring per mode, the searches down to a quarter of that load and none on the mixed
+    workload (it serves the exactness replay, 60 requests at 8 QPS), one re-measure of a point
+    under noise, a 20-request limit point, no extra workloads, and a deadline
+    (``QUICK_DEADLINE_S``) by which the sweep and searches end, so that the whole run takes
+    under five minutes: a smoke figure of the same shape. Both compare throughput at this
+    machine's operating point (``relaygr.bench.operating``, ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -97,7 +105,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
         # its re-measure; a sweep that needs more stops there with what it has decided
         sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)],
-                            budget_s=45.0)
+                            budget_s=45.0, rel_tol=QUICK_LENGTH_TOL)
         mixed_search = None
     else:
         budget = PointBudget(measured_requests=1024, min_measured_requests=540,
@@ -109,7 +117,8 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         lengths = profile.sweep_lengths
         sweep = SweepConfig(lengths=lengths, qps=profile.sweep_qps,
                             start=lengths[min(2, len(lengths) - 1)],
-                            coarse_modes=(Mode.REACTIVE.value, *ABLATIONS))
+                            coarse_modes=(Mode.REACTIVE.value, *ABLATIONS),
+                            rel_tol=FULL_LENGTH_TOL)
         mixed_search = search
         extra = extra_workloads(profile, replace(search, budget_s=300.0))
     # the operating point's cost curve: from the grid's first length up to its last

@@ -21,7 +21,13 @@ seldom two in a row; a real limit fails both.
   and failed again; a re-measure that passes (or is undecided) lets it walk on up. Like the
   QPS search, it proposes nothing once ``budget_s`` seconds of measuring are spent, nor once
   halted (the run's deadline, ``relaygr.bench.suite``), and the result then says which
-  (``stopped_by``): what it has decided stands, the rest is an open bracket.
+  (``stopped_by``): what it has decided stands, the rest is an open bracket. With ``rel_tol``
+  it then narrows the bracket the grid left, as the QPS search does: the geometric midpoint of
+  the gap above the highest pass (else of the gap below the believed fail), rounded to
+  ``quantum_tokens``, until each gap is within ``rel_tol`` of its lower end or no multiple of
+  the quantum lies inside it. A fail there is re-measured like any deciding fail. On a grid of
+  2x steps two systems' brackets otherwise leave their ratio within a factor of 4 whatever it
+  is; one step each can decide a 2x bar.
 - ``QpsSearch`` (``relaygr.bench.qps_search``): the highest SLO-compliant Poisson QPS, by the
   same rule.
 
@@ -137,7 +143,7 @@ class LengthSweepResult:
     # only a lower bound) and the lengths whose standing verdict is undecided.
     failing_above_len: int | None = None
     undecided_lens: tuple[int, ...] = ()
-    lengths: tuple[int, ...] = ()       # the grid swept
+    lengths: tuple[int, ...] = ()       # the grid swept, with the lengths narrowing added
     # or "budget": the sweep's measuring time ran out first; "deadline": the run's did
     stopped_by: str = "answer"
     spent_s: float = 0.0
@@ -170,14 +176,19 @@ class LengthSweep:
     """Longest passing length of an ascending grid (see the module docstring)."""
 
     def __init__(self, lengths: tuple[int, ...], start: int | None = None,
-                 budget_s: float = math.inf) -> None:
+                 budget_s: float = math.inf, rel_tol: float | None = None,
+                 quantum_tokens: int = 16) -> None:
         if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1:
             raise ConfigError(f"length grid must be ascending, distinct and >= 1: {lengths}")
         if start is not None and start not in lengths:
             raise ConfigError(f"sweep start {start} is not on the length grid {lengths}")
         if not budget_s > 0:
             raise ConfigError(f"LengthSweep needs budget_s > 0, got {budget_s}")
+        if (rel_tol is not None and not rel_tol > 0) or quantum_tokens < 1:
+            raise ConfigError(f"LengthSweep needs rel_tol > 0 (or None) and quantum_tokens >= 1,"
+                              f" got {rel_tol} and {quantum_tokens}")
         self._lengths = lengths
+        self._tol, self._quantum = rel_tol, quantum_tokens
         self._start = 0 if start is None else lengths.index(start)
         self._standing: Standing[int] = Standing()
         self._budget_s = budget_s
@@ -199,13 +210,30 @@ class LengthSweep:
         again = standing.recheck()
         if again is not None:
             return again
+        lo, hi = standing.highest_pass(), standing.deciding_fail()
+        if lo is not None and hi is not None:   # failed twice above a pass: the bracket
+            return self._narrow(lo, hi)
+        # the grid walk: every length measured so far is on the grid
         measured = [self._lengths.index(n) for n in standing.points()]
-        if standing.highest_pass() is None:   # walking down from a start that did not pass
+        if lo is None:   # walking down from a start that did not pass
             return self._lengths[measured[0] - 1] if measured[0] > 0 else None
-        if standing.deciding_fail() is not None:  # failed twice above a pass: the answer
-            return None
         above = measured[-1] + 1
         return self._lengths[above] if above < len(self._lengths) else None
+
+    def _narrow(self, lo: int, hi: int) -> int | None:
+        """The midpoint of the bracket's gap above ``lo`` (to the next length measured) or else
+        of its gap below ``hi``, whichever is wider than ``rel_tol`` first; None when neither
+        is, or no multiple of the quantum lies strictly inside it. Undecided lengths between
+        the two gaps bound nothing and are not probed among (as in ``QpsSearch``)."""
+        if self._tol is None:
+            return None
+        measured = self._standing.points()
+        gaps = ((lo, min(n for n in measured if n > lo)), (max(n for n in measured if n < hi), hi))
+        for a, b in gaps:
+            middle = self._quantum * round(math.sqrt(a * b) / self._quantum)
+            if b > a * (1 + self._tol) and a < middle < b:
+                return middle
+        return None
 
     def record(self, point: int, outcome: Outcome) -> None:
         assert point == self.next_point(), "LengthSweep records the point it proposed"
@@ -217,7 +245,8 @@ class LengthSweep:
         return LengthSweepResult(standing.highest_pass() or 0,
                                  min(standing.points(Verdict.FAIL), default=None),
                                  tuple(standing.trials), standing.believed_fail(done),
-                                 tuple(standing.points(Verdict.UNDECIDED)), self._lengths,
+                                 tuple(standing.points(Verdict.UNDECIDED)),
+                                 tuple(sorted({*self._lengths, *standing.points()})),
                                  stop_reason(done, self._halted), standing.spent_s)
 
 

@@ -44,7 +44,7 @@ from relaygr.bench.protocol import RELAYED_PATHS, SystemFactory
 from relaygr.bench.qps_search import QpsSearch, QpsSearchResult
 from relaygr.bench.report import BenchReport, LimitReport
 from relaygr.bench.runner import RunOptions, run_point
-from relaygr.bench.search import LengthSweep, LengthSweepResult, Outcome
+from relaygr.bench.search import LengthSweepResult, Outcome
 from relaygr.bench.stats import PointStats, compute_by_path, latency_parts, point_stats
 from relaygr.bench.workload import SyntheticWorkload, WorkloadBuilder, workload_builder
 from relaygr.errors import ConfigError
@@ -89,7 +89,7 @@ class BenchSuite:
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
         assert cfg is not None
-        searches = {m: LengthSweep(cfg.grid(m), cfg.start, cfg.budget_s) for m in self.systems}
+        searches = {m: cfg.search(m) for m in self.systems}
         builders: dict[int, SyntheticWorkload] = {}
 
         def fixed(length: int) -> SyntheticWorkload:
