@@ -135,8 +135,9 @@ def test_the_overhead_is_taken_apart_over_the_relayed_requests() -> None:
     text = describe_overhead(report)
     assert text is not None
     assert text.startswith("overhead taken apart (means over 4 relayed requests, ms): "
-                           "latency 6.00 = compute 2.50 (the pass alone 2.00, +0.50) + hop to "
-                           "the instance and back 1.00 + lookup (waiting for a pre-infer or "
+                           "latency 6.00 = compute 2.50 (the pass alone 2.00, +0.50) + "
+                           "hand-over to ranking (late send, stage timer, front end) 0.00 + hop "
+                           "to the instance and back 1.00 + lookup (waiting for a pre-infer or "
                            "reload still running) 0.50 + queueing 1.00 + routing and hand-offs "
                            "1.00")
     assert text.endswith("paths: device_hit 4, full 1; reloads from host 2")

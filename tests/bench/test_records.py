@@ -14,11 +14,12 @@ import torch
 
 from relaygr.bench.exactness import compare_records
 from relaygr.bench.protocol import RequestRecord, RunClock
+from relaygr.bench.stats import latency_parts
 from relaygr.bench.systems import CascadeUnderTest
 from relaygr.cascade.config import StagesConfig
 from relaygr.cascade.request_path import Visit
 from relaygr.cascade.stages import StageTiming
-from relaygr.engine.types import RankPath
+from relaygr.engine.types import RankPath, RankTiming
 from relaygr.errors import BenchProtocolError
 from tests.bench.fakes import requests_at
 
@@ -102,3 +103,37 @@ def test_ranking_is_due_when_the_earlier_stages_would_have_ended_had_the_request
     assert live.ranking_due_s == pytest.approx(send_s + 0.12, abs=1e-9)
     no_stages, _ = asyncio.run(record(None))                  # given candidates: as measured
     assert no_stages.ranking_done_s - no_stages.ranking_due_s == pytest.approx(0.010, abs=1e-6)
+
+
+def test_the_hand_over_lag_is_its_own_part_of_the_ranking_latency() -> None:
+    """A request sent 0.5 s late, stages of 70 ms: the cascade called ranking at least 0.42 s
+    after the request was due, then ranking took 10 ms (4 of them compute, 1 the hop). The lag
+    is the ``handoff`` part, apart from the routing and hand-offs after the call (``other``)."""
+    stages = StagesConfig(retrieval_delay_ms=40.0, preprocess_delay_ms=30.0)
+
+    class System:
+        config = SimpleNamespace(stages=stages)
+
+        async def recommend(self, visit: Visit) -> SimpleNamespace:
+            now = time.perf_counter()
+            return SimpleNamespace(
+                ranking_due_s=now - 0.010, ranking_done_s=now, path=RankPath.DEVICE_HIT,
+                preinfer=None, prefix_tokens=3, suffix_tokens=0,
+                candidates=torch.arange(1, 3), scores=torch.zeros(2),
+                timing=RankTiming(0.0, 0.0, 0.004, 1, 0.004, 0.001),
+                stages=StageTiming(0.0, 0.07, replayed=True))
+
+    async def record() -> RequestRecord:
+        clock = RunClock()
+        clock.start()
+        request = requests_at([clock.now_s() - 0.5])[0]
+        return await CascadeUnderTest(System(), clock, False).handle(request)  # type: ignore[arg-type]
+
+    got = asyncio.run(record())
+    assert got.parts is not None
+    assert got.parts.handoff_s >= 0.42
+    assert got.ranking_latency_s - got.parts.handoff_s == pytest.approx(0.010, abs=1e-6)
+    parts = latency_parts([got])["parts"]
+    assert isinstance(parts, dict)
+    assert parts["handoff"]["mean_ms"] == pytest.approx(got.parts.handoff_s * 1e3)
+    assert parts["other"]["mean_ms"] == pytest.approx(5.0, abs=1e-3)   # 10 ms less 4 and 1

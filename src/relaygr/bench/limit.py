@@ -183,7 +183,8 @@ def limit_report(low_load: PointStats, probe: LimitProbe | None, model: HSTUConf
 
 
 # How each part of the relay's ranking latency reads in the overhead's account.
-_OVERHEAD_PARTS = (("transport", "hop to the instance and back"),
+_OVERHEAD_PARTS = (("handoff", "hand-over to ranking (late send, stage timer, front end)"),
+                   ("transport", "hop to the instance and back"),
                    ("lookup", "lookup (waiting for a pre-infer or reload still running)"),
                    ("queue", "queueing"), ("other", "routing and hand-offs"))
 
@@ -194,7 +195,9 @@ def describe_overhead(limit: LimitReport) -> str | None:
     parts = limit.ranking_parts.get("parts")
     if not isinstance(parts, dict):
         return None
-    mean = {name: float(v["mean_ms"]) for name, v in parts.items()}
+    # a report written before the hand-over was its own part holds it in ``other``
+    mean = {name: 0.0 for name, _ in _OVERHEAD_PARTS} | {
+        name: float(v["mean_ms"]) for name, v in parts.items()}
     total = sum(mean.values())
     isolated = limit.cached_rank_ms_isolated
     compute = f"compute {mean['compute']:.2f}" + (

@@ -42,15 +42,19 @@ class LatencyParts:
 
     ``lookup_s``: finding the prefix (waiting for a pre-infer or reload still running);
     ``queue_s``: behind other compute on the instance; ``compute_s``: the model pass of its
-    batch; ``transport_s``: the hop to an instance in another process and back. What the
-    ranking latency holds beyond their sum (routing, the event loops, the hand-offs to and from
-    the instance's worker thread) is reported as ``other``.
+    batch; ``transport_s``: the hop to an instance in another process and back;
+    ``handoff_s``: from the request's due (when the earlier stages would have ended had it
+    started on time) to the cascade's call to ranking: a late send, the stage timer's
+    overshoot, the front end's work before the call (a front end short of CPU shows here).
+    What the ranking latency holds beyond their sum (routing, the event loops, the hand-offs
+    to and from the instance's worker thread) is reported as ``other``.
     """
 
     lookup_s: float
     queue_s: float
     compute_s: float
     transport_s: float = 0.0
+    handoff_s: float = 0.0
 
 
 @dataclass(frozen=True)

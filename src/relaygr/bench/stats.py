@@ -163,7 +163,7 @@ class PointStats:
         return asdict(self)
 
 
-LATENCY_PARTS = ("lookup", "queue", "compute", "transport", "other")
+LATENCY_PARTS = ("handoff", "lookup", "queue", "compute", "transport", "other")
 
 
 def latency_parts(records: Sequence[RequestRecord]) -> dict[str, object]:
@@ -177,8 +177,8 @@ def latency_parts(records: Sequence[RequestRecord]) -> dict[str, object]:
     if not timed:
         return {}
     latency = np.array([s for s, _ in timed]) * 1e3
-    reported = np.array([(p.lookup_s, p.queue_s, p.compute_s, p.transport_s)
-                         for _, p in timed]) * 1e3                       # [n, 4]
+    reported = np.array([(p.handoff_s, p.lookup_s, p.queue_s, p.compute_s, p.transport_s)
+                         for _, p in timed]) * 1e3                       # [n, 5]
     columns = dict(zip(LATENCY_PARTS[:-1], reported.T, strict=True))   # all but other
     columns["other"] = np.maximum(latency - reported.sum(1), 0.0)
     tail = np.zeros(len(latency), dtype=bool)

@@ -94,6 +94,8 @@ class CascadeUnderTest:
             # over late, is charged that lag in its ranking latency, not hidden before it.
             took = max(rec.stages.retrieval_s, self.system.config.stages.delay_s)
             due = min(due, request.send_s + took)
+        # the cascade's call to ranking, on the run clock: after ``due`` by the hand-over lag
+        handoff = max(min(rec.ranking_due_s + offset, done) - due, 0.0)
         pre = rec.preinfer
         return RequestRecord(
             request_id=request.request_id, user_id=request.user_id, ranking_due_s=due,
@@ -104,7 +106,7 @@ class CascadeUnderTest:
             trigger_reason=None if pre is None or pre.reason is None else pre.reason.value,
             scores=tuple(rec.scores.tolist()) if self.keep_scores else None,
             parts=None if (t := rec.timing) is None else LatencyParts(
-                t.lookup_s, t.queue_s, t.compute_s, t.transport_s))
+                t.lookup_s, t.queue_s, t.compute_s, t.transport_s, handoff))
 
     def snapshot(self) -> SystemSnapshot:
         device = host = 0
