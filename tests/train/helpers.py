@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from relaygr.data import UserSequences, load_sequences
+from relaygr.model import HSTU
 from relaygr.train import TrainConfig
+from relaygr.train.checkpoint import DatasetInfo, RunConfig, save_model
 
 NUM_ITEMS = 120
 
@@ -34,6 +38,19 @@ def write_cyclic_udata(path: Path, num_users: int = 64, seed: int = 0) -> Path:
     return path
 
 
+def write_truncated(full: Path, out_dir: Path, drop_user: Callable[[int], bool]) -> Path:
+    """``out_dir/u.data``: the ``u.data`` lines of ``full`` (in time order per user) without the
+    last two events of each user for whom ``drop_user(user)`` holds."""
+    by_user: dict[int, list[str]] = {}
+    for line in full.read_text().splitlines(keepends=True):
+        by_user.setdefault(int(line.split("\t")[0]), []).append(line)
+    kept = [line for user, own in by_user.items()
+            for line in (own[:-2] if drop_user(user) else own)]
+    out_dir.mkdir(parents=True)
+    (out_dir / "u.data").write_text("".join(kept))
+    return out_dir
+
+
 def cyclic_sequences(tmp_path: Path, num_users: int = 96) -> UserSequences:
     return load_sequences("ml-100k", write_cyclic_udata(tmp_path / "u.data", num_users))
 
@@ -41,3 +58,15 @@ def cyclic_sequences(tmp_path: Path, num_users: int = 96) -> UserSequences:
 TINY = TrainConfig(dim=16, num_layers=1, num_heads=2, max_seq_len=24, dropout=0.0,
                    batch_size=16, learning_rate=1e-2, num_negatives=16, rank_users=16,
                    rank_negatives=7, max_epochs=2, patience=5)
+
+
+def write_untrained_run(out: Path, seqs: UserSequences, config: TrainConfig = TINY,
+                        seed: int = 0) -> Path:
+    """A run directory of an untrained model recording ``seqs`` (``seqs.source``) as its
+    training data and ``config`` as its training config: for what depends on a run's records,
+    not its weights."""
+    torch.manual_seed(seed)
+    model = HSTU(config.model_config(seqs.num_items)).eval()
+    run = RunConfig(model.cfg, config, DatasetInfo.of("ml-100k", seqs), seed, "custom")
+    save_model(out, model, run, seqs.id_map)
+    return out

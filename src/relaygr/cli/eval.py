@@ -14,7 +14,10 @@ the prefilled K/V; an item retrieval missed ranks below all K) with the stage's 
 popularity baseline. The cascade ranks by the ranker's score plus ``--stage-weight`` times the
 stage's (``--fit-stage-weight`` chooses it on the run's validation users). Without
 ``--checkpoint`` only the baseline runs. ``--split valid`` of a run that held out the validation
-item of some users only (``valid_users``) evaluates those users.
+item of some users only (``valid_users``) evaluates those users. A run as the stage (a retrieval
+run, or an HSTU run read from the data it records) is checked against the evaluated targets: the
+share it trained on is printed and recorded (``targets_in_run_training``; null, and a warning,
+where an HSTU run's data cannot be read).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from rich.table import Table
 from relaygr.cli.config import check_output_file
 from relaygr.cli.eval_stages import (
     EmbeddingStage,
+    HstuRunStage,
     TrainedRunStage,
     stage_from_args,
 )
 from relaygr.cli.train import add_data_arguments, parse_columns
 from relaygr.data import leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
-from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of
+from relaygr.data.split import LeaveOneOutSplit
 from relaygr.errors import ConfigError
 from relaygr.train import (
     CUTOFFS,
@@ -53,6 +57,7 @@ from relaygr.train import (
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
+from relaygr.train.run_data import HeldOutCheck, training_split
 
 HEAD_CHOICES = HEADS
 
@@ -128,18 +133,11 @@ def _table(results: dict[str, RankingMetrics], title: str) -> Table:
 
 
 def _split_for(args: argparse.Namespace, trained: TrainedModel | None,
-               split: LeaveOneOutSplit) -> LeaveOneOutSplit:
+               seqs: UserSequences) -> LeaveOneOutSplit:
     """The run's own validation users under ``--split valid`` (see the module docstring)."""
     if trained is None or args.split != "valid":
-        return split
-    return _held_out(trained, split)
-
-
-def _held_out(trained: TrainedModel, split: LeaveOneOutSplit) -> LeaveOneOutSplit:
-    held_out = trained.run.train.valid_users
-    if 0 < held_out < len(split.valid):
-        return hold_out_validation_of(split, held_out, trained.run.train.valid_seed)
-    return split
+        return leave_one_out(seqs)
+    return training_split(seqs, trained.run.train)
 
 
 def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
@@ -148,7 +146,7 @@ def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
     if args.split != "test":
         raise ConfigError("--fit-stage-weight chooses the weight on the validation users; "
                           "report it on --split test")
-    valid = _held_out(trained, leave_one_out(seqs)).valid
+    valid = training_split(seqs, trained.run.train).valid
     fit = fit_stage_weight(trained.model, seqs, valid, trained.model.cfg.max_seq_len,
                            trained.uses_timestamps, cascade, batch_users=args.batch_users,
                            progress=not args.no_progress)
@@ -169,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     trained = None if args.checkpoint is None else load_trained(args.checkpoint, args.device)
     id_map = None if trained is None else trained.id_map
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns), id_map)
-    split = _split_for(args, trained, leave_one_out(seqs))
+    split = _split_for(args, trained, seqs)
     cases = split.test if args.split == "test" else split.valid
     if args.users is not None:
         cases = subset_cases(cases, args.users, args.seed)
@@ -178,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     seconds: dict[str, float] = {}
     recall: dict[str, float] = {}
     leaked: float | None = None      # share of the targets the retrieval run trained on
+    held: HeldOutCheck | None = None   # the same of an HSTU run's, read from its recorded data
     if trained is not None:
         info = trained.run.dataset
         if (info.num_users, info.num_events) != (seqs.num_users, seqs.num_events):
@@ -185,8 +184,12 @@ def run(args: argparse.Namespace) -> int:
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
         started = time.perf_counter()
         stage = stage_from_args(args, trained, seqs)
-        if isinstance(stage, TrainedRunStage):
+        # what the stage trained on of these targets: it decides only the stage's and the
+        # cascade's figures
+        if isinstance(stage, TrainedRunStage) and "cascade" in heads:
             leaked = stage.targets_trained_on(cases)
+        elif isinstance(stage, HstuRunStage) and "cascade" in heads:
+            held = stage.held_out(seqs, cases, parse_columns(args.columns))
         if args.fit_stage_weight and "cascade" in heads:
             fit = _fit(args, trained, seqs, CascadeSpec(stage, args.retrieve_k))
             args.stage_weight = fit.best
@@ -221,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
               "retrieval run (its split held out other events, e.g. --split cvgae's random "
               "ones): the stage's and the cascade's figures are not a clean test; evaluate "
               "with a run trained with --split disencdr (each user's last event held out)")
+    if held is not None:
+        _print_held_out(held, seqs.source)
     if "cascade_minus_stage" in extra:
         print("cascade - stage (paired, +- standard error): " + ", ".join(
             f"{k.upper()} {d['mean']:+.4f} +- {d['se']:.4f}"
@@ -234,10 +239,37 @@ def run(args: argparse.Namespace) -> int:
                                          "stage_weight": args.stage_weight, **recall, **extra}
             if leaked is not None:
                 report["retrieval_stage"]["targets_in_run_training"] = leaked
+            if held is not None:
+                report["retrieval_stage"].update(_held_out_fields(held))
             if isinstance(stage, EmbeddingStage | TrainedRunStage):
                 report["retrieval_stage"].update(stage.window())
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _print_held_out(held: HeldOutCheck, evaluated: str) -> None:
+    """Say what an HSTU stage run's training means for these figures (``check_held_out``)."""
+    if held.share is None:
+        print(f"warning: the retrieval run was trained on {held.source}, {held.unverified}: "
+              "whether it held these targets out is unknown, so the stage's and the cascade's "
+              "figures are not a verified clean test; evaluate where its data can be read")
+    elif held.share:
+        print(f"warning: {held.share:.1%} of these targets are training interactions of the "
+              f"retrieval run (trained on {held.source}, these targets from {evaluated}): the "
+              "stage's and the cascade's figures are not a clean test; evaluate with a stage "
+              "trained on the evaluated data (its split holds each user's last events out)")
+    elif not held.same_data:
+        print(f"note: the retrieval run was trained on {held.source}; none of these targets is "
+              "among its training interactions")
+
+
+def _held_out_fields(held: HeldOutCheck) -> dict[str, Any]:
+    """The report's record of ``held``: the share (null: not measured, and why), the data."""
+    fields: dict[str, Any] = {"targets_in_run_training": held.share,
+                              "run_data_source": held.source}
+    if not held.measured:
+        fields["run_data_unverified"] = held.unverified
+    return fields
 
 
 def _report(args: argparse.Namespace, results: dict[str, RankingMetrics],

@@ -18,6 +18,10 @@ The offline cascade removes the user's whole history from the proposals (as the 
 retrieval head does there), and hands the stage the dataset's user id (``UserSequences.user_ids``)
 so a user the run trained on starts from its trained embedding, as when serving.
 
+``HstuRunStage``: an HSTU run's retrieval head (``CheckpointRetrieval``), whole history, alone,
+with the run it was loaded from, so that the evaluation can tell which of its targets that run
+trained on (``run_data.check_held_out``: the run's recorded data read again).
+
 ``stage_from_args``: the stage ``relaygr eval --retrieval`` names (one of these, a registered
 stage, or an HSTU run's retrieval head), its options checked.
 """
@@ -39,11 +43,13 @@ from relaygr.cascade.trained_retrieval import (
     TrainedRetrieval,
     beside_the_default,
 )
+from relaygr.data import TableSpec
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import EvalCases
 from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.model import HSTU
 from relaygr.train import TrainedModel
+from relaygr.train.run_data import HeldOutCheck, check_held_out
 from relaygr.train.stage_runs import StageRunKind, load_stage_run, stage_run_kind
 from relaygr.train.stages import (
     RETRIEVAL_STAGES,
@@ -115,6 +121,23 @@ class TrainedRunStage:
             history, k, int(self.user_ids[user]), exclude=history))
 
 
+class HstuRunStage:
+    """``propose(query, k) -> Proposals`` of an HSTU run's retrieval head (``CheckpointRetrieval``
+    of ``run``, which ``load_stage_run`` checked against the ranker)."""
+
+    def __init__(self, run: TrainedModel) -> None:
+        self.run, self.stage = run, CheckpointRetrieval(run.model)
+
+    def held_out(self, seqs: UserSequences, cases: EvalCases,
+                 spec: TableSpec | None = None) -> HeldOutCheck:
+        """``cases``' targets against the run's training, read from the data it records: the
+        share it trained on, or why that could not be measured (``check_held_out``)."""
+        return check_held_out(self.run, seqs, cases, spec)
+
+    def propose(self, query: RetrievalQuery, k: int) -> Proposals:
+        return self.stage.propose(query, k)
+
+
 class EmbeddingStage:
     """``propose(query, k) -> Proposals`` of serve's default stage, ``EmbeddingRetrieval``
     (module docstring), by default over the same ``RECENT_EVENTS`` latest events and weights
@@ -155,8 +178,8 @@ def _proposals(query: RetrievalQuery, k: int,
 def stage_from_args(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSequences
                     ) -> RetrievalStage:
     """``--retrieval``: a registered stage name, serve's default stage (``EmbeddingStage``), or a
-    run directory: an HSTU run's retrieval head (``CheckpointRetrieval``) or a trained retrieval
-    run (``TrainedRunStage``)."""
+    run directory: an HSTU run's retrieval head (``HstuRunStage``) or a trained retrieval run
+    (``TrainedRunStage``)."""
     history = RECENT_EVENTS if args.retrieval_history is None else args.retrieval_history
     recency = RECENCY if args.retrieval_recency is None else args.retrieval_recency
     share = RUN_SHARE if args.retrieval_run_share is None else args.retrieval_run_share
@@ -200,7 +223,7 @@ def stage_from_args(args: argparse.Namespace, ranker: TrainedModel, seqs: UserSe
     _no_window(args)
     # --fit-stage-weight chooses on the ranker's validation users: the stage must hold them out
     held_out = ranker.run.train if args.fit_stage_weight else None
-    return CheckpointRetrieval(load_stage_run(path, args.device, ranker.id_map, held_out).model)
+    return HstuRunStage(load_stage_run(path, args.device, ranker.id_map, held_out))
 
 
 def _no_window(args: argparse.Namespace) -> None:

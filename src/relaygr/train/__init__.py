@@ -1,7 +1,8 @@
 """Training and offline evaluation of HSTU on interaction logs.
 
 Layers (lower never import upper): ``config`` / ``metrics`` / ``stages`` <- ``batches`` <-
-``losses`` / ``mining`` <- ``evaluate`` / ``rank_phase`` <- ``checkpoint`` <- ``trainer``.
+``losses`` / ``mining`` <- ``evaluate`` / ``rank_phase`` <- ``checkpoint`` <- ``run_data``
+<- ``trainer``.
 
 Public names: ``Trainer`` / ``TrainResult`` (a run), ``TrainConfig`` with ``PRESETS`` /
 ``preset``, ``load_trained`` -> ``TrainedModel`` (a run directory's model + id map, for serving

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from relaygr.data.sequences import UserSequences
-from relaygr.data.split import LeaveOneOutSplit, hold_out_validation_of, leave_one_out
+from relaygr.data.split import LeaveOneOutSplit
 from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.model import HSTU
 from relaygr.train.batches import BATCH_ORDERS, BatchOrder, RankBatch, TrainingData
@@ -52,6 +52,7 @@ from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.metrics import CUTOFFS, RankingMetrics
 from relaygr.train.mining import with_hard_negatives
 from relaygr.train.rank_phase import RankPhase
+from relaygr.train.run_data import training_split
 from relaygr.train.stages import CheckpointRetrieval, HeadRetrieval, RetrievalStage
 
 Log = Callable[[str], None]
@@ -96,9 +97,7 @@ class Trainer:
                               "have none")
         self.cfg, self.seqs, self.run_dir = config, sequences, Path(run_dir)
         self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
-        split = leave_one_out(sequences)
-        if 0 < config.valid_users < len(split.valid):   # else every user is validated
-            split = hold_out_validation_of(split, config.valid_users, config.valid_seed)
+        split = training_split(sequences, config)
         if config.rank_hard_negatives and (
                 config.rank_mine_k + config.max_seq_len > sequences.num_items):
             raise ConfigError(f"rank_mine_k ({config.rank_mine_k}) + max_seq_len "
