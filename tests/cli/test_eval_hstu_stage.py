@@ -78,3 +78,24 @@ def test_eval_flags_an_hstu_stage_whose_recorded_data_cannot_be_read(
     printed = capsys.readouterr().out
     assert f"warning: the retrieval run was trained on {mixed / 'u.data'}" in printed
     assert "not a verified clean test" in printed
+
+
+def test_eval_measures_the_targets_the_ranking_run_itself_trained_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ranker evaluated on other data than it records: trained on ``mixed``, it saw the
+    odd users' ``early`` test targets (every head's figures inflated); on its own data, none."""
+    early, mixed = _leaky_data(tmp_path)
+    leaky = write_untrained_run(tmp_path / "leaky", load_sequences("ml-100k", mixed))
+    own = write_untrained_run(tmp_path / "own", load_sequences("ml-100k", early))
+    for ranker, share in ((leaky, 0.5), (own, 0.0)):
+        report = tmp_path / f"{ranker.name}.json"
+        capsys.readouterr()
+        assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-100k", "--data-dir",
+                     str(early), "--heads", "ranking", "--no-progress",
+                     "--json", str(report)]) == 0
+        held = json.loads(report.read_text())["checkpoint_held_out"]
+        assert held["targets_in_run_training"] == share
+        printed = capsys.readouterr().out
+        assert ("warning: 50.0% of these targets are training interactions of the ranking "
+                "run" in printed) == bool(share)
+        assert ("every head's figures are not a clean test" in printed) == bool(share)

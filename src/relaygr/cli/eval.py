@@ -17,7 +17,8 @@ stage's (``--fit-stage-weight`` chooses it on the run's validation users). Witho
 item of some users only (``valid_users``) evaluates those users. A run as the stage (a retrieval
 run, or an HSTU run read from the data it records) is checked against the evaluated targets: the
 share it trained on is printed and recorded (``targets_in_run_training``; null, and a warning,
-where an HSTU run's data cannot be read).
+where an HSTU run's data cannot be read); so is the ranking run's own (``checkpoint_held_out``,
+evaluated on other data than it records, it may have trained on every head's targets).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from relaygr.train import (
 from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
-from relaygr.train.run_data import HeldOutCheck, training_split
+from relaygr.train.run_data import HeldOutCheck, check_held_out, training_split
 
 HEAD_CHOICES = HEADS
 
@@ -177,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
     recall: dict[str, float] = {}
     leaked: float | None = None      # share of the targets the retrieval run trained on
     held: HeldOutCheck | None = None   # the same of an HSTU run's, read from its recorded data
+    ranker_held: HeldOutCheck | None = None   # and of the ranking run itself
     if trained is not None:
         info = trained.run.dataset
         if (info.num_users, info.num_events) != (seqs.num_users, seqs.num_events):
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
+        ranker_held = check_held_out(trained, seqs, cases, parse_columns(args.columns))
         started = time.perf_counter()
         stage = stage_from_args(args, trained, seqs)
         # what the stage trained on of these targets: it decides only the stage's and the
@@ -224,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
               "retrieval run (its split held out other events, e.g. --split cvgae's random "
               "ones): the stage's and the cascade's figures are not a clean test; evaluate "
               "with a run trained with --split disencdr (each user's last event held out)")
+    if ranker_held is not None:
+        _print_held_out(ranker_held, seqs.source, "ranking run (--checkpoint)", "every head's")
     if held is not None:
         _print_held_out(held, seqs.source)
     if "cascade_minus_stage" in extra:
@@ -234,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = _report(args, results, seconds, len(cases))
+        if ranker_held is not None:
+            report["checkpoint_held_out"] = _held_out_fields(ranker_held)
         if recall:
             report["retrieval_stage"] = {"name": args.retrieval, "k": args.retrieve_k,
                                          "stage_weight": args.stage_weight, **recall, **extra}
@@ -247,20 +254,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_held_out(held: HeldOutCheck, evaluated: str) -> None:
-    """Say what an HSTU stage run's training means for these figures (``check_held_out``)."""
+def _print_held_out(held: HeldOutCheck, evaluated: str, run: str = "retrieval run",
+                    figures: str = "the stage's and the cascade's") -> None:
+    """Say what an HSTU run's training (the stage's, or the ranker's: ``run``) means for
+    ``figures`` (``check_held_out``)."""
     if held.share is None:
-        print(f"warning: the retrieval run was trained on {held.source}, {held.unverified}: "
-              "whether it held these targets out is unknown, so the stage's and the cascade's "
-              "figures are not a verified clean test; evaluate where its data can be read")
+        print(f"warning: the {run} was trained on {held.source}, {held.unverified}: whether it "
+              f"held these targets out is unknown, so {figures} figures are not a verified "
+              "clean test; evaluate where its data can be read")
     elif held.share:
         print(f"warning: {held.share:.1%} of these targets are training interactions of the "
-              f"retrieval run (trained on {held.source}, these targets from {evaluated}): the "
-              "stage's and the cascade's figures are not a clean test; evaluate with a stage "
-              "trained on the evaluated data (its split holds each user's last events out)")
+              f"{run} (trained on {held.source}, these targets from {evaluated}): {figures} "
+              "figures are not a clean test; evaluate with a run trained on the evaluated "
+              "data (its split holds each user's last events out)")
     elif not held.same_data:
-        print(f"note: the retrieval run was trained on {held.source}; none of these targets is "
-              "among its training interactions")
+        print(f"note: the {run} was trained on {held.source}; none of these targets is among "
+              "its training interactions")
 
 
 def _held_out_fields(held: HeldOutCheck) -> dict[str, Any]:
