@@ -151,15 +151,16 @@ class HostLink:
         seq = next(self._seq)
         self.calls[seq] = future
         if isinstance(message, RankCall):
-            self.liveness.rank_sent(seq, self.loop.time())
+            self.liveness.rank_sent(seq, self.loop.time(), message.iid)
         write_frame(self.writer, seq, message)
         return future
 
-    def hang(self, policy: LivenessPolicy) -> str | None:
-        """Why this live host counts as hung (``HostLiveness.check``), or None."""
+    def hang(self, policy: LivenessPolicy, iid: int | None = None) -> str | None:
+        """Why this live host counts as hung (``HostLiveness.check``; ``iid``: the instance
+        asking), or None."""
         if not self.alive or self.loop is None:
             return None
-        return self.liveness.check(self.loop.time(), policy)
+        return self.liveness.check(self.loop.time(), policy, iid)
 
     def kill(self) -> None:
         """End a host that does not answer: SIGKILL (a stopped process ends too), and the

@@ -86,9 +86,11 @@ class ProcessInstance:
         return self._up and not self.link.alive
 
     def hang(self, policy: LivenessPolicy) -> str | None:
-        """Why its host counts as hung (``engine.transport.liveness``), or None (always, when
-        not up)."""
-        return self.link.hang(policy) if self._up else None
+        """Why its host counts as hung (``engine.transport.liveness``): silent, or this
+        instance stuck in a ranking call; or None (always, when not up). Another instance's
+        stuck call on the same host is that instance's to report, though killing the host
+        ends this one too."""
+        return self.link.hang(policy, self.iid) if self._up else None
 
     def kill(self) -> None:
         """End its host (and every instance it carries): the instance is then ``down``."""
