@@ -1,6 +1,7 @@
 """Serving across machines with Ray Serve (``relaygr serve --ray``).
 
-Layers (lower never imports upper): ``ledger``, ``router`` <- ``replica``, ``ingress`` <- ``app``.
+Layers (lower never imports upper): ``ledger``, ``router``, ``health`` <- ``replica``, ``ingress``
+<- ``app``.
 Everything here reuses the embedded code: the messages are ``relaygr.engine.transport.messages``
 (the worker processes' too), a replica is a ``RankingInstance`` built by
 ``relaygr.cascade.instances.build_instance``, the request router is ``relaygr.routing``'s router,

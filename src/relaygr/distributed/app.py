@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import relaygr
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.window import HistoryWindow
+from relaygr.distributed.health import HealthCheckPolicy
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
@@ -131,6 +132,8 @@ class RayAppSpec:
     torch_threads: int | None = None
     # Ray Serve's own per-replica cap; the instance sheds at its own (lower) queue depths.
     max_ongoing_requests: int = 1024
+    # Serve's health checks of the ranking replicas and what counts as stuck (see its fields).
+    health: HealthCheckPolicy = field(default_factory=HealthCheckPolicy)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -177,6 +180,18 @@ def router_config(system: SystemConfig) -> RequestRouterConfig:
                                request_router_kwargs=settings)
 
 
+def ranking_deployment_options(spec: RayAppSpec) -> dict[str, Any]:
+    """The ranking deployment's Serve options: replicas, resources, the request router, and
+    the health checks that replace a replica whose instance is not serving
+    (``RankingReplica.check_health``)."""
+    return {"name": "RankingReplica", "num_replicas": spec.replicas,
+            "ray_actor_options": {"num_cpus": spec.replica_cpus, "num_gpus": spec.replica_gpus},
+            "max_ongoing_requests": spec.max_ongoing_requests,
+            "request_router_config": router_config(spec.system),
+            "health_check_period_s": spec.health.period_s,
+            "health_check_timeout_s": spec.health.timeout_s}
+
+
 def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: None) -> Any:
     """The bound Serve application (pass it to ``serve.run``). Needs no running cluster. A
     retrieval run (``spec.model.retrieval_run``) is loaded here once, as the ingress will load
@@ -187,13 +202,9 @@ def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: N
     digest = model_digest(model)
     load_retrieval(spec.model, spec.system, model, log, device=INGRESS_DEVICE)
     replica = ReplicaSpec(spec.model, digest, spec.system, spec.device, spec.cost_model,
-                          spec.ledger_dir, spec.torch_threads)
+                          spec.ledger_dir, spec.torch_threads, health=spec.health)
     deployment: Any = serve.deployment
-    ranker = deployment(RankingReplica).options(
-        name="RankingReplica", num_replicas=spec.replicas,
-        ray_actor_options={"num_cpus": spec.replica_cpus, "num_gpus": spec.replica_gpus},
-        max_ongoing_requests=spec.max_ongoing_requests,
-        request_router_config=router_config(spec.system))
+    ranker = deployment(RankingReplica).options(**ranking_deployment_options(spec))
     ingress = deployment(RelayIngress).options(
         name="RelayIngress", num_replicas=spec.ingress_replicas,
         ray_actor_options={"num_cpus": spec.ingress_cpus},

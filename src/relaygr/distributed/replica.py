@@ -13,6 +13,10 @@ instance) and answers the two legs of the relay:
 Both are answered by ``cascade.instance_end.SheddingEnd``: the worker process's
 ``InstanceEnd`` with the shed rules applied here.
 
+``check_health`` is Ray Serve's health check (``distributed.health``): it raises
+``ReplicaUnhealthyError`` when the instance is stopped, its scheduler died, or it is stuck in a
+ranking call, so Serve replaces the replica and stops routing to it.
+
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
 ingress's /metrics) and the replica's own id.
@@ -20,8 +24,9 @@ ingress's /metrics) and the replica's own id.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ import torch
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.instance_end import SheddingEnd
 from relaygr.cascade.instances import build_instance
+from relaygr.distributed.health import HealthCheckPolicy, ReplicaHealth, ReplicaUnhealthyError
 from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.transport.messages import (
@@ -47,6 +53,8 @@ from relaygr.relay.measure import fit_on_model
 from relaygr.server.build import load_model
 from relaygr.server.config import ModelSource
 
+log = logging.getLogger("relaygr.replica")
+
 
 @dataclass(frozen=True)
 class ReplicaSpec:
@@ -63,6 +71,9 @@ class ReplicaSpec:
     torch_threads: int | None = None
     # The instance name; None: this Serve replica's id (what the request router hashes).
     name: str | None = None
+    # When its instance counts as stuck (``health.liveness``; Serve's check period and timeout
+    # are deployment options, ``distributed.app``).
+    health: HealthCheckPolicy = field(default_factory=HealthCheckPolicy)
 
 
 def _serve_replica_id() -> str:
@@ -89,6 +100,7 @@ class RankingReplica:
         self.end = SheddingEnd(self.instance, spec.system)
         self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
         self.legs: Counter[str] = Counter()
+        self.health = ReplicaHealth(spec.health.liveness)
         self._started = False
 
     async def _start(self) -> None:
@@ -104,9 +116,18 @@ class RankingReplica:
 
     async def rank(self, call: RankCall) -> RankReply:
         await self._start()
-        reply = await self.end.rank(call, with_snapshot=True)
+        reply = await self.health.ranked(self.end.rank(call, with_snapshot=True))
         self._record(call, "rank", "shed" if reply.path is None else reply.path.value)
         return reply
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: raises ``ReplicaUnhealthyError`` saying why when the
+        started instance is not serving (``ReplicaHealth.fault``); an instance not started
+        yet (it starts with the first call) is healthy."""
+        why = self.health.fault(self.instance) if self._started else None
+        if why is not None:
+            log.warning("replica %s is unhealthy: %s", self.name, why)
+            raise ReplicaUnhealthyError(f"replica {self.name}: {why}")
 
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()

@@ -190,6 +190,18 @@ class InstanceScheduler:
     def prefill_queue_depth(self) -> int:
         return len(self._prefills)
 
+    def loop_ended(self) -> str | None:
+        """Why the loop ended though the scheduler was not stopped (the error it raised), or
+        None while it runs (or before ``start``, or after ``stop``). Work queued on a loop
+        that ended waits for ever."""
+        task = self._task
+        if task is None or self._stopped or not task.done():
+            return None
+        if task.cancelled():
+            return "cancelled"
+        error = task.exception()
+        return "returned" if error is None else repr(error)
+
     @property
     def prefill_waiters(self) -> int:
         """Ranking requests waiting for a queued pre-infer job to finish."""
