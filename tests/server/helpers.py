@@ -6,15 +6,19 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
 from relaygr.cascade.config import StagesConfig, SystemConfig
+from relaygr.data import load_sequences
 from relaygr.engine.instance import InstanceConfig
 from relaygr.server import ModelSource, RelayService, ServerConfig, build_embedded, create_app
 from relaygr.server.build import load_model
+from relaygr.train import Trainer
 from tests.engine.helpers import flops_cost_model
+from tests.train.helpers import TINY, write_cyclic_udata
 
 T = TypeVar("T")
 
@@ -37,6 +41,18 @@ def make_service(system: SystemConfig | None = None, server: ServerConfig | None
     model = load_model(source)
     return build_embedded(source, system or system_config(), server or ServerConfig(),
                           flops_cost_model(model.cfg), instance_processes=instance_processes)
+
+
+def make_untimed_service(root: Path) -> RelayService:
+    """A service of a tiny checkpoint trained under ``root`` without time (the training
+    default): its users, and every user the API adds, are untimed."""
+    write_cyclic_udata(root / "u.data", num_users=24)
+    seqs = load_sequences("ml-100k", root / "u.data")
+    Trainer(TINY.with_(max_epochs=1), seqs, root / "run", dataset="ml-100k",
+            progress_bar=False, log=lambda _: None).fit()
+    source = ModelSource(checkpoint=root / "run")
+    return build_embedded(source, system_config(), ServerConfig(),
+                          flops_cost_model(load_model(source).cfg))
 
 
 @asynccontextmanager

@@ -98,9 +98,10 @@ def test_events_append_and_create_users() -> None:
         r = await client.post("/v1/events", json={"user_id": 4, "items": [1, 2, 3],
                                                   "timestamps": [last_ts, last_ts, last_ts + 1]})
         assert r.status_code == 200 and r.json() == {"user_id": 4, "num_events": n + 3}
-        new = await client.post("/v1/events", json={"user_id": 10_000, "items": [5, 6, 7]})
+        new = await client.post("/v1/events", json={"user_id": 10_000, "items": [5, 6, 7],
+                                                    "timestamps": [7, 8, 9]})
         assert new.json() == {"user_id": 10_000, "num_events": 3}
-        assert store.get(10_000).timestamps is None            # an untimed user
+        assert store.get(10_000).timestamps.tolist() == [7, 8, 9]  # type: ignore[union-attr]
         ranked = await client.post("/v1/recommend", json={"user_id": 10_000})
         assert ranked.status_code == 200, ranked.text
         assert ranked.json()["prefix_tokens"] == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaygr.server import ServerConfig
-from tests.server.helpers import client_for, make_service, run_with_client, system_config
+from tests.server.helpers import (
+    client_for,
+    make_service,
+    make_untimed_service,
+    run_with_client,
+    system_config,
+)
 
 SERVER = ServerConfig(max_candidates=8, max_events_per_request=300, max_body_bytes=4096)
 
@@ -76,6 +83,8 @@ def cases(user: int, last_ts: int) -> list[tuple[str, Any, int, str, str]]:
         ("/v1/events", {"user_id": 5_000, "items": [4, 5], "timestamps": [9, 3]}, 422,
          "TimestampError", "non-decreasing"),
         ("/v1/events", {"user_id": 5_000, "items": [600]}, 422, "ItemOutOfRangeError", "600"),
+        ("/v1/events", {"user_id": 5_000, "items": [4, 5]}, 422, "TimestampError",  # new user
+         "this model reads time; a new user's timestamps must give one timestamp per entry"),
     ]
 
 
@@ -123,15 +132,27 @@ def test_malformed_and_oversize_bodies() -> None:
     run_with_client(service, body)
 
 
-def test_untimed_user_rejects_timestamps() -> None:
-    service = make_service(server=SERVER)
+def test_an_untimed_model_serves_untimed_users_only(tmp_path: Path) -> None:
+    """A model trained without time (the training default) is served untimed users: a new
+    user's events carry no timestamps, and a visit of an untimed user none either."""
+    service = make_untimed_service(tmp_path)
+    user = next(iter(service.backend.store))
 
     async def body(client: httpx.AsyncClient) -> None:
+        before = await service.fingerprint()
+        r = await client.post("/v1/events", json={"user_id": 9_000, "items": [1, 2],
+                                                  "timestamps": [5, 6]})
+        assert r.status_code == 422 and r.json()["error"] == "TimestampError", r.text
+        assert "this model is untimed; a new user's timestamps must be omitted" in \
+            r.json()["detail"]
+        assert 9_000 not in service.backend.store
+        assert await service.fingerprint() == before
         assert (await client.post("/v1/events", json={"user_id": 9_000, "items": [1, 2]})
                 ).status_code == 200
+        assert service.backend.store.get(9_000).timestamps is None
         before = await service.fingerprint()
         for payload in ({"user_id": 9_000, "request_ts": 5},
-                        {"user_id": 9_000, "recent_items": [1], "recent_timestamps": [5]}):
+                        {"user_id": user, "recent_items": [1], "recent_timestamps": [5]}):
             r = await client.post("/v1/recommend", json=payload)
             assert r.status_code == 422 and r.json()["error"] == "TimestampError"
             assert "untimed" in r.json()["detail"]

@@ -54,6 +54,7 @@ from relaygr.server.build import (
     load_retrieval,
     load_store,
     model_info,
+    served_timed,
     sized_budgets,
 )
 from relaygr.server.config import (
@@ -109,7 +110,7 @@ def ingress_service(ranker: Any, spec: IngressSpec) -> RelayService:
     retrieval = load_retrieval(spec.model, spec.system, model, device=INGRESS_DEVICE)
     backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
     return RelayService(backend, spec.server, load_catalog(spec.model, model),
-                        model_info(spec.model, model))
+                        model_info(spec.model, model), timed=served_timed(spec.model))
 
 
 @dataclass(frozen=True)

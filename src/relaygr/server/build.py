@@ -84,12 +84,21 @@ def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
     return store
 
 
+def served_timed(source: ModelSource) -> bool:
+    """Whether the served model reads time (its time-bucket bias): a checkpoint's when its run
+    trained with timestamps; seeded random weights always (their synthetic users are timed).
+    Every user served is timed exactly when this holds, those the API adds included."""
+    if source.checkpoint is None:
+        return True
+    from relaygr.train import read_run_config
+    return read_run_config(source.checkpoint).train.use_timestamps
+
+
 def _base_store(source: ModelSource, model: HSTU, window: HistoryWindow) -> InMemoryHistoryStore:
-    timed = True
+    timed = served_timed(source)
     if source.checkpoint is not None:
         from relaygr.train import read_run_config
         run = read_run_config(source.checkpoint)
-        timed = run.train.use_timestamps
         if source.dataset is None and not source.synthetic_users:
             source = _recorded_dataset(source)
         elif source.dataset is not None and source.dataset != run.dataset.name:
@@ -294,7 +303,8 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
                                                         retrieval)),
-                            server, load_catalog(source, model), model_info(source, model))
+                            server, load_catalog(source, model), model_info(source, model),
+                            timed=served_timed(source))
     from relaygr.engine.transport.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
                                             threads_per_instance(system.num_instances),
@@ -302,4 +312,5 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     relay = RelaySystem(system, model, store, cost_model, retrieval,
                         instance_factory=processes.factory)
     return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,
-                        load_catalog(source, model), model_info(source, model))
+                        load_catalog(source, model), model_info(source, model),
+                        timed=served_timed(source))

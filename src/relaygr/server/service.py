@@ -50,16 +50,18 @@ class RelayService:
     """See the module docstring. One event loop drives it (the server's)."""
 
     def __init__(self, backend: RelayBackend, config: ServerConfig | None = None,
-                 catalog: ItemCatalog | None = None, model_info: ModelInfo | None = None
-                 ) -> None:
+                 catalog: ItemCatalog | None = None, model_info: ModelInfo | None = None,
+                 timed: bool = True) -> None:
         """``catalog`` translates the API's item ids (default: the model's dense ids);
-        ``model_info`` names the model for KServe v2 and the metrics."""
+        ``model_info`` names the model for KServe v2 and the metrics; ``timed``: whether the
+        model reads time (``server.build.served_timed``; the default is random weights'), so
+        that a user ``/v1/events`` adds carries timestamps exactly when it does."""
         self.backend = backend
         self.config = config or ServerConfig()
         self.catalog = catalog or ItemCatalog.identity(backend.model_config.num_items)
         self.model_info = model_info or ModelInfo("relaygr", __version__, "unknown")
         self.validator = RequestValidator(backend.model_config, backend.system_config,
-                                          self.config, backend.store)
+                                          self.config, backend.store, timed)
         self.metrics = ServerMetrics(backend.snapshot)
         self.metrics.describe_model(self.model_info.name, self.model_info.version,
                                     self.model_info.digest)

@@ -4,7 +4,8 @@ The schema (``relaygr.server.schemas``) has already fixed types and static bound
 checks what depends on state: the user exists, item ids are in the model's catalogue, a visit's
 own events fit the model's history window (``cascade.window``: the history itself may be any
 length, the model reads its newest window), timestamps match the user's history (timed or not,
-in time order), and counts are within the configured limits. Every check runs before the
+in time order) and, for a user the request creates, the served model (timed exactly when the
+model reads time), and counts are within the configured limits. Every check runs before the
 backend is called and raises a typed ``InvalidInputError`` whose message names the field and the
 limit, so a rejected request changes nothing.
 """
@@ -34,8 +35,12 @@ class RequestValidator:
     """Stateful checks of one request (see the module docstring). Reads, never writes."""
 
     def __init__(self, model: HSTUConfig, system: SystemConfig, server: ServerConfig,
-                 store: HistoryStore) -> None:
+                 store: HistoryStore, timed: bool) -> None:
+        """``timed``: whether the served model reads time (a user it ranks without timestamps
+        would be scored by other semantics than it was trained with, and one with them by a
+        bias it never learned)."""
         self.model = model
+        self.timed = timed
         self.system = system
         self.server = server
         self.store = store
@@ -74,12 +79,12 @@ class RequestValidator:
         self.num_candidates(request.num_candidates)
 
     def events(self, request: EventsRequest) -> None:
-        """Appends are kept whole at any history length (the model reads the newest window)."""
+        """Appends are kept whole at any history length (the model reads the newest window).
+        A user the request creates is timed exactly when the model is."""
         self._count("items", request.items, self.server.max_events_per_request)
         self._items("items", request.items)
         if request.user_id not in self.store:
-            if request.timestamps is not None:
-                self._check_pairs("items", request.items, "timestamps", request.timestamps)
+            self._new_user_timestamps(request.items, request.timestamps)
             return
         history = self.store.get(request.user_id)
         self._timestamps(history, "items", request.items, "timestamps", request.timestamps)
@@ -123,6 +128,18 @@ class RequestValidator:
         if timestamps and last is not None and timestamps[0] < last:
             raise TimestampError(f"{ts_name} starts at {timestamps[0]}, before user {user}'s "
                                  f"latest event at {last}; events are appended in time order")
+
+    def _new_user_timestamps(self, items: Sequence[int], timestamps: Sequence[int] | None
+                             ) -> None:
+        if not self.timed:
+            if timestamps is not None:
+                raise TimestampError("this model is untimed; a new user's timestamps must be "
+                                     "omitted")
+            return
+        if timestamps is None:
+            raise TimestampError("this model reads time; a new user's timestamps must give "
+                                 "one timestamp per entry of items")
+        self._check_pairs("items", items, "timestamps", timestamps)
 
     @staticmethod
     def _check_pairs(items_name: str, items: Sequence[int], ts_name: str,
