@@ -118,4 +118,5 @@ class TrainingDivergedError(RelayGRError):
 
 class CatalogueMismatchError(ConfigError):
     """Two trained runs served together number items of different catalogues (another dataset,
-    or too few items in common): their ids cannot be reconciled."""
+    or too few items in common), or a checkpoint is served data other than what it was trained
+    on: their ids cannot be reconciled."""

@@ -10,8 +10,8 @@ import torch
 
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.window import HistoryWindow
-from relaygr.data import iter_histories, leave_one_out
-from relaygr.errors import CheckpointError, ConfigError
+from relaygr.data import iter_histories, leave_one_out, load_sequences
+from relaygr.errors import CatalogueMismatchError, CheckpointError, ConfigError
 from relaygr.model import HSTU
 from relaygr.server.build import load_model, load_store
 from relaygr.server.config import ModelSource
@@ -30,7 +30,7 @@ from relaygr.train import (
 from relaygr.train.batches import LengthBucketOrder, RandomOrder, TrainingData
 from relaygr.train.losses import ranking_loss, retrieval_loss
 from tests.tolerance import SCORE_TOL, reorder_tolerance, stored_rounding_tolerance
-from tests.train.helpers import NUM_ITEMS, TINY, cyclic_sequences
+from tests.train.helpers import NUM_ITEMS, TINY, cyclic_sequences, write_cyclic_udata
 
 
 def test_presets_are_valid_and_follow_the_paper() -> None:
@@ -264,7 +264,11 @@ def test_valid_users_trains_the_other_users_validation_items(tmp_path: Path) -> 
 
 
 def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_path: Path) -> None:
-    seqs = cyclic_sequences(tmp_path, num_users=16)          # tmp_path/u.data: timed events
+    udata = write_cyclic_udata(tmp_path / "u.data", num_users=16)   # timed events
+    raw = [int(line.split()[1]) for line in udata.read_text().splitlines()]
+    with udata.open("a") as out:          # user 17: a history longer than the window
+        out.write("".join(f"17\t{raw[k % len(raw)]}\t5\t{1000 + k}\n" for k in range(61)))
+    seqs = load_sequences("ml-100k", udata)
     Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "run", dataset="ml-100k",
             progress_bar=False, log=lambda _: None).fit()
     source = ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k", data_dir=tmp_path)
@@ -278,28 +282,24 @@ def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_pa
         assert served.items.tolist() == user.items[start:].tolist()
     # without --dataset: the users of the data the run directory records, the same users
     recorded = load_store(ModelSource(checkpoint=tmp_path / "run"), model, window)
-    assert sorted(recorded) == sorted(store) and len(store) == 16
+    assert sorted(recorded) == sorted(store) and len(store) == 17
     synthetic = load_store(ModelSource(checkpoint=tmp_path / "run", num_users=3,
                                        synthetic_users=True), model, window)
     assert all(synthetic.get(u).timestamps is None
                and len(synthetic.get(u).items) <= model.cfg.max_seq_len for u in (1, 2, 3))
     # a history longer than the window: its newest window, cut on a block boundary
-    long_dir = tmp_path / "long"
-    long_dir.mkdir()
-    raw = [int(line.split()[1]) for line in (tmp_path / "u.data").read_text().splitlines()]
-    (long_dir / "u.data").write_text("".join(f"1\t{raw[k % len(raw)]}\t5\t{1000 + k}\n"
-                                             for k in range(61)))
-    long = load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k",
-                                  data_dir=long_dir), model, window)
-    [whole] = list(iter_histories("ml-100k", long_dir, id_map=seqs.id_map))
+    [whole] = [h for h in iter_histories("ml-100k", tmp_path, id_map=seqs.id_map)
+               if h.user_id == 17]
     assert len(whole.items) == 61 and (window.max_tokens, window.slide_tokens) == (24, 3)
-    assert long.get(1).items.tolist() == whole.items[39:].tolist()   # ceil((61 - 24) / 3) * 3
+    assert store.get(17).items.tolist() == whole.items[39:].tolist()  # ceil((61 - 24) / 3) * 3
     with pytest.raises(ConfigError, match="needs --checkpoint"):
         ModelSource(dataset="ml-100k", data_dir=tmp_path)
-    # another dataset's users: its item ids name other items, refused by name
-    with pytest.raises(ConfigError, match="trained on 'ml-100k'; its item ids do not name "
-                                          "'ml-1m'"):
-        load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-1m", data_dir=tmp_path),
+    # other data: its item ids would name other items, refused (not by the format's name)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "u.data").write_text("".join(udata.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(CatalogueMismatchError, match="not the data"):
+        load_store(ModelSource(checkpoint=tmp_path / "run", dataset="ml-100k", data_dir=other),
                    model, window)
     # the recorded data gone: a refusal that says what to pass, never synthetic users
     (tmp_path / "u.data").rename(tmp_path / "moved.data")

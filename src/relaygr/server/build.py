@@ -3,23 +3,22 @@
 ``load_model`` builds the model of a ``ModelSource``: a trained checkpoint through the training
 package's loader when ``checkpoint`` is set, else a named size with seeded random weights (the
 same seed gives bit-identical weights in every process; ``model_digest`` checks that). The
-histories are a dataset's real users (with a checkpoint and ``dataset``), else seeded synthetic
-users over the model's catalogue; either way timed exactly when the served model was trained
-with time. A history longer than the model's window is loaded as its newest window, cut where
-the window would start (``cascade.window``: a block boundary counted from the first event), so
-the windows it reads as visits append are those of the whole history; visits append past
-``max_seq_len`` freely (the window slides). With ``ModelSource.history_store`` the histories
-live in that shared Redis store (``cascade.redis_store``), where start-up adds only the users it
-does not hold yet. The latency cost model (the trigger's predictions)
-is loaded from a file or fitted by timing the model at start-up. A trained run, when given,
-serves the cascade's retrieval stage (``load_retrieval``): a retrieval run's towers, or another
-HSTU run's retrieval head.
+histories are a dataset's real users (with a checkpoint: the data it was trained on,
+``server.served_data``), else seeded synthetic users over the model's catalogue; either way
+timed exactly when the served model was trained with time. A history longer than the model's
+window is loaded as its newest window, cut where the window would start (``cascade.window``: a
+block boundary counted from the first event), so the windows it reads as visits append are those
+of the whole history; visits append past ``max_seq_len`` freely (the window slides). With
+``ModelSource.history_store`` the histories live in that shared Redis store
+(``cascade.redis_store``), where start-up adds only the users it does not hold yet. The latency
+cost model (the trigger's predictions) is loaded from a file or fitted by timing the model at
+start-up. A trained run, when given, serves the cascade's retrieval stage (``load_retrieval``):
+a retrieval run's towers, or another HSTU run's retrieval head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +40,7 @@ from relaygr.relay.measure import fit_on_model
 from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.catalog import ItemCatalog, read_titles
 from relaygr.server.config import ModelInfo, ModelSource, ServerConfig
+from relaygr.server.served_data import dataset_store, recorded_dataset
 from relaygr.server.service import RelayService
 
 if TYPE_CHECKING:
@@ -96,63 +96,15 @@ def served_timed(source: ModelSource) -> bool:
 
 def _base_store(source: ModelSource, model: HSTU, window: HistoryWindow) -> InMemoryHistoryStore:
     timed = served_timed(source)
-    if source.checkpoint is not None:
-        from relaygr.train import read_run_config
-        run = read_run_config(source.checkpoint)
-        if source.dataset is None and not source.synthetic_users:
-            source = _recorded_dataset(source)
-        elif source.dataset is not None and source.dataset != run.dataset.name:
-            # its id map names that dataset's items: another's ids would be other items
-            raise CatalogueMismatchError(
-                f"{source.checkpoint} was trained on {run.dataset.name!r}; its item ids do not "
-                f"name {source.dataset!r}'s items: serve it with --dataset "
-                f"{run.dataset.name} (or --synthetic-users)")
+    if source.checkpoint is not None and source.dataset is None and not source.synthetic_users:
+        source = recorded_dataset(source)
     if source.dataset is not None and source.data_dir is not None:
-        return _dataset_store(source, model, window, timed)
+        return dataset_store(source, window, model.cfg.num_items, timed)
     max_events = min(source.max_events, model.cfg.max_seq_len)   # one window at most
     return InMemoryHistoryStore.synthetic(SyntheticHistories(
         num_users=source.num_users, num_items=model.cfg.num_items,
         min_events=min(source.min_events, max_events), max_events=max_events,
         seed=source.seed, timed=timed))
-
-
-def _recorded_dataset(source: ModelSource) -> ModelSource:
-    """``source`` with the dataset its checkpoint's run directory records, or a ConfigError
-    saying what to pass when that data is not readable here."""
-    from relaygr.data import DATASET_FILES
-    from relaygr.train import read_run_config
-
-    assert source.checkpoint is not None
-    info = read_run_config(source.checkpoint).dataset
-    recorded = Path(info.source)
-    if info.name in DATASET_FILES and recorded.exists():
-        return replace(source, dataset=info.name, data_dir=recorded)
-    raise ConfigError(
-        f"{source.checkpoint} was trained on {info.name!r} read from {info.source}, which "
-        f"is not readable here: pass --dataset {info.name} --data-dir DIR to serve its "
-        f"{info.num_users} users, or --synthetic-users to serve synthetic ones")
-
-
-def _dataset_store(source: ModelSource, model: HSTU, window: HistoryWindow,
-                   timed: bool) -> InMemoryHistoryStore:
-    from relaygr.data import IdMap, iter_histories
-    from relaygr.train.checkpoint import ID_MAP_FILE
-
-    assert source.checkpoint is not None and source.dataset is not None
-    assert source.data_dir is not None
-    id_map = IdMap.load(source.checkpoint / ID_MAP_FILE)
-    users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
-    for h in iter_histories(source.dataset, source.data_dir, id_map=id_map,
-                            drop_unknown_items=True):
-        if len(h.items) == 0 or (timed and h.timestamps is None):
-            continue          # a timed model cannot serve an untimed user
-        start = window.start(len(h.items))
-        ts = None if not timed or h.timestamps is None else h.timestamps[start:]
-        users[int(h.user_id)] = (h.items[start:], ts)
-    if not users:
-        raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
-                          "serve")
-    return InMemoryHistoryStore.from_sequences(users, model.cfg.num_items)
 
 
 def load_cost_model(path: Path | None, model: HSTU, device: str) -> LatencyCostModel:
@@ -188,7 +140,7 @@ def load_catalog(source: ModelSource, model: HSTU) -> ItemCatalog:
         return ItemCatalog.identity(model.cfg.num_items)
     data_dir = source.data_dir
     if data_dir is None and not source.synthetic_users:
-        data_dir = _recorded_dataset(source).data_dir
+        data_dir = recorded_dataset(source).data_dir
     titles = read_titles(data_dir) if data_dir is not None else {}
     return ItemCatalog(id_map, model.cfg.num_items, titles)
 

@@ -1,0 +1,90 @@
+"""The users a checkpoint serves from its dataset: the data its run was trained on, and no other.
+
+A checkpoint's id map numbers the items of the data it was trained on; the same integers in
+other data name other items. The run records that data (``train.checkpoint.DatasetInfo``: the
+format it was read as, the file, and its users, distinct items and events), so the served file
+is checked against the record, not against the format's name: the recorded file, a copy of it
+elsewhere, or the same file read under another name of its format (``ratings-dat`` and
+``ml-1m`` both read ``ratings.dat``) serve; other data, a later export included, is refused at
+start-up with ``CatalogueMismatchError`` naming both (what arrives after training arrives
+through ``/v1/events`` and the event log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.window import HistoryWindow
+from relaygr.errors import CatalogueMismatchError, ConfigError
+from relaygr.server.config import ModelSource
+
+if TYPE_CHECKING:
+    from relaygr.data.table import InteractionTable
+    from relaygr.train.checkpoint import DatasetInfo
+
+
+def recorded_dataset(source: ModelSource) -> ModelSource:
+    """``source`` with the dataset its checkpoint's run directory records, or a ConfigError
+    saying what to pass when that data is not readable here."""
+    from relaygr.data import DATASET_FILES
+    from relaygr.train import read_run_config
+
+    assert source.checkpoint is not None
+    info = read_run_config(source.checkpoint).dataset
+    recorded = Path(info.source)
+    if info.name in DATASET_FILES and recorded.exists():
+        return replace(source, dataset=info.name, data_dir=recorded)
+    raise ConfigError(
+        f"{source.checkpoint} was trained on {info.name!r} read from {info.source}, which "
+        f"is not readable here: pass --dataset {info.name} --data-dir DIR to serve its "
+        f"{info.num_users} users, or --synthetic-users to serve synthetic ones")
+
+
+def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
+                  timed: bool) -> InMemoryHistoryStore:
+    """The users of ``source.dataset`` in ``source.data_dir``, each cut to ``window``, in the
+    checkpoint's item ids, timestamps kept exactly when ``timed`` (a timed model skips an
+    untimed user); ``CatalogueMismatchError`` unless the file is the data the checkpoint was
+    trained on (the module docstring), ``ConfigError`` when it holds no user to serve."""
+    from relaygr.data import IdMap, build_sequences, resolve
+    from relaygr.train import read_run_config
+    from relaygr.train.checkpoint import ID_MAP_FILE
+
+    assert source.checkpoint is not None and source.dataset is not None
+    assert source.data_dir is not None
+    table = resolve(source.dataset, source.data_dir).read()
+    check_trained_data(source.checkpoint, read_run_config(source.checkpoint).dataset, table)
+    seqs = build_sequences(table, IdMap.load(source.checkpoint / ID_MAP_FILE))
+    users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    for h in seqs.histories():
+        if timed and h.timestamps is None:
+            continue          # a timed model cannot serve an untimed user
+        start = window.start(len(h.items))
+        ts = None if not timed or h.timestamps is None else h.timestamps[start:]
+        users[int(h.user_id)] = (h.items[start:], ts)
+    if not users:
+        raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
+                          "serve")
+    return InMemoryHistoryStore.from_sequences(users, num_items)
+
+
+def check_trained_data(checkpoint: Path, info: DatasetInfo, table: InteractionTable) -> None:
+    """``CatalogueMismatchError`` unless ``table`` holds as many users, distinct items and
+    events as the data ``checkpoint`` was trained on (``info``, its run's record)."""
+    served = (len(np.unique(table.users)), len(np.unique(table.items)), table.num_rows)
+    trained = (info.num_users, info.num_items, info.num_events)
+    if served != trained:
+        raise CatalogueMismatchError(
+            f"{table.source} holds {_counts(served)}: not the data {checkpoint} was trained on "
+            f"({info.name!r} read from {info.source}: {_counts(trained)}), so its item ids "
+            "would name other items; serve the data it was trained on, or --synthetic-users")
+
+
+def _counts(counts: tuple[int, int, int]) -> str:
+    users, items, events = counts
+    return f"{users} users, {items} items, {events} events"
