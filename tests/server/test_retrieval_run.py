@@ -7,19 +7,21 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import numpy as np
 import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig
+from relaygr.cascade.eventlog import EventLog
 from relaygr.cascade.item_cf import ItemCFRetrieval
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
 from relaygr.cascade.trained_retrieval import TrainedRetrieval
 from relaygr.cli import serve
 from relaygr.data import load_sequences
 from relaygr.errors import CatalogueMismatchError, ConfigError
-from relaygr.server import ModelSource, RelayService, ServerConfig, build_embedded
+from relaygr.server import ModelSource, RelayService, ServerConfig, build, build_embedded
 from relaygr.server.build import load_model
 from relaygr.server.config import ServeOptions
 from relaygr.train import Trainer
@@ -190,3 +192,30 @@ def test_without_a_trained_stage_the_configured_delays_are_waited_and_reported()
     assert t["total_ms"] - t["ranking_ms"] >= 5.0 - resolution_ms
     assert t["retrieval_ms"] + t["simulated_delay_ms"] <= t["total_ms"] - t["ranking_ms"]
     assert t["retrieval_ms"] + t["simulated_delay_ms"] + t["ranking_ms"] <= t["total_ms"]
+
+
+def test_a_bad_run_is_refused_before_the_users_load_and_the_event_log_opens(
+        runs: tuple[Path, Path], tmp_path: Path) -> None:
+    rank, _ = runs
+    neither = tmp_path / "neither"          # neither kind of run: refused when it loads
+    neither.mkdir()
+    events = tmp_path / "events.sqlite"
+    source = ModelSource(checkpoint=rank, retrieval_run=neither, events=events)
+    with mock.patch.object(build, "load_store", side_effect=AssertionError("users loaded")), \
+            pytest.raises(ConfigError, match="neither"):
+        build_embedded(source, system_config(num_instances=1), ServerConfig(),
+                       flops_cost_model(load_model(source).cfg))
+    assert not events.exists()
+
+
+def test_a_start_up_that_fails_after_the_event_log_opened_lets_it_go(
+        runs: tuple[Path, Path], tmp_path: Path) -> None:
+    rank, retrieval = runs
+    events = tmp_path / "events.sqlite"
+    source = ModelSource(checkpoint=rank, retrieval_run=retrieval, events=events)
+    with mock.patch.object(build, "load_catalog", side_effect=ConfigError("no catalogue")), \
+            pytest.raises(ConfigError, match="no catalogue"):
+        build_embedded(source, system_config(num_instances=1), ServerConfig(),
+                       flops_cost_model(load_model(source).cfg))
+    assert events.exists()
+    EventLog(events).close()                # not held: the failed start let it go

@@ -105,12 +105,17 @@ def ingress_service(ranker: Any, spec: IngressSpec) -> RelayService:
     model = load_model(spec.model)
     if model_digest(model) != spec.model_digest:
         raise ConfigError("the ingress built a different model than the driver")
-    store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
-    release_free_memory()   # what reading the dataset freed (see engine.hostmem)
+    # the run before the users: a run that does not fit fails before the store is opened
     retrieval = load_retrieval(spec.model, spec.system, model, device=INGRESS_DEVICE)
-    backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
-    return RelayService(backend, spec.server, load_catalog(spec.model, model),
-                        model_info(spec.model, model), timed=served_timed(spec.model))
+    store = load_store(spec.model, model, HistoryWindow.for_model(model.cfg, spec.system))
+    try:
+        release_free_memory()   # what reading the dataset freed (see engine.hostmem)
+        backend = RayBackend(ranker, model, store, spec.system, spec.max_attempts, retrieval)
+        return RelayService(backend, spec.server, load_catalog(spec.model, model),
+                            model_info(spec.model, model), timed=served_timed(spec.model))
+    except BaseException:
+        store.close()
+        raise
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,12 @@ def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
     store = _base_store(source, model, window)
     if source.history_store is not None:
         shared = RedisHistoryStore.connect(source.history_store, model.cfg.num_items)
-        added = shared.add_absent({user: (history.items, history.timestamps)
-                                   for user, history in ((u, store.get(u)) for u in store)})
+        try:
+            added = shared.add_absent({user: (history.items, history.timestamps)
+                                       for user, history in ((u, store.get(u)) for u in store)})
+        except BaseException:
+            shared.close()
+            raise
         log(f"history store {source.history_store}: {added} of the {len(store)} users added, "
             f"{len(shared)} held")
         return shared
@@ -236,33 +240,54 @@ def build_embedded(source: ModelSource, system: SystemConfig, server: ServerConf
     with the service and end when it stops. ``size_budgets`` replaces the system's cache budgets
     with ones sized from the model and the users (``kvcache.sizing``); ``log`` hears how. Once the
     users are loaded, the memory that freed is handed back to the kernel
-    (``engine.hostmem.release_free_memory``)."""
+    (``engine.hostmem.release_free_memory``). The retrieval run is loaded before the users, so a
+    run that does not fit is refused before the slow reading and before the event log is
+    opened; a start that fails after that closes the store (the log and its lock let go)."""
     device = system.devices[0]
     log(f"loading the model ({source.checkpoint or source.size}) on {device}")
     model = load_model(source, device)
+    retrieval = load_retrieval(source, system, model, log)
     log("loading the users")
     store = load_store(source, model, HistoryWindow.for_model(model.cfg, system), log)
+    try:
+        return _service(source, system, server, model, store, retrieval, cost_model,
+                        instance_processes, size_budgets, log)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _service(source: ModelSource, system: SystemConfig, server: ServerConfig, model: HSTU,
+             store: HistoryStore, retrieval: RetrievalStage | None,
+             cost_model: LatencyCostModel | Path | None, instance_processes: bool,
+             size_budgets: bool, log: Callable[[str], None]) -> RelayService:
+    """``build_embedded``'s service over the loaded ``model``, ``store`` and ``retrieval``; the
+    instance processes, once started, are stopped again when it fails."""
     log(f"{len(store)} users; {model.cfg.num_layers} layers, dim {model.cfg.dim}, "
         f"{model.cfg.num_items} items, {sum(p.numel() for p in model.parameters())} weights")
     if size_budgets:
         system = sized_budgets(system, model, store, log)
     log(f"starting {system.num_instances} {system.mode} instances"
         f"{' in processes of their own' if instance_processes else ''}; fitting the cost model")
+    device = system.devices[0]
     if not isinstance(cost_model, LatencyCostModel):
         cost_model = load_cost_model(cost_model, model, device)
-    retrieval = load_retrieval(source, system, model, log)
     release_free_memory()   # what reading the dataset freed (see engine.hostmem)
+    catalog, info, timed = load_catalog(source, model), model_info(source, model), \
+        served_timed(source)
     if not instance_processes:
         return RelayService(EmbeddedBackend(RelaySystem(system, model, store, cost_model,
                                                         retrieval)),
-                            server, load_catalog(source, model), model_info(source, model),
-                            timed=served_timed(source))
+                            server, catalog, info, timed=timed)
     from relaygr.engine.transport.processes import InstanceProcesses, threads_per_instance
     processes = InstanceProcesses.for_model(model, cost_model, system.num_instances,
                                             threads_per_instance(system.num_instances),
                                             build=build_instance)
-    relay = RelaySystem(system, model, store, cost_model, retrieval,
-                        instance_factory=processes.factory)
-    return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server,
-                        load_catalog(source, model), model_info(source, model),
-                        timed=served_timed(source))
+    try:
+        relay = RelaySystem(system, model, store, cost_model, retrieval,
+                            instance_factory=processes.factory)
+        return RelayService(EmbeddedBackend(relay, on_stop=processes.close), server, catalog,
+                            info, timed=timed)
+    except BaseException:
+        processes.close()
+        raise
