@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.window import HistoryWindow
 from relaygr.server.build import load_model, load_store
 from relaygr.server.config import ModelSource, ServerConfig
 from relaygr.server.loadgen import LoadResult, LoadSpec, run_open_loop
@@ -259,7 +260,8 @@ def failover(qps: float, duration_s: float) -> dict[str, Any]:
         cpu = share.result()
         after = server.report()
     model = load_model(MODEL)
-    store = load_store(MODEL, model)          # the server's users (no visit appends events)
+    # the server's users, cut to its window (no visit appends events)
+    store = load_store(MODEL, model, HistoryWindow.for_model(model.cfg, SYSTEM))
     worst = 0.0
     for o in result.answered()[::4]:
         assert o.body is not None
