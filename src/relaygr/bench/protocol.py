@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 from relaygr.bench.layout import Layout
 from relaygr.bench.workload.base import BenchRequest, Workload
 from relaygr.engine.types import RankPath
+from relaygr.wake import sleep_until
 
 # The paths a record names (``RequestRecord.path``) are the engine's ``RankPath`` values, which
 # the systems report; these groupings of them are the ones statistics single out.
@@ -174,8 +175,11 @@ class RunClock:
         return self._loop.time() - self._origin
 
     async def sleep_until(self, t_s: float) -> None:
-        # An overdue send still yields once, so started requests make progress between sends.
-        await asyncio.sleep(max(0.0, t_s - self.now_s()))
+        """Until ``t_s`` on the run clock, to within about 0.1 ms (``relaygr.wake``: asyncio's
+        own timer ends up to 1 ms late, which the ranking latency would charge the system).
+        An overdue send still yields once, so started requests make progress between sends."""
+        assert self._loop is not None, "RunClock read before the run started"
+        await sleep_until(self._origin + t_s)
 
 
 @dataclass(frozen=True, eq=False)

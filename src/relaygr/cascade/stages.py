@@ -39,6 +39,7 @@ from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval, ExcludingStage, RetrievalStage
 from relaygr.errors import EmptyInputError, NoCandidatesError
 from relaygr.model import HSTU
+from relaygr.wake import sleep_until
 
 
 class CandidateBook:
@@ -181,7 +182,7 @@ class EarlierStages:
         retrieved = self.clock()
         delay_s = 0.0
         if deadline > loop.time():
-            await asyncio.sleep(deadline - loop.time())
+            await sleep_until(deadline)     # not asyncio's timer: it ends up to 1 ms late
             delay_s = self.clock() - retrieved
         return StageOutput(candidates, StageTiming(retrieved - start, delay_s, replayed), scores)
 
