@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from relaygr.wake import COARSE_S, _Waker, sleep_until
+from tests.virtual_time import run_virtual
 
 
 def test_a_waiter_returns_at_or_after_its_moment_on_either_timer() -> None:
@@ -75,3 +76,14 @@ async def sleep_until_soon() -> None:
     deadline = loop.time() + 0.001
     await sleep_until(deadline)
     assert loop.time() >= deadline
+
+
+def test_a_loop_on_a_clock_of_its_own_waits_on_its_own_timer() -> None:
+    """On virtual time the moment is reached by the loop's clock alone, at once in real time."""
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3600.0
+        await sleep_until(deadline)
+        return loop.time() - deadline
+
+    assert run_virtual(main()) == 0.0
