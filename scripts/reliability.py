@@ -49,9 +49,10 @@ SLO_MS = 250.0
 # the server also caps requests in flight at its door (Little's law: ~10 QPS x ~0.15 s is ~2
 # in flight at the knee; 8 leaves room for bursts). Cache budgets sized for this 24 GiB box:
 # ~60 device and ~250 host prefixes per instance.
-SYSTEM = SystemConfig(num_instances=2, slo_ms=SLO_MS, risk_fraction=0.15, num_candidates=64,
-                      retrieval_k=256, shed_preinfer_queue_depth=1, max_rank_queue_depth=2,
-                      device_budget_bytes=256 << 20, host_budget_bytes=1024 << 20)
+SYSTEM = SystemConfig(num_instances=2, slo_ms=SLO_MS).with_(
+    trigger={"risk_fraction": 0.15}, stages={"num_candidates": 64, "retrieval_k": 256},
+    overload={"shed_preinfer_queue_depth": 1, "max_rank_queue_depth": 2},
+    instance={"device_budget_bytes": 256 << 20, "host_budget_bytes": 1024 << 20})
 MAX_IN_FLIGHT = 8
 
 
@@ -116,7 +117,7 @@ def fuzz(examples: int) -> dict[str, Any]:
     from hypothesis.errors import Unsatisfiable
 
     small = replace(MODEL, size="tiny", num_users=50, max_events=512)
-    system = SYSTEM.with_(retrieval_k=32, num_candidates=8)
+    system = SYSTEM.with_(stages={"retrieval_k": 32, "num_candidates": 8})
     tally: dict[str, dict[str, int]] = {}
     problems: list[str] = []
     with LoopbackServer(LoopbackSpec(small, system, ServerConfig(port=0), None, 1)) as server:

@@ -63,7 +63,16 @@ def test_plans_measure_every_phase_within_their_budgets() -> None:
         assert plan.throughput.slo_share == 0.5
         assert plan.throughput.lengths.max_tokens == profile.sweep_lengths[-1]
         assert plan.exactness is not None and plan.exactness.requests >= 50
-    assert QUICK_MODES == ("baseline", "reactive", "relay")
+    # the two modes of the headline ratios first: a phase the deadline cuts after two points
+    # has measured both; only their sweeps are narrowed past the grid (their bar is on length)
+    assert QUICK_MODES == ("baseline", "relay", "reactive")
+    assert quick.sweep is not None and full.sweep is not None
+    for plan, mode in ((quick, "reactive"), (full, "reactive"), (full, "relay-no-trigger")):
+        assert plan.sweep is not None
+        assert plan.sweep.search(mode).rel_tol is None
+    for plan in (quick, full):
+        assert plan.sweep is not None
+        assert all(plan.sweep.search(m).rel_tol for m in ("baseline", "relay"))
     for name in PROFILES:
         assert profile_named(name).name == name
     with pytest.raises(ConfigError):

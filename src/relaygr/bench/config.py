@@ -120,9 +120,10 @@ class SweepConfig:
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
     ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
     ``budget_s``: seconds of measuring each mode's sweep may spend (``LengthSweep``).
-    ``rel_tol`` (None: the grid's answer): how narrow the other modes' sweeps make the bracket
-    the grid leaves, by midpoints on multiples of ``quantum_tokens`` (``LengthSweep``); a
-    coarse mode's bar is not on length, so it stops at its grid's bracket.
+    ``rel_tol`` (None: the grid's answer): how narrow the sweeps of ``narrowed_modes`` (None:
+    every mode not coarse) make the bracket the grid leaves, by midpoints on multiples of
+    ``quantum_tokens`` (``LengthSweep``): the modes whose bar is on length; the others stop at
+    their grid's bracket.
     """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
@@ -134,6 +135,7 @@ class SweepConfig:
     rel_tol: float | None = None
     # the synthetic workloads' lengths are whole tokens; 16 keeps midpoints on round figures
     quantum_tokens: int = 16
+    narrowed_modes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.start is not None and self.start not in self.lengths:
@@ -154,10 +156,11 @@ class SweepConfig:
         return self.lengths[anchor % self.coarse_stride::self.coarse_stride]
 
     def search(self, mode: str) -> LengthSweep:
-        """``mode``'s sweep: its grid, the start, the budget, and narrowing unless coarse."""
+        """``mode``'s sweep: its grid, the start, the budget, and narrowing where it applies."""
+        narrowed = (mode not in self.coarse_modes if self.narrowed_modes is None
+                    else mode in self.narrowed_modes)
         return LengthSweep(self.grid(mode), self.start, self.budget_s,
-                           None if mode in self.coarse_modes else self.rel_tol,
-                           self.quantum_tokens)
+                           self.rel_tol if narrowed else None, self.quantum_tokens)
 
 
 @dataclass(frozen=True)

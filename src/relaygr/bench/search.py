@@ -194,6 +194,11 @@ class LengthSweep:
         self._budget_s = budget_s
         self._halted = False
 
+    @property
+    def rel_tol(self) -> float | None:
+        """How narrow it makes the grid's bracket (None: not past the grid)."""
+        return self._tol
+
     def next_point(self) -> int | None:
         if self._halted or self._standing.spent_s >= self._budget_s:
             return None

@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ranking P99 SLO (profile's)")
     p.add_argument("--modes", default=None,
                    help="comma-separated modes, measured in this order (default: all six; "
-                        "--quick: baseline, reactive, relay)")
+                        "--quick: baseline, relay, reactive)")
     p.add_argument("--retrieval-run", type=Path, default=None, metavar="RUN",
                    help="a `relaygr train-retrieval` run on MovieLens-1M serving retrieval in the "
                         "ML-1M replay phase (added to --quick): live and measured on each "
