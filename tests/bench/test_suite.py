@@ -360,3 +360,26 @@ def test_a_single_spike_leaves_a_point_undecided_and_the_search_climbs_past_it()
     assert (spiked.decision.overages, spiked.decision.samples) == (1, 256)
     assert result.best_qps == 64.0 and result.stopped_by == "max_qps"
     assert result.undecided_qps == (16.0,)
+
+
+def test_a_mode_the_sweep_leaves_out_has_no_length_figure_and_the_report_says_so(
+        tmp_path: Path) -> None:
+    """The quick plan sweeps only the modes whose bar is on length: a mode left out is in the
+    report with no sweep (not a missing key, not a zero), the JSON names the modes swept, and
+    the swept mode's answer is the offline one."""
+    from dataclasses import replace
+
+    assert CONFIG.sweep is not None
+    config = replace(CONFIG, sweep=replace(CONFIG.sweep, modes=("baseline",)), throughput=None,
+                     mixed=None, limit=None, exactness=None)
+    buffer = io.StringIO()
+    report = run_benchmark({m: factory(m) for m in ("baseline", "relay")}, config, tmp_path,
+                           console=Console(file=buffer, width=140))
+    assert report.modes["relay"].sweep is None
+    assert report.modes["relay"].max_seq_len_under_slo is None
+    assert report.modes["baseline"].max_seq_len_under_slo == \
+        offline_sweep("baseline").result().max_seq_len
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["workload"]["sweep"]["modes"] == ["baseline"]
+    assert data["modes"]["relay"]["max_seq_len_under_slo"] is None
+    assert "relay_vs_baseline_seq_len_ge_2x" in buffer.getvalue()

@@ -71,7 +71,8 @@ def test_a_command_without_a_config_shows_its_flags_and_bad_input_is_refused(
 def test_bench_shows_its_plan_without_measuring(capsys: pytest.CaptureFixture[str]) -> None:
     shown = _show(capsys, "bench", "--quick", "--device", "cpu", "--slo-ms", "40",
                   "--instances", "3")["config"]
-    assert shown["modes"] == ["baseline", "reactive", "relay"]
+    assert shown["modes"] == ["baseline", "relay", "reactive"]
+    assert shown["plan"]["sweep"]["modes"] == ["baseline", "relay"]
     assert shown["system"]["num_instances"] == 3 and shown["system"]["slo_ms"] == 40.0
     assert shown["plan"]["slo_ms"] == 40.0
     assert shown["plan"]["serving"]["instances"] == 3

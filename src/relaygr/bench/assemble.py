@@ -47,7 +47,7 @@ class Phases:
 def mode_report(mode: str, points: Sequence[PointStats], slo_ms: float,
                 phases: Phases) -> ModeReport:
     """``mode``'s answers to each search and its reference point."""
-    s = phases.sweep[mode] if phases.sweep else None
+    s = phases.sweep.get(mode) if phases.sweep else None    # a mode may not be swept
     t = phases.throughput[mode] if phases.throughput else None
     x = phases.mixed[mode] if phases.mixed else None
     return ModeReport(
@@ -72,7 +72,8 @@ def assemble(config: BenchConfig, modes: Sequence[str], points: Sequence[PointSt
         "sweep": None if config.sweep is None else {
             "qps": config.sweep.qps, "lengths": config.sweep.lengths,
             "budget_s": config.sweep.budget_s, "rel_tol": config.sweep.rel_tol,
-            "quantum_tokens": config.sweep.quantum_tokens},
+            "quantum_tokens": config.sweep.quantum_tokens,
+            "modes": config.sweep.swept(modes)},
         "throughput": {"prefix_len": phases.prefix_len, "chosen_by": phases.chosen_by,
                        "search": None if phases.throughput_search is None
                        else asdict(phases.throughput_search),

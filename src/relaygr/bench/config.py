@@ -12,7 +12,7 @@ pass. Points that clearly fail stop after a few overages, which keeps searches s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -120,10 +120,10 @@ class SweepConfig:
     ``coarse_modes`` sweep every ``coarse_stride``-th length of the grid only (the lengths
     ``start`` is among): modes whose bar is not on length, at a fraction of the cost.
     ``budget_s``: seconds of measuring each mode's sweep may spend (``LengthSweep``).
-    ``rel_tol`` (None: the grid's answer): how narrow the sweeps of ``narrowed_modes`` (None:
-    every mode not coarse) make the bracket the grid leaves, by midpoints on multiples of
-    ``quantum_tokens`` (``LengthSweep``): the modes whose bar is on length; the others stop at
-    their grid's bracket.
+    ``rel_tol`` (None: the grid's answer): how narrow the sweeps of the modes not coarse make
+    the bracket the grid leaves, by midpoints on multiples of ``quantum_tokens``
+    (``LengthSweep``): the modes whose bar is on length; the coarse ones stop at their grid's
+    bracket. ``modes`` (None: every mode of the run) are the modes swept at all.
     """
 
     lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
@@ -135,7 +135,7 @@ class SweepConfig:
     rel_tol: float | None = None
     # the synthetic workloads' lengths are whole tokens; 16 keeps midpoints on round figures
     quantum_tokens: int = 16
-    narrowed_modes: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.start is not None and self.start not in self.lengths:
@@ -156,11 +156,14 @@ class SweepConfig:
         return self.lengths[anchor % self.coarse_stride::self.coarse_stride]
 
     def search(self, mode: str) -> LengthSweep:
-        """``mode``'s sweep: its grid, the start, the budget, and narrowing where it applies."""
-        narrowed = (mode not in self.coarse_modes if self.narrowed_modes is None
-                    else mode in self.narrowed_modes)
+        """``mode``'s sweep: its grid, the start, the budget, and narrowing unless coarse."""
         return LengthSweep(self.grid(mode), self.start, self.budget_s,
-                           self.rel_tol if narrowed else None, self.quantum_tokens)
+                           None if mode in self.coarse_modes else self.rel_tol,
+                           self.quantum_tokens)
+
+    def swept(self, modes: Sequence[str]) -> tuple[str, ...]:
+        """Which of the run's ``modes`` are swept, in the run's order."""
+        return tuple(m for m in modes if self.modes is None or m in self.modes)
 
 
 @dataclass(frozen=True)

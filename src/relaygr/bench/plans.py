@@ -37,9 +37,9 @@ START_CAPACITY_SHARE = 0.2
 # peer, in the order each phase's first round measures them: where the run's deadline leaves
 # room for two points only, they are the two the headline ratios are of.
 QUICK_MODES = ("baseline", "relay", "reactive")
-# The modes whose bar is on length (relay >= 2x the baseline), the only ones whose sweeps are
-# narrowed past the grid: a reactive midpoint costs the run's deadline a point (~20 s) and
-# decides no target.
+# The modes whose bar is on length (relay >= 2x the baseline), the only ones the quick run
+# sweeps: reactive's sweep decides no target, and its points (~20 s each, undecided ones
+# included) came out of the deadline the throughput phase, where its bar is, needs.
 LENGTH_BAR_MODES = ("baseline", "relay")
 # The quick run's sweep and searches run at this multiple of the profile's sweep load: a P99
 # pass needs a few hundred requests, which take minutes at the full run's sweep load.
@@ -80,17 +80,18 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
     than half of it, and take up to 10 minutes of measuring per mode. Warm-up: 25 requests or 2
     s of the schedule, whichever is more (a fresh system's caches fill first). Quick: verdicts
     at 90% confidence, 230-512 measured requests a point (a clean pass at 230 of 256 or 270 of
-    512, one with a single overage at 438 of 512) after the same warm-up, three modes, every
-    other length from the second (baseline's and relay's brackets then narrowed to
-    ``QUICK_LENGTH_TOL`` while the sweep's budget lasts), sweep and searches from 4x the
-    profile's sweep load (16 QPS on cpu: a passing point takes ~15 s there, a minute at 4 QPS;
-    the fixed-length search from a fifth of the baseline's capacity, on the same x2 grid),
-    sweeps of 45 s and searches of 40 s of measuring per mode, the searches down to a quarter of
-    that load and none on the mixed workload (it serves the exactness replay, 60 requests at 8
-    QPS), one re-measure of a point under noise, a 20-request limit point, no extra workloads,
-    and a deadline (``QUICK_DEADLINE_S``) by which the sweep and searches end, so that the whole
-    run takes under five minutes: a smoke figure of the same shape. Both compare throughput at
-    this machine's operating point (``relaygr.bench.operating``, ``slo_share``).
+    512, one with a single overage at 438 of 512) after the same warm-up, three modes, the sweep
+    of baseline and relay only (``LENGTH_BAR_MODES``) over every other length from the second,
+    their brackets then narrowed to ``QUICK_LENGTH_TOL`` while the sweep's budget lasts, sweep
+    and searches from 4x the profile's sweep load (16 QPS on cpu: a passing point takes ~15 s
+    there, a minute at 4 QPS; the fixed-length search from a fifth of the baseline's capacity,
+    on the same x2 grid), sweeps of 45 s and searches of 40 s of measuring per mode, the
+    searches down to a quarter of that load and none on the mixed workload (it serves the
+    exactness replay, 60 requests at 8 QPS), one re-measure of a point under noise, a 20-request
+    limit point, no extra workloads, and a deadline (``QUICK_DEADLINE_S``) by which the sweep
+    and searches end, so that the whole run takes under five minutes: a smoke figure of the same
+    shape. Both compare throughput at this machine's operating point
+    (``relaygr.bench.operating``, ``slo_share``).
     """
     population = SyntheticConfig.from_dict(profile.population_params())
     extra: tuple[WorkloadPhaseConfig, ...] = ()
@@ -111,8 +112,7 @@ def run_plan(profile: BenchProfile, quick: bool, slo_ms: float, seed: int, devic
         # 45 s of measuring a mode: two passing lengths (~17 s each at this load), a fail and
         # its re-measure; a sweep that needs more stops there with what it has decided
         sweep = SweepConfig(lengths=lengths, qps=load, start=lengths[min(1, len(lengths) - 1)],
-                            budget_s=45.0, rel_tol=QUICK_LENGTH_TOL,
-                            narrowed_modes=LENGTH_BAR_MODES)
+                            budget_s=45.0, rel_tol=QUICK_LENGTH_TOL, modes=LENGTH_BAR_MODES)
         mixed_search = None
     else:
         budget = PointBudget(measured_requests=1024, min_measured_requests=540,

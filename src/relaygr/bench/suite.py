@@ -89,7 +89,7 @@ class BenchSuite:
     async def sweep(self) -> dict[str, LengthSweepResult]:
         cfg = self.config.sweep
         assert cfg is not None
-        searches = {m: cfg.search(m) for m in self.systems}
+        searches = {m: cfg.search(m) for m in cfg.swept(tuple(self.systems))}
         builders: dict[int, SyntheticWorkload] = {}
 
         def fixed(length: int) -> SyntheticWorkload:
