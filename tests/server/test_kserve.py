@@ -54,3 +54,23 @@ def test_kserve_v2_health_metadata_and_inference() -> None:
     text = r["metrics"].text
     assert f'relaygr_model_info{{digest="{service.model_info.digest}",name="hstu-tiny"' in text
     assert "relaygr_in_flight 0.0" in text
+
+
+def test_the_kserve_routes_document_the_errors_they_answer() -> None:
+    """A name other than the served model's is a 404 with the error body, a server not ready
+    a 503: both in the OpenAPI schema, where clients generated from it (and fuzzers) look."""
+    service = make_service()
+
+    async def body(client: httpx.AsyncClient) -> dict[str, object]:
+        schema: dict[str, object] = (await client.get("/openapi.json")).json()
+        return schema
+
+    paths = run_with_client(service, body)["paths"]
+    assert isinstance(paths, dict)
+    for path, method in (("/v2/models/{name}", "get"), ("/v2/models/{name}/ready", "get"),
+                         ("/v2/models/{name}/infer", "post")):
+        documented = paths[path][method]["responses"]
+        assert "404" in documented and documented["404"]["content"]["application/json"][
+            "schema"]["$ref"].endswith("/ErrorResponse"), path
+    assert "503" in paths["/v2/models/{name}/ready"]["get"]["responses"]
+    assert "503" in paths["/v2/health/ready"]["get"]["responses"]

@@ -19,7 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from relaygr.errors import InvalidInputError
 from relaygr.server.config import ModelInfo
-from relaygr.server.schemas import RankRequest, RecommendRequest, RecommendResponse
+from relaygr.server.schemas import (
+    ErrorResponse,
+    RankRequest,
+    RecommendRequest,
+    RecommendResponse,
+)
 from relaygr.server.service import RelayService
 
 PLATFORM = "relaygr-hstu"
@@ -76,6 +81,14 @@ def _inputs(request: InferRequest) -> dict[str, list[int]]:
     return by_name
 
 
+# What the routes answer besides their success, for the OpenAPI schema: a name other than the
+# served model's (404), and for inference the /v1 routes' errors (bad input, unknown user,
+# oversize body, overload) in the same ``ErrorResponse`` body.
+_UNKNOWN_MODEL: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
+_INFER_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
+
+
 def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) -> None:
     @app.exception_handler(UnknownModelError)
     async def unknown_model(_: Request, exc: UnknownModelError) -> JSONResponse:
@@ -100,21 +113,24 @@ def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) 
     async def live() -> dict[str, bool]:
         return {"live": True}
 
-    @app.get("/v2/health/ready", summary="KServe v2: ready to serve")
+    @app.get("/v2/health/ready", summary="KServe v2: ready to serve",
+             responses={503: {"description": "not ready"}})
     async def ready() -> JSONResponse:
         return ready_body()
 
-    @app.get("/v2/models/{name}", summary="KServe v2: the model's metadata")
+    @app.get("/v2/models/{name}", summary="KServe v2: the model's metadata",
+             responses=_UNKNOWN_MODEL)
     async def model_metadata(name: str) -> dict[str, Any]:
         check(name)
         return metadata()
 
-    @app.get("/v2/models/{name}/ready", summary="KServe v2: the model is ready")
+    @app.get("/v2/models/{name}/ready", summary="KServe v2: the model is ready",
+             responses={**_UNKNOWN_MODEL, 503: {"description": "not ready"}})
     async def model_ready(name: str) -> JSONResponse:
         check(name)
         return ready_body()
 
-    @app.post("/v2/models/{name}/infer", response_model=InferResponse,
+    @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=_INFER_ERRORS,
               summary="KServe v2: rank candidates for a user, or run the whole cascade")
     async def infer(name: str, body: InferRequest) -> InferResponse:
         check(name)
