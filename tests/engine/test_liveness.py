@@ -34,6 +34,20 @@ def _first_verdict(liveness: HostLiveness, start: float, end: float,
     return None
 
 
+
+def work_through(liveness: HostLiveness, count: int) -> float:
+    """Answer calls 1..``count`` in turn, one every half second from 0, hearing from the host
+    every tick and checking it is never judged meanwhile; returns the time of the last answer."""
+    answered, now = 0, 0.0
+    while answered < count:
+        now += TICK
+        liveness.heard(now)
+        if now % 0.5 == 0:
+            answered += 1
+            liveness.answered(answered, now)
+        assert liveness.check(now, POLICY) is None
+    return now
+
 def test_a_silent_host_is_judged_at_the_second_check_past_the_deadline() -> None:
     liveness = HostLiveness(0.0)
     assert _first_verdict(liveness, 0.0, 10.0, beats_until=3.0) == (
@@ -76,14 +90,7 @@ def test_a_busy_host_that_answers_its_queue_is_not_judged() -> None:
     liveness = HostLiveness(0.0)
     for seq in range(1, 41):
         liveness.rank_sent(seq, 0.0)
-    answered, now = 0, 0.0
-    while answered < 30:         # checked every tick, answered every other tick
-        now += TICK
-        liveness.heard(now)
-        if now % 0.5 == 0:
-            answered += 1
-            liveness.answered(answered, now)
-        assert liveness.check(now, POLICY) is None
+    now = work_through(liveness, 30)
     assert liveness.unanswered_ranks == 10 and now == 15.0
     assert _first_verdict(liveness, now, now + 10.0, beats_until=now + 10.0) == (
         now + 2.25,
@@ -142,14 +149,7 @@ def test_a_busy_instance_beside_an_idle_one_is_not_judged() -> None:
     liveness = HostLiveness(0.0)
     for seq in range(1, 21):
         liveness.rank_sent(seq, 0.0, iid=2)
-    answered, now = 0, 0.0
-    while answered < 20:
-        now += TICK
-        liveness.heard(now)
-        if now % 0.5 == 0:
-            answered += 1
-            liveness.answered(answered, now)
-        assert liveness.check(now, POLICY) is None
+    work_through(liveness, 20)
     assert liveness.unanswered_ranks == 0
 
 
