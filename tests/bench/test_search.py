@@ -326,3 +326,27 @@ def test_lockstep_halts_every_search_at_the_first_point_that_does_not_fit() -> N
     assert {m: s.result().stopped_by for m, s in searches.items()} == \
         {"baseline": "deadline", "relay": "deadline"}
     assert searches["relay"].result().best_qps == 40.0
+
+
+def test_a_midpoint_failed_once_when_time_ran_out_leaves_the_re_measured_fail_as_the_bound(
+        ) -> None:
+    """Narrowing: 1,536 failed twice above 768's pass, then the midpoint 1,088 failed once and
+    the run's deadline came before its re-measure. The bracket's upper end is 1,536 (believed),
+    not open: a fail measured once is no bound, but the one above it was measured twice."""
+    sweep = LengthSweep((384, 768, 1536, 3072), start=768, rel_tol=0.25)
+    for length, verdict in [(768, Verdict.PASS), (1536, Verdict.FAIL), (1536, Verdict.FAIL),
+                            (1088, Verdict.FAIL)]:
+        assert sweep.next_point() == length
+        sweep.record(length, Outcome(1.0, verdict))
+    assert sweep.next_point() == 1088          # its re-measure, next
+    sweep.halt()
+    result = sweep.result()
+    assert result.stopped_by == "deadline" and result.bracket == (768.0, 1536.0)
+    # the same in the QPS search: 64 failed twice above 32, 48 failed once, then the deadline
+    search = QpsSearch(32.0, rel_tol=0.1)
+    for qps, verdict in [(32.0, Verdict.PASS), (64.0, Verdict.FAIL), (64.0, Verdict.FAIL),
+                         (48.0, Verdict.FAIL)]:
+        assert search.next_point() == qps
+        search.record(qps, Outcome(1.0, verdict))
+    search.halt()
+    assert search.result().interval == (32.0, 64.0)

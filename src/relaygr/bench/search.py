@@ -119,10 +119,16 @@ class Standing(Generic[Q]):
         with. With a pass below it, once re-measured; with none, once the search's walk is done
         (it walked down to the bottom failing, or stopped at a bound). A search stopped by its
         budget or the deadline before either leaves its bracket open above: a fail measured
-        once, nothing passed below it, may be a hiccup."""
+        once, nothing passed below it, may be a hiccup. A deciding fail still to be re-measured
+        leaves the bound to the lowest fail above it that was (None: none was)."""
         fail = self.deciding_fail()
-        if fail is None or self.recheck() is not None:
+        if fail is None:
             return None
+        if self.recheck() is not None:
+            # it waits for its re-measure; a fail above it already re-measured still bounds
+            # (a narrowing's midpoint measured once when the time ran out, say)
+            return min((p for p in self.points(Verdict.FAIL)
+                        if p > fail and self.latest[p].round > 1), default=None)
         return fail if walk_done or self.highest_pass() is not None else None
 
     def recheck(self) -> Q | None:
