@@ -195,9 +195,7 @@ def describe_overhead(limit: LimitReport) -> str | None:
     parts = limit.ranking_parts.get("parts")
     if not isinstance(parts, dict):
         return None
-    # a report written before the hand-over was its own part holds it in ``other``
-    mean = {name: 0.0 for name, _ in _OVERHEAD_PARTS} | {
-        name: float(v["mean_ms"]) for name, v in parts.items()}
+    mean = {name: float(v["mean_ms"]) for name, v in parts.items()}
     total = sum(mean.values())
     isolated = limit.cached_rank_ms_isolated
     compute = f"compute {mean['compute']:.2f}" + (

@@ -89,9 +89,8 @@ class QpsSearch:
         wider than ``rel_tol`` first; None when neither is. Undecided rates between the two
         gaps are not probed among: the sample there cannot tell, and ends move only by
         decided verdicts."""
-        rates = self._standing.points()
-        gaps = ((lo, min(q for q in rates if q > lo)), (max(q for q in rates if q < hi), hi))
-        return next(((a + b) / 2 for a, b in gaps if b > a * (1 + self._tol)), None)
+        return next(((a + b) / 2 for a, b in self._standing.gaps(lo, hi)
+                     if b > a * (1 + self._tol)), None)
 
     def _plan(self) -> tuple[float | None, str]:
         """The next rate, or None and why the search is done."""

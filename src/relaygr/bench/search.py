@@ -131,6 +131,13 @@ class Standing(Generic[Q]):
                         if p > fail and self.latest[p].round > 1), default=None)
         return fail if walk_done or self.highest_pass() is not None else None
 
+    def gaps(self, lo: Q, hi: Q) -> tuple[tuple[Q, Q], tuple[Q, Q]]:
+        """The bracket [``lo``, ``hi``)'s two gaps a search narrows: from its pass ``lo`` to the
+        next point measured above it, and from the highest point measured below its fail ``hi``
+        to ``hi`` (the same gap when nothing undecided lies between)."""
+        points = self.points()
+        return ((lo, min(p for p in points if p > lo)), (max(p for p in points if p < hi), hi))
+
     def recheck(self) -> Q | None:
         """The deciding fail, when a pass lies below it and it was measured once: to be
         measured again, afresh, its second verdict standing."""
@@ -238,9 +245,7 @@ class LengthSweep:
         the two gaps bound nothing and are not probed among (as in ``QpsSearch``)."""
         if self._tol is None:
             return None
-        measured = self._standing.points()
-        gaps = ((lo, min(n for n in measured if n > lo)), (max(n for n in measured if n < hi), hi))
-        for a, b in gaps:
+        for a, b in self._standing.gaps(lo, hi):
             middle = self._quantum * round(math.sqrt(a * b) / self._quantum)
             if b > a * (1 + self._tol) and a < middle < b:
                 return middle

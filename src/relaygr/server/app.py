@@ -19,7 +19,6 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +37,7 @@ from relaygr.errors import (
 from relaygr.server.kserve import install_kserve_routes
 from relaygr.server.middleware import BodyLimit, StatusCounter
 from relaygr.server.schemas import (
+    ERROR_RESPONSES,
     ErrorResponse,
     EventsRequest,
     EventsResponse,
@@ -61,10 +61,6 @@ RECOMMEND_DELAY_NOTE = (
     "With a trained stage both default to 0 and the request waits for the measured retrieval. "
     "`timings` says which: `retrieval_ms` (measured), `simulated_delay_ms` (waited for the "
     "configured delays), `ranking_ms`, `total_ms`.")
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
-
-
 def _error(status: int, exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=type(exc).__name__, detail=str(exc))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
@@ -114,23 +110,23 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_routes(app: FastAPI, service: RelayService) -> None:
-    @app.post("/v1/recommend", response_model=RecommendResponse, responses=_ERRORS,
+    @app.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES,
               summary="Run the whole cascade for a user: retrieval, pre-processing, ranking",
               description=RECOMMEND_DELAY_NOTE)
     async def recommend(body: RecommendRequest) -> RecommendResponse:
         return await service.recommend(body)
 
-    @app.post("/v1/prefill", response_model=PreinferOut, responses=_ERRORS,
+    @app.post("/v1/prefill", response_model=PreinferOut, responses=ERROR_RESPONSES,
               summary="The pre-infer signal: start computing the user's prefix K/V")
     async def prefill(body: PrefillRequest) -> PreinferOut:
         return await service.prefill(body)
 
-    @app.post("/v1/rank", response_model=RecommendResponse, responses=_ERRORS,
+    @app.post("/v1/rank", response_model=RecommendResponse, responses=ERROR_RESPONSES,
               summary="Rank given candidates, consuming the relayed prefix when present")
     async def rank(body: RankRequest) -> RecommendResponse:
         return await service.rank(body)
 
-    @app.post("/v1/events", response_model=EventsResponse, responses=_ERRORS,
+    @app.post("/v1/events", response_model=EventsResponse, responses=ERROR_RESPONSES,
               summary="Append behaviour events to a user's history")
     async def events(body: EventsRequest) -> EventsResponse:
         return await service.events(body)

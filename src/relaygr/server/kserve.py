@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from relaygr.errors import InvalidInputError
 from relaygr.server.config import ModelInfo
 from relaygr.server.schemas import (
+    ERROR_RESPONSES,
     ErrorResponse,
     RankRequest,
     RecommendRequest,
@@ -81,12 +82,9 @@ def _inputs(request: InferRequest) -> dict[str, list[int]]:
     return by_name
 
 
-# What the routes answer besides their success, for the OpenAPI schema: a name other than the
-# served model's (404), and for inference the /v1 routes' errors (bad input, unknown user,
-# oversize body, overload) in the same ``ErrorResponse`` body.
+# A name other than the served model's (404), for the OpenAPI schema; inference answers the
+# /v1 routes' errors too (``ERROR_RESPONSES``).
 _UNKNOWN_MODEL: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
-_INFER_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
 
 
 def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) -> None:
@@ -130,7 +128,7 @@ def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) 
         check(name)
         return ready_body()
 
-    @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=_INFER_ERRORS,
+    @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=ERROR_RESPONSES,
               summary="KServe v2: rank candidates for a user, or run the whole cascade")
     async def infer(name: str, body: InferRequest) -> InferResponse:
         check(name)

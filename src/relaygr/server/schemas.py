@@ -167,3 +167,9 @@ class ErrorResponse(BaseModel):
 
     error: str
     detail: str
+
+
+# The errors a route that serves requests may answer (bad input, unknown user or model,
+# oversize body, overload), for the OpenAPI schema: FastAPI's ``responses=``.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
