@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ class Service:
         self.url = f"http://127.0.0.1:{args.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = open(args.log, "ab")  # noqa: SIM115 (kept open for the service's life)
-        self.peak_rss: Counter[str] = Counter()
+        self.peak_rss: defaultdict[str, float] = defaultdict(float)
         self.names: dict[int, str] = {}     # pid -> its name (an idle Ray worker's last role)
 
     def start(self) -> float:

@@ -6,13 +6,14 @@ goes to a small hot set of users (revisits: the cache paths); the rest are unifo
 users. Every visit gets an ``Outcome``: answered (with the server's ranking latency and path),
 shed (503), rejected (4xx), failed (5xx) or lost (transport error, timeout). ``actions`` run at
 given times during the load (in a thread, so a blocking call does not stall the schedule).
+Sends wait with ``relaygr.wake.sleep_until``: asyncio's own timer ends up to a millisecond late,
+and a late send is charged to the server (its end-to-end latency counts from the schedule).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from relaygr.wake import sleep_until
 
 
 @dataclass(frozen=True)
@@ -91,20 +94,23 @@ def schedule(spec: LoadSpec) -> list[tuple[float, int]]:
 
 
 async def run_open_loop(url: str, spec: LoadSpec, keep_bodies: bool = False,
-                        actions: Sequence[tuple[float, Callable[[], object]]] = ()
-                        ) -> LoadResult:
-    """Drive ``POST /v1/recommend`` at ``spec.qps`` for ``spec.duration_s`` (see module doc)."""
+                        actions: Sequence[tuple[float, Callable[[], object]]] = (),
+                        transport: httpx.AsyncBaseTransport | None = None) -> LoadResult:
+    """Drive ``POST /v1/recommend`` at ``spec.qps`` for ``spec.duration_s`` (see module doc).
+    ``transport``: httpx's (None: the network)."""
     plan = schedule(spec)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=url, timeout=spec.timeout_s, limits=limits) as client:
-        start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, timeout=spec.timeout_s, limits=limits,
+                                 transport=transport) as client:
+        loop = asyncio.get_running_loop()
+        origin = loop.time()        # the schedule's zero, on the clock its sends wait on
 
         async def visit(at_s: float, user: int) -> Outcome:
             try:
                 r = await client.post("/v1/recommend", json={"user_id": user})
             except httpx.HTTPError:
-                return Outcome(user, at_s, 0, 1e3 * (time.perf_counter() - start - at_s))
-            e2e_ms = 1e3 * (time.perf_counter() - start - at_s)
+                return Outcome(user, at_s, 0, 1e3 * (loop.time() - origin - at_s))
+            e2e_ms = 1e3 * (loop.time() - origin - at_s)
             if r.status_code != 200:
                 return Outcome(user, at_s, r.status_code, e2e_ms)
             out = r.json()
@@ -112,15 +118,14 @@ async def run_open_loop(url: str, spec: LoadSpec, keep_bodies: bool = False,
                            out if keep_bodies else None)
 
         async def act(at_s: float, action: Callable[[], object]) -> None:
-            await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - start)))
+            await sleep_until(origin + at_s)
             await asyncio.to_thread(action)
 
         side = [asyncio.ensure_future(act(t, a)) for t, a in actions]
         tasks = []
         for at_s, user in plan:
-            delay = at_s - (time.perf_counter() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if origin + at_s > loop.time():
+                await sleep_until(origin + at_s)
             tasks.append(asyncio.ensure_future(visit(at_s, user)))
         outcomes = await asyncio.gather(*tasks)
         await asyncio.gather(*side)
