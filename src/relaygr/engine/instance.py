@@ -239,11 +239,18 @@ class RankingInstance:
         res = self.residency
         if not self.healthy or res is None or self.trigger is None:
             return PreinferResult(PreinferAction.SKIPPED, None, 0)
+        # Leases end lazily, at the pool's ``begin``; a lease whose ranking leg never came (shed,
+        # failed over) would otherwise count as unevictable here, and a trigger that refuses on
+        # that footprint never reaches ``begin``: pre-inference would stay off for good.
+        res.pool.expire_leases()
         state = res.resident(spec.pid)
+        if state is EntryState.PENDING:
+            return PreinferResult(PreinferAction.IN_FLIGHT, None, 0)
         if state is not None:
-            action = PreinferAction.IN_FLIGHT if state is EntryState.PENDING \
-                else PreinferAction.ON_DEVICE
-            return PreinferResult(action, None, 0)
+            # leased for this request's ranking leg, as a fresh pre-infer would be: an IDLE
+            # entry is the LRU's to evict before that leg comes
+            res.pool.lease(spec.pid)
+            return PreinferResult(PreinferAction.ON_DEVICE, None, 0)
         base = res.host_base(spec)
         per_token = PrefixKV.bytes_per_token(self.model.cfg.num_layers, self.model.cfg.dim,
                                              self.model.dtype, spec.timestamps is not None)

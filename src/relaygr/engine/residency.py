@@ -76,6 +76,9 @@ class Residency:
         self.copier = copier
         self.counters = ResidencyCounters()
         self._inflight: dict[int, PrefillWork] = {}   # user -> pre-infer/extension job
+        # user -> ranking requests waiting on a reload whose extension job is not queued yet
+        # (the host copy still copying): the job counts them as its waiters once queued
+        self._waiting: dict[int, int] = {}
         # user -> the device entry reloaded from the host, until it is ranked from or the
         # user's entry is computed here instead (its ranking is then no host hit)
         self._from_host: dict[int, PrefixId] = {}
@@ -184,6 +187,9 @@ class Residency:
         job = self.model.prefill_job([PrefillInput(spec.items[start:], ts, past)])
         track = job.tracks[0]
         work = self.scheduler.submit_prefill(job.step, lambda: job.done, track.tail)
+        # a ranking request waiting on this reload puts the extension on the critical path:
+        # the scheduler runs it before pre-infers nobody waits on, as it does a waited-on one
+        work.waiters += self._waiting.get(spec.pid.user_id, 0)
         self._inflight[spec.pid.user_id] = work
         try:
             tail: PrefixKV = await work.future
@@ -203,7 +209,7 @@ class Residency:
             return await self._wait(pid)
         base = self.host_base(spec)
         if base is not None:
-            outcome = await self._loaded(pid, self._reload(spec, base))
+            outcome = await self._waiting_on(pid, self._loaded(pid, self._reload(spec, base)))
             if outcome is None:
                 return None, RankPath.FULL
             if outcome is ReloadOutcome.PENDING:
@@ -221,14 +227,28 @@ class Residency:
         loading = self.expander is not None and self.expander.loading(pid.user_id) == pid
         if loading:
             assert self.expander is not None
-            # joins the load in flight
-            if await self._loaded(pid, self.expander.reload(pid, pid)) is None:
+            # joins the load in flight (its extension, once queued, counts this request)
+            joined = self._loaded(pid, self.expander.reload(pid, pid))
+            if await (joined if work is not None else self._waiting_on(pid, joined)) is None:
                 return None, RankPath.FULL
         elif not await self.pool.wait_settled(pid):
             return None, RankPath.FULL
         kv = self.pool.acquire(pid)
         return (kv, self._path(pid, RankPath.PENDING_WAIT)) if kv is not None \
             else (None, RankPath.FULL)
+
+    async def _waiting_on(self, pid: PrefixId,
+                          load: Awaitable[ReloadOutcome | None]) -> ReloadOutcome | None:
+        """``load``, with this ranking request counted as a waiter of the user's extension job
+        should one be queued meanwhile (``_extension``)."""
+        user = pid.user_id
+        self._waiting[user] = self._waiting.get(user, 0) + 1
+        try:
+            return await load
+        finally:
+            left = self._waiting.pop(user) - 1
+            if left:
+                self._waiting[user] = left
 
     async def _loaded(self, pid: PrefixId,
                       load: Awaitable[ReloadOutcome]) -> ReloadOutcome | None:

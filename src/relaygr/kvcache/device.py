@@ -180,6 +180,18 @@ class DeviceKVPool:
         self.store.index.pin(entry)
         return self.store.view(entry)
 
+    def lease(self, pid: PrefixId) -> bool:
+        """Lease the complete entry of exactly ``pid`` for ``lease_s`` from now (an IDLE one
+        becomes READY: not evictable until its ranking consumes it or the lease ends); False,
+        changing nothing, if it is absent, PENDING or another version. For a pre-infer signal
+        that finds its prefix already here: without a lease, an admission between the
+        request's two legs could evict it."""
+        entry = self.store.index.get(pid.user_id)
+        if entry is None or entry.pid != pid or entry.state is EntryState.PENDING:
+            return False
+        self.store.index.lease(entry, self.clock() + self.lease_s)
+        return True
+
     def view_in_use(self, pid: PrefixId) -> PrefixKV:
         """The view of an entry the caller holds (``acquire``d, not yet released)."""
         return self.store.view(self.store.in_use_entry(pid))

@@ -6,6 +6,7 @@ by ``PrefixId`` (user, token count, version) so a changed prefix never matches a
 States and transitions::
 
     admit -> PENDING --mark_ready(deadline)--> READY --last unpin / lease expiry--> IDLE
+    IDLE --lease(deadline)--> READY (a pre-infer signal found it complete: its ranking comes)
     PENDING --mark_idle (a tier without leases)--> IDLE
     PENDING --remove (abort)--> gone;   IDLE, not pinned --admit of another entry--> evicted
 
@@ -215,6 +216,17 @@ class CacheIndex:
         entry.lease_deadline_s = None
         if entry.pins == 0:
             self._lru_add(entry)
+
+    def lease(self, entry: Entry, lease_deadline_s: float) -> None:
+        """A complete entry leased (again) until ``lease_deadline_s``, or later if its lease ran
+        longer: IDLE -> READY (out of the LRU: not evictable until consumed or expired)."""
+        assert entry.state is not EntryState.PENDING, "a PENDING entry is leased at mark_ready"
+        if entry.state is EntryState.IDLE:
+            self._lru_drop(entry)
+            entry.state = EntryState.READY
+            self._ready[entry.pid.user_id] = entry
+        entry.lease_deadline_s = max(entry.lease_deadline_s or lease_deadline_s,
+                                     lease_deadline_s)
 
     def pin(self, entry: Entry) -> None:
         """Mark ``entry`` in use: not evictable until every pin is released."""
