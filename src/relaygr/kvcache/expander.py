@@ -175,8 +175,15 @@ class Expander:
             host_pinned = False
             if load.extend is not None and target.num_tokens > base.num_tokens:
                 past = self.pool.written_view(pending, base.num_tokens)
-                tail = await load.extend(past)
-                self.pool.write(pending, _new_tokens(tail, base, target), base.num_tokens)
+                new = _new_tokens(await load.extend(past), base, target)
+                if self.transfer.asynchronous:
+                    # on the side stream, awaited: a copy queued on the loop thread's stream
+                    # would not be ordered before a ranking pass on the compute stream that
+                    # reads the committed entry
+                    await self.transfer.copy(lambda nb: self.pool.write(
+                        pending, new, base.num_tokens, non_blocking=nb))
+                else:
+                    self.pool.write(pending, new, base.num_tokens)   # a few tokens: inline
             self.pool.commit(pending)
         except BaseException:
             self._stats.failed += 1
