@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relaygr.routing.hashing import GOLDEN_GAMMA, mix64, mix64_array
+from relaygr.splitmix import GOLDEN_GAMMA, mix64, mix64_array
 
 _TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
 _WINDOW_TAG = 0x57494E444F57                                # a window's start, hashed apart

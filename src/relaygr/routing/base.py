@@ -13,13 +13,14 @@ from dataclasses import fields
 from typing import Any, ClassVar
 
 from relaygr.errors import ConfigError
-from relaygr.routing.hashing import mix64, name_hash64, pair_weight
+from relaygr.routing.hashing import name_hash64, pair_weight
 from relaygr.routing.types import (
     InstanceView,
     RouteDecision,
     check_user_id,
     healthy_instances,
 )
+from relaygr.splitmix import mix64
 
 
 def rendezvous_order(user_id: int, instance_ids: Sequence[str]) -> list[str]:
