@@ -2,8 +2,9 @@
 numpy-vectorised (bit-identical).
 
 A pure function of its input, the same in every process, on every machine, in every run:
-routing places users with it (``routing.hashing``) and the engine versions a run of events with
-it (``engine.versions``). It sits at the bottom of the layers (beside ``errors``) so that any
+routing places users with it (``routing.hashing``), the engine versions a run of events with it
+(``engine.versions``), and the data layer fingerprints an interaction table with it
+(``data.fingerprint``). It sits at the bottom of the layers (beside ``errors``) so that any
 package may use the one mix, whatever its layer.
 """
 

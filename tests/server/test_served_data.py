@@ -1,12 +1,17 @@
 """A checkpoint serves the users of the data it was trained on: read from the recorded file, a
-copy of it, or under another name of its format; other data in the same format is refused at
-start-up, since its item ids would name other items."""
+copy of it, its rows in another order, or under another name of its format; other data in the
+same format is refused at start-up, since its ids would name other users and items, even with
+the same counts (the run's fingerprint of its rows); a run saved before it recorded one is
+checked by its counts alone."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from relaygr.cascade.window import HistoryWindow
@@ -15,6 +20,7 @@ from relaygr.errors import CatalogueMismatchError
 from relaygr.server import ModelSource
 from relaygr.server.build import load_model, load_store
 from relaygr.train import Trainer
+from relaygr.train.checkpoint import CONFIG_FILE
 from tests.server.helpers import system_config
 from tests.train.helpers import TINY, write_cyclic_udata
 
@@ -59,3 +65,63 @@ def test_other_data_of_the_same_format_is_refused(run: Path, tmp_path: Path) -> 
     other = _ratings_dat(tmp_path / "other", seed=1)      # the same items, other events
     with pytest.raises(CatalogueMismatchError, match=r"not the data .* was trained on"):
         _users(ModelSource(checkpoint=run, dataset="ratings-dat", data_dir=other))
+
+
+Rows = list[list[str]]
+
+
+def _rewritten(run: Path, folder: Path, change: Callable[[Rows], Rows]) -> Path:
+    """``folder/ratings.dat``: the rows (fields) of the data ``run`` was trained on, changed."""
+    trained = run.parent / "trained" / "ratings.dat"
+    rows = [line.split("::") for line in trained.read_text().splitlines()]
+    folder.mkdir()
+    (folder / "ratings.dat").write_text("".join("::".join(r) + "\n" for r in change(rows)))
+    return folder
+
+
+def _users_swapped(rows: Rows) -> Rows:
+    """Users 1 and 2 trade ids: the same users, items and events, other histories."""
+    swap = {"1": "2", "2": "1"}
+    return [[swap.get(r[0], r[0]), *r[1:]] for r in rows]
+
+
+def _one_item_changed(rows: Rows) -> Rows:
+    """One row's item changed to another the file holds, its own still held by another row:
+    the same users, distinct items and events."""
+    items = [r[1] for r in rows]
+    row = next(i for i, item in enumerate(items) if items.count(item) > 1)
+    other = next(item for item in items if item != items[row])
+    return [[r[0], other, *r[2:]] if i == row else r for i, r in enumerate(rows)]
+
+
+def test_the_trained_rows_in_another_order_serve(run: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    shuffled = _rewritten(run, tmp_path / "shuffled",
+                          lambda rows: [rows[i] for i in rng.permutation(len(rows))])
+    assert _users(ModelSource(checkpoint=run, dataset="ratings-dat", data_dir=shuffled)) == \
+        _users(ModelSource(checkpoint=run))
+
+
+@pytest.mark.parametrize("change", [_users_swapped, _one_item_changed])
+def test_other_rows_of_the_same_counts_are_refused(run: Path, tmp_path: Path,
+                                                   change: Callable[[Rows], Rows]) -> None:
+    other = _rewritten(run, tmp_path / "other", change)
+    with pytest.raises(CatalogueMismatchError, match=r"as many users, items and events .* but "
+                       r"other rows \(fingerprint [0-9a-f]{32}, the run recorded") as refused:
+        _users(ModelSource(checkpoint=run, dataset="ratings-dat", data_dir=other))
+    assert str(other / "ratings.dat") in str(refused.value)
+    assert str(run.parent / "trained" / "ratings.dat") in str(refused.value)
+
+
+def test_a_run_without_a_fingerprint_is_checked_by_its_counts(run: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old-run"
+    shutil.copytree(run, old)
+    config = json.loads((old / CONFIG_FILE).read_text())
+    del config["dataset"]["fingerprint"]          # as saved before runs recorded one
+    (old / CONFIG_FILE).write_text(json.dumps(config))
+    swapped = _rewritten(run, tmp_path / "swapped", _users_swapped)
+    served = _users(ModelSource(checkpoint=old, dataset="ratings-dat", data_dir=swapped))
+    assert served[1] == _users(ModelSource(checkpoint=run))[2]      # the counts cannot tell
+    with pytest.raises(CatalogueMismatchError, match=r"not the data .* was trained on"):
+        _users(ModelSource(checkpoint=old, dataset="ratings-dat",
+                           data_dir=_ratings_dat(tmp_path / "other", seed=1)))

@@ -11,9 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from relaygr.data import resolve, table_fingerprint
 from relaygr.errors import CheckpointError
-from relaygr.train import Trainer, load_trained
+from relaygr.train import Trainer, load_trained, read_run_config
 from relaygr.train.checkpoint import (
+    CONFIG_FILE,
     PROGRESS_FILE,
     STATE_FILE,
     DatasetInfo,
@@ -59,6 +61,24 @@ def test_a_run_saved_before_valid_seed_keeps_the_users_its_seed_chose(tmp_path: 
     del config["train"]["valid_seed"]
     path.write_text(json.dumps(config))
     assert load_trained(tmp_path / "run").run.train.valid_seed == 3
+
+
+def test_a_run_records_its_rows_and_one_saved_before_loads_and_resumes_without(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=16)
+    run = tmp_path / "run"
+    Trainer(TINY.with_(max_epochs=1), seqs, run, dataset="d", progress_bar=False,
+            log=lambda _: None).fit()
+    config = json.loads((run / CONFIG_FILE).read_text())
+    table = resolve("ml-100k", tmp_path / "u.data").read()
+    assert config["dataset"]["fingerprint"] == table_fingerprint(table) == seqs.fingerprint
+    del config["dataset"]["fingerprint"]           # as saved before runs recorded one
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+    assert load_trained(run).run.dataset.fingerprint is None
+    # its earlier sessions' rows are not known: resumed, it still records none
+    Trainer(TINY.with_(max_epochs=2), seqs, run, dataset="d", progress_bar=False,
+            log=lambda _: None).fit(resume=True)
+    assert read_run_config(run).dataset == DatasetInfo(**config["dataset"])
 
 
 def test_a_run_config_is_read_by_the_one_loader() -> None:

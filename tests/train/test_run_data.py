@@ -86,3 +86,20 @@ def test_data_that_cannot_be_read_or_has_changed_is_not_measured(tmp_path: Path)
     with pytest.raises(ConfigError, match="other item ids than the run's"):
         other = load_sequences("ml-100k", early, id_map=IdMap((*seqs.id_map.items, 10**6)))
         check_held_out(run, other, leave_one_out(other).test)
+
+
+def test_data_of_the_recorded_counts_but_other_rows_is_not_measured(tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    full = write_cyclic_udata(tmp_path / "full" / "u.data", num_users=40)
+    seqs = load_sequences("ml-100k", full)
+    run = load_trained(write_untrained_run(tmp_path / "run", seqs))
+    early = write_truncated(full, tmp_path / "early", lambda user: True)
+    early_seqs = load_sequences("ml-100k", early, id_map=seqs.id_map)
+    cases = leave_one_out(early_seqs).test
+    # rewritten since the run: users 1 and 2 trade ids, the counts stay the run's
+    swap = {"1": "2", "2": "1"}
+    full.write_text("".join("\t".join([swap.get(user, user), *rest]) for user, *rest in
+                            (line.split("\t") for line in full.read_text().splitlines(True))))
+    changed = check_held_out(run, early_seqs, cases)
+    assert (changed.share, changed.measured) == (None, False)
+    assert changed.unverified.startswith("its rows are not those the run recorded")

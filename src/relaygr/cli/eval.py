@@ -184,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         if (info.num_users, info.num_events) != (seqs.num_users, seqs.num_events):
             print(f"note: trained on {info.num_users} users / {info.num_events} interactions, "
                   f"evaluating on {seqs.num_users} / {seqs.num_events}")
+        elif info.fingerprint not in (None, seqs.fingerprint):
+            print(f"note: trained on as many users and interactions as {seqs.source} holds, "
+                  "but other rows (their fingerprints differ)")
         ranker_held = check_held_out(trained, seqs, cases, parse_columns(args.columns))
         started = time.perf_counter()
         stage = stage_from_args(args, trained, seqs)

@@ -1,14 +1,16 @@
 """Interaction data: file readers, time-ordered user sequences, dense ids, leave-one-out split.
 
-Layers (lower never import upper): ``table`` (raw columns) <- ``readers`` (one per file format)
-<- ``sequences`` (ordering, ``IdMap``) <- ``split`` <- ``sources`` (dataset names -> files).
+Layers (lower never import upper): ``table`` (raw columns) <- ``readers`` (one per file format),
+``fingerprint`` (a table's content) <- ``sequences`` (ordering, ``IdMap``) <- ``split`` <-
+``sources`` (dataset names -> files).
 
 Public names: ``iter_histories`` and ``load_sequences`` (a dataset directory -> per-user
 histories), ``IdMap``, ``UserEvents``, ``UserSequences``, ``leave_one_out``,
 ``LeaveOneOutSplit``, ``EvalCases``, ``TableSpec``, the readers ``read_ratings_dat``,
-``read_ml100k``, ``read_table``, and ``resolve`` / ``DATASET_FILES``.
+``read_ml100k``, ``read_table``, ``table_fingerprint``, and ``resolve`` / ``DATASET_FILES``.
 """
 
+from relaygr.data.fingerprint import table_fingerprint
 from relaygr.data.readers import (
     ORDERED_ML1M_SPEC,
     TableSpec,
@@ -30,4 +32,5 @@ from relaygr.data.table import InteractionTable
 __all__ = ["DATASET_FILES", "ORDERED_ML1M_SPEC", "DatasetSource", "EvalCases", "IdMap",
            "InteractionTable", "LeaveOneOutSplit", "TableSpec", "UserEvents", "UserSequences",
            "build_sequences", "hold_out_validation_of", "iter_histories", "leave_one_out",
-           "load_sequences", "read_ml100k", "read_ratings_dat", "read_table", "resolve"]
+           "load_sequences", "read_ml100k", "read_ratings_dat", "read_table", "resolve",
+           "table_fingerprint"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from relaygr.data.fingerprint import table_fingerprint
 from relaygr.data.table import InteractionTable
 from relaygr.errors import CheckpointError, DataFormatError
 
@@ -133,6 +134,9 @@ class UserSequences:
     items: np.ndarray      # [E] int64 dense ids
     timestamps: np.ndarray  # [E] int64
     timed: np.ndarray      # [U] bool
+    # the content fingerprint of the table they were built from, as read (before any unknown
+    # item was dropped): what a run records of its data (relaygr.data.fingerprint)
+    fingerprint: str
 
     @property
     def num_users(self) -> int:
@@ -205,6 +209,7 @@ def build_sequences(table: InteractionTable, id_map: IdMap | None = None,
     ``DataFormatError`` at its line, or is dropped when ``drop_unknown_items``. Without one,
     the map is fitted to the table.
     """
+    fingerprint = table_fingerprint(table)
     mapping = id_map or IdMap.fit(table.items)
     dense_items = mapping.dense_ids(table.items)
     keep = dense_items > 0
@@ -224,7 +229,7 @@ def build_sequences(table: InteractionTable, id_map: IdMap | None = None,
         table.timestamps[perm]
     return UserSequences(source=table.source, id_map=mapping, user_ids=user_ids,
                          offsets=offsets, items=dense_items[perm], timestamps=stamps,
-                         timed=timed)
+                         timed=timed, fingerprint=fingerprint)
 
 
 def _subset(table: InteractionTable, keep: np.ndarray) -> InteractionTable:

@@ -1,13 +1,16 @@
 """The users a checkpoint serves from its dataset: the data its run was trained on, and no other.
 
 A checkpoint's id map numbers the items of the data it was trained on; the same integers in
-other data name other items. The run records that data (``train.checkpoint.DatasetInfo``: the
-format it was read as, the file, and its users, distinct items and events), so the served file
-is checked against the record, not against the format's name: the recorded file, a copy of it
-elsewhere, or the same file read under another name of its format (``ratings-dat`` and
-``ml-1m`` both read ``ratings.dat``) serve; other data, a later export included, is refused at
-start-up with ``CatalogueMismatchError`` naming both (what arrives after training arrives
-through ``/v1/events`` and the event log).
+other data name other items, and the same user ids other users. The run records that data
+(``train.checkpoint.DatasetInfo``: the format it was read as, the file, its users, distinct
+items and events, and the fingerprint of its rows, ``relaygr.data.fingerprint``), so the served
+file is checked against the record, not against the format's name: its counts, then its rows
+(the fingerprint; a run saved before runs recorded one is checked by its counts alone). The
+recorded file, a copy of it elsewhere, the same rows in another order, or the same file read
+under another name of its format (``ratings-dat`` and ``ml-1m`` both read ``ratings.dat``)
+serve; other data, a later export or one of the same counts included, is refused at start-up
+with ``CatalogueMismatchError`` naming both files and the check that failed (what arrives after
+training arrives through ``/v1/events`` and the event log).
 """
 
 from __future__ import annotations
@@ -74,15 +77,29 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
 
 
 def check_trained_data(checkpoint: Path, info: DatasetInfo, table: InteractionTable) -> None:
-    """``CatalogueMismatchError`` unless ``table`` holds as many users, distinct items and
-    events as the data ``checkpoint`` was trained on (``info``, its run's record)."""
+    """``CatalogueMismatchError`` unless ``table`` holds the data ``checkpoint`` was trained on
+    (``info``, its run's record): as many users, distinct items and events, and the same rows
+    when the run records their fingerprint (the module docstring)."""
+    from relaygr.data import table_fingerprint
+
     served = (len(np.unique(table.users)), len(np.unique(table.items)), table.num_rows)
     trained = (info.num_users, info.num_items, info.num_events)
+    recorded = f"{info.name!r} read from {info.source}"
     if served != trained:
         raise CatalogueMismatchError(
             f"{table.source} holds {_counts(served)}: not the data {checkpoint} was trained on "
-            f"({info.name!r} read from {info.source}: {_counts(trained)}), so its item ids "
-            "would name other items; serve the data it was trained on, or --synthetic-users")
+            f"({recorded}: {_counts(trained)}), so its item ids would name other items; serve "
+            "the data it was trained on, or --synthetic-users")
+    if info.fingerprint is None:      # a run saved before runs recorded one: the counts alone
+        return
+    fingerprint = table_fingerprint(table)
+    if fingerprint != info.fingerprint:
+        raise CatalogueMismatchError(
+            f"{table.source} holds as many users, items and events as the data {checkpoint} "
+            f"was trained on ({recorded}: {_counts(trained)}), but other rows (fingerprint "
+            f"{fingerprint}, the run recorded {info.fingerprint}): not the data it was trained "
+            "on, so its ids would name other users and items; serve the data it was trained "
+            "on, or --synthetic-users")
 
 
 def _counts(counts: tuple[int, int, int]) -> str:

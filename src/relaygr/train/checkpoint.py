@@ -45,17 +45,22 @@ STATE_FILE, PROGRESS_FILE = "last/state.safetensors", "last/progress.json"
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What a model was trained on (checked when it is evaluated on a dataset again)."""
+    """What a model was trained on (checked when its users are served, or it is evaluated on a
+    dataset again): the format the data was read as, the file, its counts, and the content
+    fingerprint of its rows (``relaygr.data.fingerprint``)."""
 
     name: str
     source: str
     num_users: int
     num_items: int
     num_events: int
+    # None: a run saved before runs recorded one; its data is then checked by the counts alone
+    fingerprint: str | None = None
 
     @classmethod
     def of(cls, name: str, seqs: UserSequences) -> DatasetInfo:
-        return cls(name, seqs.source, seqs.num_users, seqs.num_items, seqs.num_events)
+        return cls(name, seqs.source, seqs.num_users, seqs.num_items, seqs.num_events,
+                   seqs.fingerprint)
 
 
 @dataclass(frozen=True)

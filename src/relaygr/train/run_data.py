@@ -11,8 +11,9 @@ itself when it is the same file) and each target is matched to the run's trainin
 same user (the dataset's user id). A target counts as trained on when the run saw that item more
 often than the evaluated history holds it: a repeat of an item the history already holds is no
 leak, and on its own data a run never trains on a target (``share`` 0). Data that cannot be
-read, or that no longer holds what the run recorded, is not measured (``share`` None, with the
-reason): the caller must say so, never report the figures as a clean test.
+read, or that no longer holds what the run recorded (its users and events, and its rows when the
+run records their fingerprint, ``DatasetInfo.fingerprint``), is not measured (``share`` None,
+with the reason): the caller must say so, never report the figures as a clean test.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def check_held_out(run: TrainedModel, seqs: UserSequences, cases: EvalCases,
         return HeldOutCheck(info.source, same, None,
                             f"it holds {now[0]} users / {now[1]} interactions, the run "
                             f"recorded {info.num_users} / {info.num_events}")
+    if info.fingerprint is not None and trained.fingerprint != info.fingerprint:
+        return HeldOutCheck(info.source, same, None,
+                            f"its rows are not those the run recorded (fingerprint "
+                            f"{trained.fingerprint}, recorded {info.fingerprint})")
     held = trained_targets(training_split(trained, run.run.train), seqs, cases)
     return HeldOutCheck(info.source, same, float(held.mean()) if len(cases) else 0.0)
 

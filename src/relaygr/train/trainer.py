@@ -173,6 +173,10 @@ class Trainer:
     def _start(self, resume: bool) -> TrainProgress:
         if resume:
             saved = read_run_config(self.run_dir)
+            if saved.dataset.fingerprint is None:
+                # saved before runs recorded one: its earlier sessions' rows are not known, so
+                # the run goes on recording its data by the counts alone
+                self.run = replace(self.run, dataset=replace(self.run.dataset, fingerprint=None))
             if _resumable(saved) != _resumable(self.run):
                 raise CheckpointError(f"{self.run_dir} was trained with a different config, "
                                       "dataset or seed; resume with the same arguments (only "
