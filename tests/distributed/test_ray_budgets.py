@@ -31,8 +31,8 @@ def _options(*argv: str) -> ServeOptions:
 def test_replica_budgets_are_sized_from_the_model_and_users_for_the_replicas() -> None:
     options = _options()
     heard: list[str] = []
-    system = ray_budgets(options, heard.append)
     model = load_model(options.model)
+    system = ray_budgets(options, model, heard.append)
     users = load_store(options.model, model, HistoryWindow.for_model(model.cfg, options.system))
     want = size_budgets(KVLayout.for_model(model.cfg, model.dtype),
                         [users.num_events(u) for u in users], model.cfg.max_seq_len,
@@ -49,7 +49,8 @@ def test_given_budgets_are_kept(tmp_path: Path) -> None:
     path.write_text(json.dumps({"instance": {"device_budget_bytes": 1 << 26,
                                              "host_budget_bytes": 1 << 27}}))
     heard: list[str] = []
-    system = ray_budgets(_options("--system-config", str(path)), heard.append)
+    options = _options("--system-config", str(path))
+    system = ray_budgets(options, load_model(options.model), heard.append)
     assert (system.instance.device_budget_bytes, system.instance.host_budget_bytes) == \
         (1 << 26, 1 << 27)
     assert heard == []

@@ -10,7 +10,9 @@
                 RankingReplica × N (one RankingInstance each, one accelerator each)
 
 ``build_application(spec)`` binds the two deployments; ``serve_forever(options)`` is
-``relaygr serve --ray``: start or join a cluster, run the app behind Serve's HTTP proxy, and on
+``relaygr serve --ray``: settle what it deploys before any cluster starts (``driver_system``, in
+the embedded server's order: the model, the retrieval run, the served data against the run's
+record, then the users), start or join a cluster, run the app behind Serve's HTTP proxy, and on
 SIGINT/SIGTERM shut Serve down (replicas drain their requests first). A trained retrieval stage
 (``ModelSource.retrieval_run``) is checked by the driver and loaded by each ingress replica from
 its run directory (``ingress_service``); it runs there, on the ingress's CPU. Unless the system
@@ -45,6 +47,7 @@ from relaygr.distributed.replica import RankingReplica, ReplicaSpec
 from relaygr.distributed.router import RelayRequestRouter
 from relaygr.engine.hostmem import release_free_memory, tune_host_allocator
 from relaygr.errors import ConfigError
+from relaygr.model import HSTU
 from relaygr.model.digest import model_digest
 from relaygr.server.app import create_app
 from relaygr.server.build import (
@@ -63,6 +66,7 @@ from relaygr.server.config import (
     ServerConfig,
     check_ingress_replicas,
 )
+from relaygr.server.served_data import check_served_data
 from relaygr.server.service import RelayService
 
 APP_NAME = "relaygr"
@@ -238,20 +242,35 @@ def _warn_while_pending(done: threading.Event, after_s: float, shares: CpuShares
               f"{cpus:g}): see `ray status` for pending actors", flush=True)
 
 
-def ray_budgets(options: ServeOptions, log: Callable[[str], None]) -> SystemConfig:
-    """``options.system`` with each ranking replica's cache budgets sized from the model and
-    the users for ``options.replicas`` replicas (``server.build.sized_budgets``; ``log`` hears
-    how), or as given when the system config gave them. The users are read here once for it,
-    from the dataset or synthetic (not the shared store nor the event log: the ingress owns
-    those), then dropped and their memory handed back."""
+def driver_system(options: ServeOptions, log: Callable[[str], None]) -> SystemConfig:
+    """The system the driver deploys, settled before it starts or joins a cluster and in the
+    embedded server's order (``server.build.build_embedded``): the model, the retrieval run
+    (``load_retrieval``: one that does not fit is refused), the served data against the run's
+    record (``CatalogueMismatchError`` for other data; ``server.served_data``), and only then
+    the users, read to size the replicas' budgets (``ray_budgets``). Other data is refused
+    here, before any user is built, and not by an ingress replica that never starts inside the
+    cluster."""
+    model = load_model(options.model)
+    load_retrieval(options.model, options.system, model, log, device=INGRESS_DEVICE)
+    if options.size_budgets:    # reading the users checks their data before it builds them
+        return ray_budgets(options, model, log)
+    check_served_data(options.model)
+    return options.system
+
+
+def ray_budgets(options: ServeOptions, model: HSTU, log: Callable[[str], None]) -> SystemConfig:
+    """``options.system`` with each ranking replica's cache budgets sized from ``model`` (the
+    served one) and the users for ``options.replicas`` replicas (``server.build.sized_budgets``;
+    ``log`` hears how), or as given when the system config gave them. The users are read here
+    once for it, from the dataset or synthetic (not the shared store nor the event log: the
+    ingress owns those), then dropped and their memory handed back."""
     if not options.size_budgets:
         return options.system
-    model = load_model(options.model)
     users = load_store(replace(options.model, events=None, history_store=None), model,
                        HistoryWindow.for_model(model.cfg, options.system))
     sized = sized_budgets(options.system.with_(num_instances=options.replicas), model, users,
                           log)
-    del model, users
+    del users
     release_free_memory()
     return options.system.with_(instance={
         "device_budget_bytes": sized.instance.device_budget_bytes,
@@ -262,6 +281,7 @@ def serve_forever(options: ServeOptions) -> int:
     """``relaygr serve --ray`` (see the module docstring)."""
     gpus = torch.cuda.device_count()
     device = options.system.devices[0]
+    system = driver_system(options, _say)
     cost_model = None
     if options.cost_model is not None:
         cost_model = load_cost_model(options.cost_model, load_model(options.model),
@@ -269,7 +289,6 @@ def serve_forever(options: ServeOptions) -> int:
     init_ray(options.ray_address)
     shares = plan_cpu_shares(ray.cluster_resources().get("CPU", 0.0), options.replicas,
                              options.replica_cpus, ingresses=options.ingress_replicas)
-    system = ray_budgets(options, lambda line: print(f"relaygr: {line}", flush=True))
     spec = RayAppSpec(options.model, system, options.server, options.replicas,
                       shares.replica, 1.0 if gpus and device.startswith("cuda") else 0.0,
                       ingress_cpus=shares.ingress, ingress_replicas=options.ingress_replicas,
@@ -282,8 +301,7 @@ def serve_forever(options: ServeOptions) -> int:
     threading.Thread(target=_warn_while_pending, args=(running, 20.0, shares, spec.replicas),
                      daemon=True).start()
     try:
-        serve.run(build_application(spec, lambda line: print(f"relaygr: {line}", flush=True)),
-                  name=APP_NAME, route_prefix="/")
+        serve.run(build_application(spec, _say), name=APP_NAME, route_prefix="/")
     finally:
         running.set()
     stop = threading.Event()
@@ -295,3 +313,8 @@ def serve_forever(options: ServeOptions) -> int:
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def _say(line: str) -> None:
+    """The driver's log line (its start-up and the application's build)."""
+    print(f"relaygr: {line}", flush=True)

@@ -40,7 +40,7 @@ from relaygr.relay.measure import fit_on_model
 from relaygr.server.backend import EmbeddedBackend
 from relaygr.server.catalog import ItemCatalog, read_titles
 from relaygr.server.config import ModelInfo, ModelSource, ServerConfig
-from relaygr.server.served_data import dataset_store, recorded_dataset
+from relaygr.server.served_data import dataset_store, recorded_dataset, served_dataset
 from relaygr.server.service import RelayService
 
 if TYPE_CHECKING:
@@ -100,10 +100,9 @@ def served_timed(source: ModelSource) -> bool:
 
 def _base_store(source: ModelSource, model: HSTU, window: HistoryWindow) -> InMemoryHistoryStore:
     timed = served_timed(source)
-    if source.checkpoint is not None and source.dataset is None and not source.synthetic_users:
-        source = recorded_dataset(source)
-    if source.dataset is not None and source.data_dir is not None:
-        return dataset_store(source, window, model.cfg.num_items, timed)
+    dataset = served_dataset(source)
+    if dataset is not None:
+        return dataset_store(dataset, window, model.cfg.num_items, timed)
     max_events = min(source.max_events, model.cfg.max_seq_len)   # one window at most
     return InMemoryHistoryStore.synthetic(SyntheticHistories(
         num_users=source.num_users, num_items=model.cfg.num_items,

@@ -48,20 +48,36 @@ def recorded_dataset(source: ModelSource) -> ModelSource:
         f"{info.num_users} users, or --synthetic-users to serve synthetic ones")
 
 
+def served_dataset(source: ModelSource) -> ModelSource | None:
+    """``source`` naming the dataset whose users it serves (a checkpoint's recorded one when
+    none is given, ``recorded_dataset``), or None when it serves synthetic users."""
+    if source.checkpoint is not None and source.dataset is None and not source.synthetic_users:
+        source = recorded_dataset(source)
+    return source if source.dataset is not None and source.data_dir is not None else None
+
+
+def check_served_data(source: ModelSource) -> None:
+    """``CatalogueMismatchError`` unless the file ``source`` serves users from holds the data
+    its checkpoint was trained on (the module docstring); nothing for synthetic users. Reads
+    the file but builds no user: for a start-up that must refuse other data before anything
+    slower (the Ray driver, before it starts a cluster)."""
+    dataset = served_dataset(source)
+    if dataset is not None:
+        _checked_table(dataset)
+
+
 def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
                   timed: bool) -> InMemoryHistoryStore:
     """The users of ``source.dataset`` in ``source.data_dir``, each cut to ``window``, in the
     checkpoint's item ids, timestamps kept exactly when ``timed`` (a timed model skips an
     untimed user); ``CatalogueMismatchError`` unless the file is the data the checkpoint was
-    trained on (the module docstring), ``ConfigError`` when it holds no user to serve."""
-    from relaygr.data import IdMap, build_sequences, resolve
-    from relaygr.train import read_run_config
+    trained on (the module docstring; checked before any user is built), ``ConfigError`` when it
+    holds no user to serve."""
+    from relaygr.data import IdMap, build_sequences
     from relaygr.train.checkpoint import ID_MAP_FILE
 
-    assert source.checkpoint is not None and source.dataset is not None
-    assert source.data_dir is not None
-    table = resolve(source.dataset, source.data_dir).read()
-    check_trained_data(source.checkpoint, read_run_config(source.checkpoint).dataset, table)
+    assert source.checkpoint is not None
+    table = _checked_table(source)
     seqs = build_sequences(table, IdMap.load(source.checkpoint / ID_MAP_FILE))
     users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     for h in seqs.histories():
@@ -74,6 +90,19 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
         raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
                           "serve")
     return InMemoryHistoryStore.from_sequences(users, num_items)
+
+
+def _checked_table(source: ModelSource) -> InteractionTable:
+    """The table of ``source.dataset`` in ``source.data_dir``, as read, once it is checked
+    against the record of the run ``source.checkpoint`` (``check_trained_data``)."""
+    from relaygr.data import resolve
+    from relaygr.train import read_run_config
+
+    assert source.checkpoint is not None and source.dataset is not None
+    assert source.data_dir is not None
+    table = resolve(source.dataset, source.data_dir).read()
+    check_trained_data(source.checkpoint, read_run_config(source.checkpoint).dataset, table)
+    return table
 
 
 def check_trained_data(checkpoint: Path, info: DatasetInfo, table: InteractionTable) -> None:
