@@ -275,7 +275,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         metrics = (await client.get(service.url + "/metrics")).text
     service.stop()
     wanted = ("relaygr_instance_events_total", "relaygr_window_slides_total",
-              "relaygr_failovers_total", "relaygr_windowed_requests_total",
+              "relaygr_failovers_total", "relaygr_instance_errors_total",
+              "relaygr_windowed_requests_total",
               "relaygr_instance_healthy", "relaygr_http_requests_total")
     def pick(text: str) -> list[str]:
         return [line for line in text.splitlines() if line.startswith(wanted)]

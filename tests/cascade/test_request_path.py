@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from relaygr.cascade.config import OverloadConfig, SystemConfig
-from relaygr.cascade.fleet import SKIPPED, FirstLeg, InstanceLost, rank_shed, sheds_preinfer
+from relaygr.cascade.fleet import (
+    SKIPPED,
+    FirstLeg,
+    InstanceFailed,
+    InstanceLost,
+    rank_shed,
+    sheds_preinfer,
+)
 from relaygr.cascade.proposals import EmbeddingRetrieval
 from relaygr.cascade.request_path import RequestPath, Visit
 from relaygr.cascade.stages import EarlierStages
@@ -38,7 +45,8 @@ DONE = PreinferResult(PreinferAction.PREFILL, None, 7)
 
 
 class ScriptedFleet:
-    """A fleet whose rank answers are scripted per attempt: ``"lost"``, ``"shed"`` or a name.
+    """A fleet whose rank answers are scripted per attempt: ``"lost"``, ``"raised"`` (the
+    instance's own error), ``"shed"`` or a name.
     ``deferred``: the first leg is answered later (as across Ray)."""
 
     def __init__(self, answers: list[str], deferred: bool = False, shed_first: bool = False
@@ -72,8 +80,11 @@ class ScriptedFleet:
                    job: RankJob, avoid: tuple[str, ...]) -> RankResult:
         self.ranked.append((request_id, first, avoid))
         answer = self.answers.pop(0)
+        lost = first.instance_id if first and not avoid else f"x{len(avoid)}"
         if answer == "lost":
-            raise InstanceLost(first.instance_id if first and not avoid else f"x{len(avoid)}")
+            raise InstanceLost(lost)
+        if answer == "raised":
+            raise InstanceFailed(lost, RuntimeError("CUDA error (injected)"))
         if answer == "shed":
             depth_9 = SystemConfig(overload=OverloadConfig(max_rank_queue_depth=9))
             raise rank_shed(answer, 9, depth_9) or AssertionError
@@ -118,6 +129,22 @@ def test_failover_avoids_each_lost_instance_then_gives_up() -> None:
     with pytest.raises(NoHealthyInstanceError):
         asyncio.run(path.recommend(VISIT))
     assert path.counters.failovers == 3 and path.counters.requests == 0
+    assert path.counters.instance_errors == 0
+
+
+def test_an_instance_that_raised_is_failed_over_and_counted_apart() -> None:
+    fleet = ScriptedFleet(["raised", "lost", "c"])
+    path = make_path(fleet)
+    assert asyncio.run(path.recommend(VISIT)).instance == "c"
+    assert [avoid for _, _, avoid in fleet.ranked] == [(), ("a",), ("a", "x1")]
+    assert path.counters.failovers == 2 and path.counters.instance_errors == 1
+
+    fleet = ScriptedFleet(["raised"] * 3)
+    path = make_path(fleet)
+    with pytest.raises(NoHealthyInstanceError) as refused:
+        asyncio.run(path.recommend(VISIT))
+    assert isinstance(refused.value.__cause__, InstanceFailed)   # what the last one raised
+    assert path.counters.instance_errors == 3 and path.counters.requests == 0
 
 
 def test_shedding_is_counted_on_both_legs() -> None:

@@ -4,12 +4,14 @@
 ``.remote(call)`` asks ``RelayRequestRouter.choose_replicas`` (the class Serve runs) for a
 replica among the live ones and calls that ``RankingReplica``. A killed replica raises
 ``ActorDiedError`` as a dead Ray actor does, and stays in the membership until ``forget``, as a
-replica does until Serve's controller notices.
+replica does until Serve's controller notices. A replica's call that raises reaches the caller
+as Serve hands it over: a ``RayTaskError`` that is also an instance of the error's class.
 """
 
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import Awaitable
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
 from ray.serve.request_router import PendingRequest
 
@@ -93,7 +95,11 @@ class LocalRanker:
         if name in self.dead:
             raise ActorDiedError()
         self.sent.append((method, name))
-        return await getattr(self.replicas[name], method)(call)
+        try:
+            return await getattr(self.replicas[name], method)(call)
+        except Exception as exc:
+            raise RayTaskError(method, traceback.format_exc(), exc, proctitle="replica",
+                               ip="127.0.0.1").as_instanceof_cause() from None
 
 
 def full_scores(user_items: Any, user_ts: Any, candidates: list[int]) -> torch.Tensor:

@@ -17,10 +17,12 @@ import torch
 from relaygr.cascade.window import HistoryWindow
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.ledger import read_ledger
+from relaygr.errors import SequenceTooLongError
 from relaygr.routing import rendezvous_order
 from relaygr.server import RelayService, ServerConfig
 from relaygr.server.build import load_model, load_store
 from tests.distributed.helpers import LocalRanker, full_scores
+from tests.engine.helpers import failing_passes
 from tests.server.helpers import SOURCE, client_for, system_config, until
 from tests.server.test_window import serve_across_slides, slides_of
 from tests.tolerance import SCORE_TOL
@@ -124,6 +126,37 @@ def test_a_dead_replica_loses_no_request_and_its_users_move(tmp_path: Path) -> N
     served = {row.user_id for row in read_ledger(tmp_path) if row.leg == "rank"}
     assert served == set(users)
     assert all(row.replica == "replica-a" for row in read_ledger(tmp_path))
+
+
+def test_a_replica_whose_calls_raise_is_answered_around_unless_the_request_is_at_fault(
+        ) -> None:
+    """The ingress sees a replica's error inside a ``RayTaskError``: the instance's own error
+    (a device error) fails over to the user's next choice, which answers exactly, counted; the
+    request's own (its input refused) is the answer, 422, and not failed over."""
+    ranker = LocalRanker(NAMES)
+    service = service_over(ranker)
+    store = service.backend.store
+    victim = "replica-b"
+    owned = [u for u in range(1, 13) if rendezvous_order(u, NAMES)[0] == victim]
+    passes = failing_passes(ranker.replicas[victim].instance, RuntimeError("CUDA error "
+                                                                           "(injected)"))
+
+    async def body(client: httpx.AsyncClient) -> None:
+        for user in owned:
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200 and r.json()["instance"] == "replica-a", r.text
+            history = store.get(user)
+            torch.testing.assert_close(
+                torch.tensor(r.json()["scores"]),
+                full_scores(history.items, history.timestamps, r.json()["candidates"]).float(),
+                atol=SCORE_TOL, rtol=SCORE_TOL)
+        passes.error = SequenceTooLongError("prefix + suffix past max_seq_len (injected)")
+        r = await client.post("/v1/recommend", json={"user_id": owned[0]})
+        assert r.status_code == 422 and "injected" in r.json()["detail"], r.text
+
+    asyncio.run(with_client(service, body))
+    counters = service.backend.snapshot().counters
+    assert counters.failovers == counters.instance_errors == len(owned)
 
 
 def test_a_replica_gone_with_no_call_on_it_leaves_readyz_and_the_metrics() -> None:

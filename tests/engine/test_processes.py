@@ -26,8 +26,9 @@ from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstanc
 from relaygr.engine.transport.supervisor import SupervisorPolicy
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError
+from relaygr.routing import rendezvous_order
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
-from tests.engine.helpers import flops_cost_model
+from tests.engine.helpers import failing_passes, flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
 
@@ -154,6 +155,47 @@ def test_a_dead_process_fails_over_to_the_next_instance() -> None:
 
     got = _run(processes, main)
     want, _ = serve("baseline", plan)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+
+
+def passes_of_rank_0_raise(config: Any, name: str, device: str, model: Any,
+                           cost_model: Any) -> Any:
+    """``build_instance``, whose instance rank-0's ranking passes raise (in its host process,
+    as a device error would there)."""
+    instance = build_instance(config, name, device, model, cost_model)
+    if name == "rank-0":
+        failing_passes(instance, RuntimeError("CUDA error: an illegal memory access was "
+                                              "encountered (injected)"))
+    return instance
+
+
+def test_an_instance_whose_passes_raise_in_its_process_is_answered_around() -> None:
+    """The host sends the pass's error back; the parent's fleet fails the leg over (the next
+    instance answers with the full pass's scores) and, after three in a row, its breaker takes
+    rank-0 out, naming the error that crossed the process boundary."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    processes = InstanceProcesses.for_model(model, flops_cost_model(model.cfg), 2,
+                                            build=passes_of_rank_0_raise)
+    plan = [v for v in visits(seed=7, count=40)
+            if rendezvous_order(v.user_id, ["rank-0", "rank-1"])[0] == "rank-0"][:4]
+
+    async def main() -> list[Recommendation]:
+        system = _system("relay", processes)
+        await system.start()
+        try:
+            out = [await system.recommend(v) for v in plan]
+            assert system.counters.instance_errors == system.counters.failovers == 3
+            assert [v.healthy for v in system.fleet.views()] == [False, True]
+            reason = system.fleet.snapshots()[0].unhealthy_reason
+            assert reason is not None and "RuntimeError: CUDA error" in reason
+            return out
+        finally:
+            await system.stop()
+
+    got = _run(processes, main)
+    want, _ = serve("baseline", plan)
+    assert {r.instance for r in got} == {"rank-1"}
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import httpx
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from relaygr.routing import rendezvous_order
 from relaygr.server import RelayService
+from tests.engine.helpers import failing_passes
 from tests.server.helpers import make_service, run_with_client
 from tests.tolerance import SCORE_TOL
 
@@ -149,9 +152,11 @@ def test_health_readiness_and_openapi() -> None:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json() == {"ready": True, "draining": False, "healthy_instances": 2,
-                                "instances": 2, "history_store": True}
+                                "instances": 2, "history_store": True, "unhealthy": {}}
         await service.backend.system.fail_instance("rank-1")   # type: ignore[attr-defined]
-        assert (await client.get("/readyz")).json()["healthy_instances"] == 1
+        ready = await client.get("/readyz")
+        assert ready.json()["healthy_instances"] == 1
+        assert ready.json()["unhealthy"] == {"rank-1": "down"}
         schema = (await client.get("/openapi.json")).json()
         assert {"/v1/recommend", "/v1/prefill", "/v1/rank", "/v1/events", "/healthz",
                 "/readyz", "/metrics"} <= set(schema["paths"])
@@ -274,3 +279,33 @@ def test_other_modes_serve_the_same_scores(mode: str) -> None:
         assert_scores(out.json()["scores"], reference_scores(service, 6, [3, 1, 4]))
 
     run_with_client(service, body)
+
+
+def test_an_instance_whose_passes_raise_is_answered_around_and_reported_out() -> None:
+    """Each of rank-1's users still gets 200 with the full pass's scores (answered by rank-0);
+    after three errors in a row rank-1's circuit breaker takes it out: /readyz names it with the
+    reason, and /metrics counts the errors and the breaker's opening."""
+    service = make_service()
+    system = service.backend.system  # type: ignore[attr-defined]
+    failing_passes(system.by_name["rank-1"], RuntimeError("CUDA error (injected)"))
+    users = [u for u in range(1, 24) if rendezvous_order(u, ["rank-0", "rank-1"])[0] == "rank-1"]
+
+    async def body(client: httpx.AsyncClient) -> tuple[dict[str, Any], str]:
+        for user in users[:4]:
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200 and r.json()["instance"] == "rank-0", r.text
+            assert_scores(r.json()["scores"], reference_scores(service, user,
+                                                               r.json()["candidates"]))
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200
+        return ready.json(), (await client.get("/metrics")).text
+
+    ready, text = run_with_client(service, body)
+    assert ready["healthy_instances"] == 1 and ready["unhealthy"] == {
+        "rank-1": "circuit breaker open: 3 ranking calls in a row raised (the last: "
+                  "RuntimeError: CUDA error (injected))"}
+    got = samples(text)
+    assert got[("relaygr_instance_errors_total", ())] == 3
+    assert got[("relaygr_failovers_total", ())] == 3
+    assert got[("relaygr_instance_events_total", (("event", "breaker_open"),))] == 1
+    assert got[("relaygr_instance_healthy", (("instance", "rank-1"),))] == 0

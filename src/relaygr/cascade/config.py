@@ -5,9 +5,10 @@ defaults (with the reasons) and checking its own fields: ``instance`` (every ran
 resources and policies, ``engine.instance.InstanceConfig``, with its batching,
 ``engine.scheduler.BatchPolicy``), ``trigger`` (``relay.trigger.TriggerConfig``), ``affinity``
 (the affinity router's spill, ``routing.affinity.AffinityConfig``), ``stages`` (the earlier
-stages as the ranking stage sees them, ``StagesConfig``) and ``overload`` (when an instance
-sheds and refuses work, ``OverloadConfig``). The system's own fields are those no part
-owns: the mode, the fleet, the SLO and the history window's slide.
+stages as the ranking stage sees them, ``StagesConfig``), ``overload`` (when an instance
+sheds and refuses work, ``OverloadConfig``) and ``breaker`` (when an instance whose ranking calls
+raise leaves routing, ``cascade.breaker.BreakerConfig``). The system's own fields are those no
+part owns: the mode, the fleet, the SLO and the history window's slide.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaygr.cascade.breaker import BreakerConfig
 from relaygr.cascade.modes import Mode
 from relaygr.engine.instance import InstanceConfig
 from relaygr.errors import ConfigError
@@ -142,6 +144,7 @@ class SystemConfig:
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     overload: OverloadConfig = field(default_factory=OverloadConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
     def __post_init__(self) -> None:
         Mode.parse(self.mode)

@@ -13,10 +13,22 @@ from its instances, wherever they run:
 
 Contract of ``rank``: it follows ``first`` (the first leg's decision) unless that instance is in
 ``avoid``; it raises ``OverloadedError`` when (and only when) the shed rule refuses the leg,
-and ``InstanceLost`` when the instance it went to is gone (the path then fails over: it adds
-that instance to ``avoid`` and sends the leg again). ``preinfer`` decides the route
-(in-process, at once) or asks for it (across Ray, answered later); either way the path awaits
-the ``FirstLeg`` only when it needs it.
+and ``InstanceLost`` when the instance it went to is gone, or ``InstanceFailed`` (an
+``InstanceLost``) when it raised for its own reasons (the path then fails over: it adds that
+instance to ``avoid`` and sends the leg again). Which errors are whose is written here once
+(``failover_for``): the request's own (``REQUEST_FAULTS``: its input is invalid, its leg was
+shed, the history store every instance reads is out of reach) propagate as they are, since
+another instance would refuse the request the same way; anything else a ranking call raises is
+the instance's (a device error, a corrupted cache, a bug), and another instance answers.
+Assertions propagate too: a broken invariant is a bug to see, not to route around.
+``preinfer`` decides the route (in-process, at once) or asks for it (across Ray, answered
+later); either way the path awaits the ``FirstLeg`` only when it needs it.
+
+``InstanceFleet`` keeps a circuit breaker per instance (``cascade.breaker``): an instance whose
+ranking calls keep raising is left out of the router's views, and its snapshot reports it
+unhealthy with the reason, until a probe answers. The breakers never take the whole fleet out:
+when no instance that is up would be routable, they are ignored (each request then fails over,
+or fails, on its own).
 
 The shed rules are written here once (``sheds_preinfer``, ``rank_shed``): pre-infer is shed
 first (at ``shed_preinfer_queue_depth`` ranking requests queued), then ranking answers 503 (at
@@ -25,14 +37,17 @@ first (at ``shed_preinfer_queue_depth`` ranking requests queued), then ranking a
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from relaygr.cascade.breaker import CircuitBreaker
 from relaygr.cascade.config import SystemConfig
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.scheduler import InstanceStoppedError
+from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import (
     FAILED,
     SKIPPED,
@@ -41,18 +56,50 @@ from relaygr.engine.types import (
     RankJob,
     RankResult,
 )
-from relaygr.errors import OverloadedError
+from relaygr.errors import HistoryStoreUnavailableError, InvalidInputError, OverloadedError
 from relaygr.routing import InstanceView, RouteDecision, Router
 
 log = logging.getLogger("relaygr.cascade.fleet")
 
 
+# What a ranking call raises for the request itself: the same request fails the same way on any
+# instance, so these are the caller's answer, never failed over nor held against the instance.
+REQUEST_FAULTS: tuple[type[Exception], ...] = (
+    InvalidInputError, OverloadedError, HistoryStoreUnavailableError)
+
+
 class InstanceLost(Exception):
     """The instance a ranking leg went to is gone (``instance``: its name, when known)."""
 
-    def __init__(self, instance: str | None) -> None:
-        super().__init__(f"ranking instance {instance or '?'} is gone")
+    def __init__(self, instance: str | None, message: str | None = None) -> None:
+        super().__init__(message or f"ranking instance {instance or '?'} is gone")
         self.instance = instance
+
+
+class InstanceFailed(InstanceLost):
+    """The instance a ranking leg went to raised ``error`` for its own reasons
+    (``instance_fault``): the leg fails over as from an instance that is gone."""
+
+    def __init__(self, instance: str | None, error: BaseException) -> None:
+        super().__init__(instance, f"ranking instance {instance or '?'} raised "
+                                   f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+def instance_fault(error: BaseException) -> bool:
+    """Whether ``error``, raised by a ranking call, is the instance's fault rather than the
+    request's (see the module docstring)."""
+    return isinstance(error, Exception) and not isinstance(error, (*REQUEST_FAULTS,
+                                                                   AssertionError))
+
+
+def failover_for(instance: str | None, error: BaseException) -> InstanceLost | None:
+    """What a ranking call to ``instance`` that raised ``error`` asks of the path:
+    ``InstanceLost`` (it is gone), ``InstanceFailed`` (it raised: ``instance_fault``), or None
+    (the request's own error: it propagates as it is)."""
+    if isinstance(error, InstanceStoppedError):
+        return InstanceLost(instance)
+    return InstanceFailed(instance, error) if instance_fault(error) else None
 
 
 def sheds_preinfer(rank_queue_depth: int, config: SystemConfig) -> bool:
@@ -105,23 +152,52 @@ class Fleet(Protocol):
 
 
 class InstanceFleet:
-    """``Fleet`` over K instance handles in this process's reach (see the module docstring)."""
+    """``Fleet`` over K instance handles in this process's reach (see the module docstring).
+
+    ``clock``: the breakers' time (None: the running event loop's ``loop.time()``)."""
 
     def __init__(self, instances: Sequence[InstanceHandle], router: Router,
-                 config: SystemConfig) -> None:
+                 config: SystemConfig, clock: Callable[[], float] | None = None) -> None:
         self.instances = list(instances)
         self.by_name = {inst.name: inst for inst in self.instances}
         self.router = router
         self.config = config
+        self.breakers = {inst.name: CircuitBreaker(config.breaker) for inst in self.instances}
+        self.clock = clock
 
     @property
     def max_attempts(self) -> int:
         return len(self.instances)
 
+    @property
+    def breaker_opens(self) -> int:
+        """Times a breaker opened, over every instance."""
+        return sum(b.opened for b in self.breakers.values())
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time() if self.clock is None else self.clock()
+
     def views(self, avoid: tuple[str, ...] = ()) -> list[InstanceView]:
-        """What the router sees: each instance's health (false if avoided) and queue depth."""
-        return [InstanceView(i.name, i.healthy and i.name not in avoid, i.queue_depth)
-                for i in self.instances]
+        """What the router sees: each instance's queue depth, and its health: up, not in
+        ``avoid``, and its breaker routable (the breakers are ignored where they would leave no
+        instance that is up routable: see the module docstring)."""
+        now = self._now()
+        up = [i.healthy for i in self.instances]
+        routable = [u and self.breakers[i.name].routable(now)
+                    for i, u in zip(self.instances, up, strict=True)]
+        if not any(routable):
+            routable = up
+        return [InstanceView(i.name, r and i.name not in avoid, i.queue_depth)
+                for i, r in zip(self.instances, routable, strict=True)]
+
+    def snapshots(self) -> tuple[InstanceSnapshot, ...]:
+        """Each instance's snapshot; one whose breaker is open is unhealthy, with the reason."""
+        out = []
+        for inst in self.instances:
+            snap, why = inst.snapshot(), self.breakers[inst.name].reason
+            out.append(snap if why is None else replace(snap, healthy=False,
+                                                        unhealthy_reason=why))
+        return tuple(out)
 
     def preinfer(self, request_id: str, user_id: int, spec: PrefixSpec, suffix_tokens: int,
                  candidates: int, send: bool) -> FirstLeg:
@@ -150,7 +226,20 @@ class InstanceFleet:
         shed = rank_shed(instance.name, instance.rank_queue_depth, self.config)
         if shed is not None:
             raise shed
+        breaker = self.breakers[instance.name]
+        probe = breaker.send(self._now())
         try:
-            return await instance.rank(job)
-        except InstanceStoppedError as exc:
-            raise InstanceLost(instance.name) from exc
+            result = await instance.rank(job)
+        except BaseException as exc:
+            failover = failover_for(instance.name, exc)
+            if not isinstance(failover, InstanceFailed):
+                breaker.proved_nothing(probe)
+            elif breaker.raised(probe, self._now(), exc):
+                log.warning("%s is out of routing for %g s (%s); its users go to their next "
+                            "choice", instance.name, breaker.config.cool_down_s, breaker.reason)
+            if failover is None:
+                raise
+            raise failover from exc
+        if breaker.answered(probe):
+            log.info("%s answered its probe: its circuit breaker is closed", instance.name)
+        return result

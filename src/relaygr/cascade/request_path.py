@@ -12,9 +12,11 @@ between slides, what is recomputed at one). The counters count the slides.
 ``RequestPath`` is driven by the embedded system (``cascade.system.RelaySystem``: instances in
 this process or in worker processes) and by the Ray ingress (``distributed.ingress``: replicas
 behind Serve); they differ only in the ``Fleet`` (``cascade.fleet``) they hand it. Failover: a
-ranking leg whose instance is gone goes to the user's next choice (which recomputes), up to the
-fleet's ``max_attempts``, so only latency suffers. Shedding: a shed pre-infer signal costs only
-the relay; a shed ranking leg raises ``OverloadedError`` (HTTP 503).
+ranking leg whose instance is gone, or raised for its own reasons (``cascade.fleet.failover_for``;
+counted in ``instance_errors`` too), goes to the user's next choice (which recomputes), up to
+the fleet's ``max_attempts``, so only latency suffers; the request's own errors (invalid input)
+propagate at once. Shedding: a shed pre-infer signal costs only the relay; a shed ranking leg
+raises ``OverloadedError`` (HTTP 503).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.fleet import FirstLeg, Fleet, InstanceLost
+from relaygr.cascade.fleet import FirstLeg, Fleet, InstanceFailed, InstanceLost
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.stages import EarlierStages, StageTiming
 from relaygr.cascade.store import HistoryStore
@@ -56,6 +58,9 @@ from relaygr.train.stages import fused_scores
 _MAX_REMEMBERED_DECISIONS = 100_000
 # Pre-infer signals that raised, logged with their traceback; the rest are counted only.
 _LOGGED_LOST_PREINFERS = 5
+# Ranking legs whose instance raised, logged with their traceback; the rest are counted only
+# (an instance that keeps raising is taken out of routing, logged once, by its fleet).
+_LOGGED_INSTANCE_ERRORS = 5
 
 log = logging.getLogger("relaygr.cascade.request_path")
 
@@ -112,6 +117,7 @@ class SystemCounters:
     shed_preinfer: int = 0
     shed_rank: int = 0
     lost_preinfer: int = 0       # pre-infer signals that did nothing: instance gone, or raised
+    instance_errors: int = 0     # failovers whose instance raised (its fault, not the request's)
     paths: Counter[str] = field(default_factory=Counter)
     window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
     windowed_requests: int = 0   # ranked from a window that starts after the first event
@@ -310,6 +316,7 @@ class RequestPath:
 
     async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob) -> RankResult:
         avoid: tuple[str, ...] = ()
+        last: InstanceLost | None = None
         for _ in range(self.fleet.max_attempts):
             try:
                 return await self.fleet.rank(leg.request_id, leg.visit.user_id, route, job,
@@ -318,9 +325,18 @@ class RequestPath:
                 self.counters.shed_rank += 1
                 raise
             except InstanceLost as lost:
+                last = lost
                 self.counters.failovers += 1
+                if isinstance(lost, InstanceFailed):
+                    self._count_error(lost)
                 if lost.instance is not None:
                     avoid += (lost.instance,)
         raise NoHealthyInstanceError(
-            f"ranking failed on {self.fleet.max_attempts} instances in turn")
+            f"ranking failed on {self.fleet.max_attempts} instances in turn") from last
+
+    def _count_error(self, failed: InstanceFailed) -> None:
+        self.counters.instance_errors += 1
+        if self.counters.instance_errors <= _LOGGED_INSTANCE_ERRORS:
+            log.warning("ranking on %s raised; the leg fails over to the user's next choice",
+                        failed.instance, exc_info=failed.error)
 

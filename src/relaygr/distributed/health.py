@@ -18,6 +18,12 @@ embedded supervisor applies to an instance process (``engine.transport.liveness`
   without the instance, so it is no progress: a stuck instance's queue fills, and the calls
   shed then must not hide it.
 
+A call answered with an error is answered (progress): these rules judge hangs only. A replica
+whose calls raise for the instance's own reasons is not judged here; the ingress fails each such
+leg over to the user's next choice (``cascade.fleet.failover_for``, counted in
+``relaygr_instance_errors``), as the embedded fleet does before its circuit breaker
+(``cascade.breaker``) takes the instance out.
+
 The instance's work for a ranking call runs to its end even when the caller gives up (Serve
 cancels a call whose client went away), as a worker process's does, and counts until then, so a
 stuck instance is seen whether or not anyone still waits on it. A replica whose own loop is

@@ -8,8 +8,12 @@ second (``RankCall``) with ``follow`` set to the replica that took the first, so
 router (``RelayRequestRouter``) sends both legs of the request to the replica that owns the user.
 
 Fallbacks: a lost pre-infer leg only costs the relay (ranking recomputes); a ranking leg whose
-replica died is sent again with that replica in ``avoid`` (the user's next choice, which
-recomputes), up to ``max_attempts`` times. A replica sheds by the cascade's shed rules
+replica died, or whose replica's call raised for the instance's own reasons (Serve hands the
+ingress the replica's exception inside a ``RayTaskError``; ``cascade.fleet.failover_for`` judges
+it as for an embedded instance), is sent again with that replica in ``avoid`` (the user's next
+choice, which recomputes), up to ``max_attempts`` times; the request's own errors propagate.
+There is no circuit breaker here (Serve's request router routes): a replica that keeps raising
+keeps its users, each of their legs failing over. A replica sheds by the cascade's shed rules
 (``cascade.fleet``) on its own queue: a shed ranking leg answers overloaded, and the request
 gets 503.
 
@@ -36,12 +40,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import ReplicaUnavailableError
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.fleet import FirstLeg, InstanceLost
+from relaygr.cascade.fleet import FirstLeg, InstanceLost, failover_for
 from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
 from relaygr.cascade.stages import EarlierStages
@@ -72,6 +76,12 @@ REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
 
 def _decision(user_id: int, note: RouteNote) -> RouteDecision:
     return RouteDecision(user_id, note.instance_id, 0, note.spilled, RouteReason(note.reason))
+
+
+def _routed_to(call: RankCall) -> str | None:
+    """The replica the request router sent ``call`` to (its ``note``), or was told to follow."""
+    return call.note.instance_id if call.note is not None else \
+        call.follow.instance_id if call.follow is not None else None
 
 
 class ReplicaFleet:
@@ -114,11 +124,15 @@ class ReplicaFleet:
         try:
             reply: RankReply = await self.ranker.rank.remote(call)
         except REPLICA_LOST as exc:
-            lost = call.note.instance_id if call.note is not None else \
-                call.follow.instance_id if call.follow is not None else None
+            lost = _routed_to(call)
             if lost is not None:
                 self.snapshots.pop(lost, None)
             raise InstanceLost(lost) from exc
+        except RayTaskError as exc:     # the replica's call raised: whose fault is it?
+            failover = failover_for(_routed_to(call), exc.cause)
+            if failover is None:
+                raise
+            raise failover from exc
         assert reply.snapshot is not None, "a replica's reply carries its snapshot"
         self.snapshots[reply.instance] = reply.snapshot
         if reply.overloaded_retry_s is not None:
@@ -220,7 +234,8 @@ class RayBackend:
                                                c.shed_rank, self.path.remembered_prefills,
                                                window_slides=c.window_slides,
                                                windowed_requests=c.windowed_requests,
-                                               lost_preinfer=c.lost_preinfer))
+                                               lost_preinfer=c.lost_preinfer,
+                                               instance_errors=c.instance_errors))
 
     async def quiesce(self) -> None:
         await self.fleet.refresh("quiesce")

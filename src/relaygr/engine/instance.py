@@ -12,7 +12,8 @@ instance):
 
 Failure model: ``fail()`` stops the instance and drops its caches (device memory is gone);
 queued and later work raises ``InstanceStoppedError`` so the cascade can answer elsewhere.
-``restart()`` brings it back empty.
+``restart()`` brings it back empty. Any other error of a ranking pass reaches the caller as it
+is; the cascade decides whose fault it is (``cascade.fleet.failover_for``).
 """
 
 from __future__ import annotations

@@ -59,3 +59,6 @@ class InstanceSnapshot:
     compute: dict[str, float] = field(default_factory=dict)
     # Host<->device copies (the expander's counters; empty without a host tier).
     expander: dict[str, int] = field(default_factory=dict)
+    # Why ``healthy`` is false, where the reporter knows (the cascade's circuit breaker,
+    # ``cascade.breaker``); None otherwise.
+    unhealthy_reason: str | None = None

@@ -117,9 +117,10 @@ class EmbeddedBackend:
         counters = ServingCounters(c.requests, c.failovers, c.shed_preinfer, c.shed_rank,
                                    self.system.remembered_prefills, sup.deaths, sup.restarts,
                                    len(sup.given_up), c.window_slides, c.windowed_requests,
-                                   sup.hangs, c.lost_preinfer, sup.failed_restarts)
-        return ServingSnapshot(tuple(i.snapshot() for i in self.system.instances),
-                               counters)
+                                   sup.hangs, c.lost_preinfer, sup.failed_restarts,
+                                   instance_errors=c.instance_errors,
+                                   breaker_opens=self.system.fleet.breaker_opens)
+        return ServingSnapshot(self.system.fleet.snapshots(), counters)
 
     async def quiesce(self) -> None:
         await self.system.wait_idle()

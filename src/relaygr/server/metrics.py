@@ -10,7 +10,8 @@ Two kinds:
   refused on the way (failed pre-infers and background copies, refused admissions and fills,
   host<->device copies failed or refused, entries evicted, expired or aborted per tier, ranking
   batches split after a failure and requests whose pass raised); per system, shed requests,
-  failovers and pre-infer signals lost with their instance; history windows: slides (a user's
+  failovers (and those whose instance raised), instances taken out by their circuit breaker, and
+  pre-infer signals lost with their instance; history windows: slides (a user's
   window moved, so its cache is computed afresh) and requests ranked from a window that no
   longer starts at the first event.
 """
@@ -39,8 +40,8 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        healthy = GaugeMetricFamily("relaygr_instance_healthy", "1 when the instance is up",
-                                    labels=["instance"])
+        healthy = GaugeMetricFamily("relaygr_instance_healthy", "1 when the instance is up "
+                                    "and its circuit breaker closed", labels=["instance"])
         queue = GaugeMetricFamily("relaygr_queue_depth", "Requests queued on an instance",
                                   labels=["instance", "queue"])
         used = GaugeMetricFamily("relaygr_cache_used_bytes", "KV bytes in use per tier",
@@ -109,7 +110,11 @@ class SnapshotCollector(Collector):
         failovers = CounterMetricFamily("relaygr_failovers",
                                         "Ranking legs answered by another instance")
         failovers.add_metric([], snap.counters.failovers)
-        yield failovers
+        errors = CounterMetricFamily("relaygr_instance_errors",
+                                     "Failovers whose instance raised (the instance's fault, "
+                                     "not the request's)")
+        errors.add_metric([], snap.counters.instance_errors)
+        yield from (failovers, errors)
         lost = CounterMetricFamily("relaygr_lost_preinfer",
                                    "Pre-infer signals that did nothing: their instance "
                                    "was gone, or the pre-infer raised")
@@ -117,13 +122,15 @@ class SnapshotCollector(Collector):
         yield lost
         lifecycle = CounterMetricFamily(
             "relaygr_instance_events", "Instance processes seen dead (exited by themselves), "
-            "hung (alive but not answering: killed), restarted, failed to restart, given up",
+            "hung (alive but not answering: killed), restarted, failed to restart, given up; "
+            "instances taken out of routing by their circuit breaker (breaker_open)",
             labels=["event"])
         lifecycle.add_metric(["death"], snap.counters.instance_deaths)
         lifecycle.add_metric(["hang"], snap.counters.instance_hangs)
         lifecycle.add_metric(["restart"], snap.counters.instance_restarts)
         lifecycle.add_metric(["failed_restart"], snap.counters.instance_failed_restarts)
         lifecycle.add_metric(["given_up"], snap.counters.instances_given_up)
+        lifecycle.add_metric(["breaker_open"], snap.counters.breaker_opens)
         yield lifecycle
         slides = CounterMetricFamily(
             "relaygr_window_slides", "Appends that moved a user's history window (its cached "

@@ -160,6 +160,9 @@ class ReadyResponse(BaseModel):
     healthy_instances: int
     instances: int
     history_store: bool       # the history store answers (a shared one can be out of reach)
+    # instance -> why it is not healthy ("down" where no more is known; a circuit breaker's
+    # reason names the errors that opened it)
+    unhealthy: dict[str, str] = Field(default_factory=dict)
 
 
 class ErrorResponse(BaseModel):

@@ -89,12 +89,13 @@ class RelayService:
 
     def readiness(self) -> ReadyResponse:
         instances = self.backend.snapshot().instances
+        unhealthy = {i.name: i.unhealthy_reason or "down" for i in instances if not i.healthy}
         healthy = sum(1 for i in instances if i.healthy)
         store = self.backend.store.reachable()
         ready = self.lifecycle.started and not self.admission.draining and healthy > 0 and store
         return ReadyResponse(ready=ready, draining=self.admission.draining,
                              healthy_instances=healthy, instances=len(instances),
-                             history_store=store)
+                             history_store=store, unhealthy=unhealthy)
 
     async def fingerprint(self) -> StateFingerprint:
         """The state a request could change, once background work has settled."""

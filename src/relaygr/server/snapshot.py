@@ -35,6 +35,8 @@ class ServingCounters:
     instance_hangs: int = 0         # instance processes killed by the supervisor for not answering
     lost_preinfer: int = 0          # pre-infer signals that did nothing: instance gone, or raised
     instance_failed_restarts: int = 0  # restarts that failed (no process, or its build raised)
+    instance_errors: int = 0        # failovers whose instance raised (its fault, not the request's)
+    breaker_opens: int = 0          # instances taken out of routing by their circuit breaker
 
 
 @dataclass(frozen=True)

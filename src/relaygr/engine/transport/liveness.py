@@ -21,6 +21,10 @@ and the same suspicion (the same silence, or the same call) held at an earlier c
 healthy host: the host's frames then wait unread in the socket, the parent's reader runs
 between the two checks, and what it reads ends the silence (or answers the call).
 
+A ranking call answered with an error is answered: these rules judge hangs only. An instance
+whose calls keep raising is the cascade's circuit breaker's to take out of routing
+(``cascade.breaker``), not a reason to kill its host.
+
 Time is the caller's clock (the event loop's ``loop.time()``), passed in, so the rules are
 tested on virtual time. Checked every ``interval_s`` (``SupervisorPolicy``), a host that stops
 writing is judged within ``silent_s + interval_s + max(interval_s, confirm_s)`` of its last
