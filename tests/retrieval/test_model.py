@@ -191,3 +191,32 @@ def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> N
                                users[3], atol=TOL)
     with pytest.raises(InvalidInputError):
         model.user_vector("a", [], user=3, partner_item_ids=[2])   # nothing the tower reads
+
+
+def test_a_held_out_pair_never_becomes_a_bridged_edge() -> None:
+    """A cross-listed product is one purchase in both catalogues: user 0's held-out item 0 of
+    domain a has its twin (b's item 0, bought by the same users) among b's training rows. The
+    bridge must not put (0, 0) back into a's graph: the user's vector would aggregate the very
+    item it is evaluated on."""
+    from relaygr.retrieval.splits import DomainSplit, SplitKind
+    from relaygr.retrieval.trainer import RetrievalTrainer
+
+    a_train = np.array([[1, 0], [2, 0], [3, 1], [4, 1], [4, 2]])
+    b_train = np.array([[0, 0], [1, 0], [2, 0], [3, 1], [4, 1]])     # b0 ~ a0, b1 ~ a1
+    held_a = np.array([[0, 0]])
+    graphs = {"a": BipartiteGraph(5, 3, a_train), "b": BipartiteGraph(5, 2, b_train)}
+    cfg = SCCDRConfig(dim=8, bridges=True)
+    leaky = RetrievalModel(graphs, cfg)              # no held-out rows given: the twin's edge
+    assert [0, 0] in leaky.tower("a").propagation.edges.tolist()
+    model = RetrievalModel(graphs, cfg, {"a": held_a})
+    edges = model.tower("a").propagation.edges.tolist()
+    assert [0, 0] not in edges and [3, 1] in edges    # other bridged purchases stay
+
+    none = np.zeros((0, 2), dtype=np.int64)
+    splits = {"a": DomainSplit("a", SplitKind.CVGAE, 3, a_train, none, held_a,
+                               np.zeros((0, 1), dtype=np.int64), np.array([[2]])),
+              "b": DomainSplit("b", SplitKind.CVGAE, 2, b_train, none, none,
+                               np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.int64))}
+    small = cfg.with_(pool_size=3, inter_negatives=2)        # 5 users: a small curriculum pool
+    trained = RetrievalTrainer(small, splits, 5, 0, progress_bar=False).model
+    assert [0, 0] not in trained.tower("a").propagation.edges.tolist()

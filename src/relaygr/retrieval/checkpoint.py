@@ -35,7 +35,7 @@ from relaygr.retrieval.data import DomainPair
 from relaygr.retrieval.graph import BipartiteGraph
 from relaygr.retrieval.model import RetrievalModel
 from relaygr.retrieval.splits import DomainSplit, SplitKind
-from relaygr.retrieval.trainer import TrainResult
+from relaygr.retrieval.trainer import TrainResult, held_out_rows
 from relaygr.settings import load
 
 RUN_FORMAT = "relaygr-retrieval-run/1"
@@ -224,7 +224,7 @@ def load_seed(run_dir: Path, info: RunInfo, seed: int) -> TrainedRetrieval:
                               f"result.json); train it again with --add-seeds --seeds {seed}")
     splits = load_splits(run_dir, seed, info.domains)
     graphs = {d: BipartiteGraph(info.num_users, s.num_items, s.train) for d, s in splits.items()}
-    model = RetrievalModel(graphs, info.config)
+    model = RetrievalModel(graphs, info.config, held_out_rows(splits))
     path = seed_dir(run_dir, seed) / "model.safetensors"
     try:
         model.load_state_dict(load_file(str(path)), strict=True)

@@ -148,8 +148,21 @@ def bridge_links(target: BipartiteGraph, partner: BipartiteGraph, min_jaccard: f
     return links
 
 
-def bridged_edges(partner: BipartiteGraph, links: np.ndarray) -> np.ndarray:
-    """``(n, 2)`` (user, target item): each partner interaction whose item has a link."""
+def bridged_edges(partner: BipartiteGraph, links: np.ndarray,
+                  held_out: np.ndarray | None = None) -> np.ndarray:
+    """``(n, 2)`` (user, target item): each partner interaction whose item has a link, except
+    the pairs of ``held_out`` (``(m, 2)``: the target domain's validation and test rows).
+
+    A cross-listed product is one purchase recorded in both catalogues, and each domain's
+    evaluation holds out its own rows: a held-out (user, item) often has its twin among the
+    partner's training rows, and bridged, it would be an edge of the very graph the user's
+    vector aggregates, the answer inside the question (on sport_cloth ~11 % of the test rows)."""
     target = links[partner.edges[:, 1]]
     edges = np.stack([partner.edges[:, 0], target], axis=1)[target >= 0]
+    if held_out is not None and len(held_out) and len(edges):
+        edges = edges[~np.isin(_pair_keys(edges), _pair_keys(held_out))]
     return np.unique(edges, axis=0) if len(edges) else edges.reshape(0, 2)
+
+
+def _pair_keys(pairs: np.ndarray) -> np.ndarray:
+    return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)

@@ -18,7 +18,7 @@ cached until ``refresh()``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -100,7 +100,10 @@ class DomainTower(nn.Module):
 class RetrievalModel(nn.Module):
     """Towers by domain name (the pair's target first)."""
 
-    def __init__(self, graphs: dict[str, BipartiteGraph], cfg: SCCDRConfig) -> None:
+    def __init__(self, graphs: dict[str, BipartiteGraph], cfg: SCCDRConfig,
+                 held_out: Mapping[str, np.ndarray] | None = None) -> None:
+        """``held_out``: each domain's validation and test (user, item) rows, which its bridges
+        never add (``graph.bridged_edges``); the trainer and a loaded run pass their split's."""
         super().__init__()
         self.cfg = cfg
         self.domains = list(graphs)
@@ -116,7 +119,8 @@ class RetrievalModel(nn.Module):
             if cfg.bridges:
                 for d, p in partner_of.items():
                     self.links[d] = bridge_links(graphs[d], graphs[p], cfg.bridge_jaccard)
-                    bridges[d] = bridged_edges(graphs[p], self.links[d])
+                    bridges[d] = bridged_edges(graphs[p], self.links[d],
+                                               None if held_out is None else held_out.get(d))
         self.towers = nn.ModuleDict({name: DomainTower(g, cfg, partners[name], bridges[name])
                                      for name, g in graphs.items()})
         if cfg.share_user_embedding and len(self.domains) == 2:

@@ -64,6 +64,11 @@ def joint_interactions(graphs: dict[str, BipartiteGraph]) -> Any:
     return sp.hstack([g.interactions() for g in graphs.values()], format="csr")
 
 
+def held_out_rows(splits: dict[str, DomainSplit]) -> dict[str, np.ndarray]:
+    """Each domain's validation and test rows: what no graph of the model may hold."""
+    return {d: np.concatenate([s.valid, s.test]) for d, s in splits.items()}
+
+
 def validate(model: RetrievalModel, splits: dict[str, DomainSplit]) -> dict[str, dict[str, float]]:
     """HR/NDCG@10 of each domain's validation rows against their negatives."""
     model.refresh()
@@ -90,7 +95,7 @@ class RetrievalTrainer:
         self.sequences = {d: _sequence(s) for d, s in splits.items()
                           if cfg.causal_window > 0 and s.train_pos is not None
                           and cfg.encoder is Encoder.SAGE and len(splits) == 1}
-        self.model = RetrievalModel(self.graphs, cfg)
+        self.model = RetrievalModel(self.graphs, cfg, held_out_rows(splits))
         self.sampler = self._sampler(num_users)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           weight_decay=cfg.weight_decay)
