@@ -99,3 +99,19 @@ def test_exactness_is_shown_on_enough_requests_only() -> None:
     assert status(60, 3e-7) == "met" and status(50, 3e-7) == "met"
     assert status(1, 0.0) == "undecided" and status(49, 3e-7) == "undecided"
     assert status(1, 0.5) == "missed"
+
+
+def test_an_interval_end_that_touches_the_target_decides_it() -> None:
+    """Brackets are half-open, [pass, fail): a ratio's interval excludes both its ends."""
+    # relay passed 64 QPS, reactive failed it: relay in [64, 128), reactive in [32, 64): ahead
+    modes = {"baseline": mode("baseline", 768, 1536, 8.0, 16.0),
+             "reactive": mode("reactive", 768, 1536, 32.0, 64.0),
+             "relay": mode("relay", 1536, None, 64.0, 128.0)}
+    assert verdicts(modes)["relay_ahead_of_reactive"] == (1.0, 4.0, "met")
+    # relay failed 1,536 tokens, the baseline passed 768: the ratio is under 2
+    modes["relay"] = mode("relay", 768, 1536, 64.0, 128.0)
+    assert verdicts(modes)["relay_vs_baseline_seq_len_ge_2x"] == (0.5, 2.0, "missed")
+    # relay failed 64 QPS where an ablation passed it: behind it
+    modes["relay"] = mode("relay", 768, None, 32.0, 64.0)
+    modes["relay-no-trigger"] = mode("relay-no-trigger", 768, None, 64.0, 128.0)
+    assert verdicts(modes)["relay_not_behind_ablations"][2] == "missed"
