@@ -7,7 +7,7 @@ from its overage count (``PointStats.decision``, ``relaygr.bench.decision``).
 
 P99 confidence: a distribution-free 95% interval from order statistics (the number of samples
 below the true quantile is Binomial(n, q)). With 2,000 samples it spans the 98.55th to 99.45th
-sample percentiles; with 300 or fewer its upper end is beyond the largest sample (reported as
+sample percentiles; with 367 or fewer its upper end is beyond the largest sample (reported as
 infinite).
 """
 
