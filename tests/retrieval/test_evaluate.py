@@ -88,6 +88,11 @@ def test_a_baseline_on_other_negatives_is_refused() -> None:
     _same_splits({"d": split([2, 3])}, {"d": split([2, 3])}, Path("same"))
     with pytest.raises(CheckpointError):
         _same_splits({"d": split([2, 3])}, {"d": split([2, 4])}, Path("other"))
+    # the same test rows and negatives, other training rows (another valid_share, say)
+    other_train = DomainSplit("d", SplitKind.CVGAE, 9, np.array([[0, 5]]), rows, rows,
+                              np.array([[2, 3]]), np.array([[2, 3]]))
+    with pytest.raises(CheckpointError):
+        _same_splits({"d": split([2, 3])}, {"d": other_train}, Path("trained otherwise"))
     summary = mean_std([{"d": {"hr@10": 0.2}}, {"d": {"hr@10": 0.4}}])
     assert summary["d"]["hr@10"] == pytest.approx(0.3)
     assert summary["d"]["hr@10_std"] == pytest.approx(0.1)

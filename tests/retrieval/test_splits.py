@@ -88,3 +88,18 @@ def test_protocols_and_bad_input(tmp_path: Path, pair_dir: Path) -> None:
     (pair_dir / "aa_bb" / "train.txt").write_text("0 1 1\n0 x 1\n")
     with pytest.raises(DataFormatError, match=r"train.txt:2"):
         load_pair(pair_dir, "aa_bb")
+
+
+def test_disencdr_negatives_are_never_items_only_a_held_out_row_names(pair_dir: Path) -> None:
+    """DisenCDR draws its negatives among train.txt's items: an id the files name only in
+    held-out rows has no training interaction, so any popularity prior beats it for free."""
+    domain = load_pair(pair_dir, "aa_bb").target
+    held_only = np.setdiff1d(np.concatenate([domain.test[:, 1], domain.test_original[:, 1]]),
+                             domain.train[:, 1])
+    assert len(held_only)                      # the generated files have such items
+    for seed in range(3):
+        split = make_split(domain, SplitKind.DISENCDR, seed=seed, valid_share=0.5)
+        assert not np.isin(split.test_negatives, held_only).any()
+        assert not np.isin(split.valid_negatives, held_only).any()
+    cv = make_split(domain, SplitKind.CVGAE, seed=0, valid_share=0.5)   # CVGAE's: any item
+    assert np.isin(cv.test_negatives, held_only).any()

@@ -131,19 +131,25 @@ def hold_out_one(pairs: np.ndarray, users: np.ndarray, rng: np.random.Generator
 
 
 def sample_negatives(rows: np.ndarray, seen: np.ndarray, num_items: int, k: int,
-                     rng: np.random.Generator) -> np.ndarray:
+                     rng: np.random.Generator, universe: np.ndarray | None = None
+                     ) -> np.ndarray:
     """``k`` distinct items per row's user, uniform over the items the user never interacted
-    with (``seen``: every (user, item) of the domain). Rows in order; ``(len(rows), k)``."""
+    with (``seen``: every (user, item) of the domain) among ``universe`` (sorted distinct item
+    ids; None: all ``num_items``). Rows in order; ``(len(rows), k)``."""
     order = np.argsort(seen[:, 0], kind="stable")
     by_user = np.split(seen[order, 1], np.cumsum(np.bincount(seen[:, 0]))[:-1])
     out = np.empty((len(rows), k), dtype=np.int64)
     for r, user in enumerate(rows[:, 0]):
         banned = by_user[user] if user < len(by_user) else np.empty(0, np.int64)
-        if num_items - len(np.unique(banned)) < k:
+        allowed = num_items if universe is None else len(universe)
+        inside = np.unique(banned) if universe is None else np.intersect1d(banned, universe)
+        if allowed - len(inside) < k:
             raise ConfigError(f"user {user} has fewer than {k} items to sample negatives from")
         picked = np.empty(0, dtype=np.int64)
         while len(picked) < k:
-            draw = rng.integers(0, num_items, size=2 * k)
+            draw = rng.integers(0, allowed, size=2 * k)
+            if universe is not None:
+                draw = universe[draw]
             draw = draw[~np.isin(draw, banned)]
             picked = np.concatenate([picked, draw])
             _, first = np.unique(picked, return_index=True)
@@ -177,8 +183,21 @@ def make_split(domain: Domain, kind: SplitKind, seed: int, valid_share: float) -
     train, valid = hold_out_one(rest, users[chosen], _rng(seed, domain.name, "valid"))
     k = NUM_NEGATIVES[kind]
     train = train[np.lexsort((train[:, 1], train[:, 0]))]
-    return DomainSplit(
+    # DisenCDR numbers and draws its negatives among the items of train.txt: an id the files
+    # name only in held-out rows (test.txt, test_original.txt) is no negative there (degree 0
+    # in training, any popularity prior beats it for free). Ids no file names stay (the
+    # released files have none; generated ones may).
+    universe = None
+    if kind is SplitKind.DISENCDR:
+        held_only = np.setdiff1d(np.concatenate([domain.test[:, 1], domain.test_original[:, 1]]),
+                                 domain.train[:, 1])
+        universe = np.setdiff1d(np.arange(domain.num_items), held_only)
+    split = DomainSplit(
         domain.name, kind, domain.num_items, train, valid, test,
-        sample_negatives(valid, seen, domain.num_items, k, _rng(seed, domain.name, "valid-neg")),
-        sample_negatives(test, seen, domain.num_items, k, _rng(seed, domain.name, "test-neg")),
+        sample_negatives(valid, seen, domain.num_items, k, _rng(seed, domain.name, "valid-neg"),
+                         universe),
+        sample_negatives(test, seen, domain.num_items, k, _rng(seed, domain.name, "test-neg"),
+                         universe),
         time_positions(train, domain.train) if domain.time_ordered else None)
+    split.check(seen)
+    return split
