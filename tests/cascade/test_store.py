@@ -110,7 +110,7 @@ def test_bad_input_is_a_typed_error_and_changes_nothing() -> None:
         (TimestampError, lambda: store.append(1, [1], [150])),
         (TimestampError, lambda: store.append(3, [1, 2], [5, 4])),
         (TimestampError, lambda: store.append(1, [1], [2 ** 62])),        # past what ranks
-        (InvalidInputError, lambda: store.append(2 ** 63, [1])),         # past int64
+        (InvalidInputError, lambda: store.append(2 ** 53, [1])),         # past the API's ids
         (InvalidInputError, lambda: store.version_at(1, 3)),
         (InvalidInputError, lambda: store.prefix(1, -1)),
     ]

@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaygr.data import UserSequences, leave_one_out, load_sequences
+from relaygr.data import (
+    UserSequences,
+    check_time_order,
+    check_user_ids,
+    leave_one_out,
+    load_sequences,
+)
 
 DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 ML1M = DATASETS / "ml-1m"
@@ -40,3 +46,11 @@ def test_ml1m_shared_table_and_original_ratings_dat_agree() -> None:
     split = leave_one_out(ordered)
     assert len(split.test) == len(split.valid) == 6040
     assert int(split.train_lengths.sum()) == 1000209 - 2 * 6040
+
+
+def test_ml1m_shared_table_is_data_a_model_serves() -> None:
+    """Its users are the integers a request names, and its timed users' times follow
+    ``seq_pos``: what training and serving check (data.servable) refuses none of it."""
+    ordered = load_sequences("ml-1m", ML1M)
+    check_user_ids(ordered.source, ordered.user_ids)
+    check_time_order(ordered)

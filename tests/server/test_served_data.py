@@ -2,27 +2,39 @@
 copy of it, its rows in another order, or under another name of its format; other data in the
 same format is refused at start-up, since its ids would name other users and items, even with
 the same counts (the run's fingerprint of its rows); a run saved before it recorded one is
-checked by its counts alone."""
+checked by its counts alone. Data training refuses (user ids a request cannot name; for a model
+that reads time, a user whose time goes back in its order) is refused at start-up too, typed and
+named, for a checkpoint whose run was not checked (written here without training)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.window import HistoryWindow
 from relaygr.data import load_sequences
-from relaygr.errors import CatalogueMismatchError
+from relaygr.errors import CatalogueMismatchError, ConfigError, DataError, InvalidInputError
 from relaygr.server import ModelSource
 from relaygr.server.build import load_model, load_store
-from relaygr.train import Trainer
+from relaygr.server.schemas import EventsRequest, RecommendRequest
+from relaygr.server.served_data import check_served_data
+from relaygr.train import TrainConfig, Trainer
 from relaygr.train.checkpoint import CONFIG_FILE
 from tests.server.helpers import system_config
-from tests.train.helpers import TINY, write_cyclic_udata
+from tests.train.helpers import (
+    BACK_POSITION,
+    TINY,
+    write_cyclic_udata,
+    write_interactions,
+    write_untrained_run,
+)
 
 
 def _ratings_dat(folder: Path, seed: int) -> Path:
@@ -125,3 +137,58 @@ def test_a_run_without_a_fingerprint_is_checked_by_its_counts(run: Path, tmp_pat
     with pytest.raises(CatalogueMismatchError, match=r"not the data .* was trained on"):
         _users(ModelSource(checkpoint=old, dataset="ratings-dat",
                            data_dir=_ratings_dat(tmp_path / "other", seed=1)))
+
+
+def _unchecked_run(tmp_path: Path, users: Sequence[object], config: TrainConfig = TINY,
+                   back: object = None) -> ModelSource:
+    """A checkpoint recording a generic table of ``users`` (``write_interactions``) as its
+    training data, written without the checks training makes."""
+    data = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back)
+    run = write_untrained_run(tmp_path / "run", load_sequences("table", data), config,
+                              dataset="table")
+    return ModelSource(checkpoint=run)
+
+
+@pytest.mark.parametrize(("users", "refusal"), [
+    ([f"user-{u}" for u in range(1, 25)],
+     r"names its users by strings \(24 of its 24 user ids are not integers, the first "
+     r"'user-1'\)"),
+    ([2 ** 60 + u for u in range(24)],
+     rf"has user ids outside 0\.\.2\^53-1 \(24 of its 24 users, the first {2 ** 60}\)"),
+])
+def test_user_ids_a_request_cannot_name_are_refused_at_start_up(
+        tmp_path: Path, users: list[object], refusal: str) -> None:
+    source = _unchecked_run(tmp_path, users)
+    data = tmp_path / "data" / "interactions.csv"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(data))} {refusal}: "):
+        _users(source)
+    with pytest.raises(ConfigError, match=refusal):     # the Ray driver's check, before a cluster
+        check_served_data(source)
+
+
+def test_a_timed_users_time_going_back_is_refused_at_start_up_naming_it(tmp_path: Path) -> None:
+    users = list(range(1, 25))
+    source = _unchecked_run(tmp_path / "timed", users, TINY.with_(use_timestamps=True), back=7)
+    data = tmp_path / "timed" / "data" / "interactions.csv"
+    line = 2 + 6 * 10 + BACK_POSITION
+    for start_up in (_users, check_served_data):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(data))}:{line}: user 7's event at "
+                           rf"position {BACK_POSITION} \(0-based\) of its sequence"):
+            start_up(source)
+    # a model without time never reads them: user 7 serves, in the order column's order
+    untimed = _unchecked_run(tmp_path / "untimed", users, back=7)
+    served = _users(untimed)
+    assert len(served) == 24 and served[7] == [(6 * 7 + step) % 40 + 1 for step in range(10)]
+
+
+def test_the_user_id_bound_is_the_apis_and_every_stores() -> None:
+    """One bound, 2^53-1 (what JSON carries exactly): a store holds no user that neither
+    ``/v1/recommend`` nor ``/v1/events`` could name."""
+    largest = 2 ** 53 - 1
+    for request in (RecommendRequest, EventsRequest):
+        assert request.model_json_schema()["properties"]["user_id"]["maximum"] == largest
+    store = InMemoryHistoryStore(num_items=5)
+    store.append(largest, [1])
+    with pytest.raises(InvalidInputError, match=r"\[0, 2\^53-1\]"):
+        store.append(largest + 1, [1])
+    assert list(store) == [largest]

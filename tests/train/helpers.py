@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +51,26 @@ def write_truncated(full: Path, out_dir: Path, drop_user: Callable[[int], bool])
     return out_dir
 
 
+# The position in a user's sequence whose time ``write_interactions`` can send back.
+BACK_POSITION = 5
+
+
+def write_interactions(path: Path, users: Sequence[object], events: int = 10,
+                       back: object | None = None) -> Path:
+    """``path``, a generic table (``user,item,timestamp,order``): ``events`` events a minute
+    apart for each of ``users``, over 40 items, the users' rows one after another; user ``back``
+    (one of ``users``) has its event at ``BACK_POSITION`` timed before its first while the
+    order column keeps it there. A row's line is 2 + its index (line 1 is the header)."""
+    rows = ["user,item,timestamp,order"]
+    for k, user in enumerate(users):
+        for step in range(events):
+            stamp = 999_000 if user == back and step == BACK_POSITION else 1_000_000 + 60 * step
+            rows.append(f"{user},{(k * 7 + step) % 40 + 1},{stamp},{step}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
 def cyclic_sequences(tmp_path: Path, num_users: int = 96) -> UserSequences:
     return load_sequences("ml-100k", write_cyclic_udata(tmp_path / "u.data", num_users))
 
@@ -61,12 +81,12 @@ TINY = TrainConfig(dim=16, num_layers=1, num_heads=2, max_seq_len=24, dropout=0.
 
 
 def write_untrained_run(out: Path, seqs: UserSequences, config: TrainConfig = TINY,
-                        seed: int = 0) -> Path:
-    """A run directory of an untrained model recording ``seqs`` (``seqs.source``) as its
-    training data and ``config`` as its training config: for what depends on a run's records,
-    not its weights."""
+                        seed: int = 0, dataset: str = "ml-100k") -> Path:
+    """A run directory of an untrained model recording ``seqs`` (``seqs.source``, read as
+    ``dataset``) as its training data and ``config`` as its training config: for what depends
+    on a run's records, not its weights, data training refuses included."""
     torch.manual_seed(seed)
     model = HSTU(config.model_config(seqs.num_items)).eval()
-    run = RunConfig(model.cfg, config, DatasetInfo.of("ml-100k", seqs), seed, "custom")
+    run = RunConfig(model.cfg, config, DatasetInfo.of(dataset, seqs), seed, "custom")
     save_model(out, model, run, seqs.id_map)
     return out

@@ -11,7 +11,7 @@ import torch
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.window import HistoryWindow
 from relaygr.data import iter_histories, leave_one_out, load_sequences
-from relaygr.errors import CatalogueMismatchError, CheckpointError, ConfigError
+from relaygr.errors import CatalogueMismatchError, CheckpointError, ConfigError, DataError
 from relaygr.model import HSTU
 from relaygr.server.build import load_model, load_store
 from relaygr.server.config import ModelSource
@@ -30,7 +30,14 @@ from relaygr.train import (
 from relaygr.train.batches import LengthBucketOrder, RandomOrder, TrainingData
 from relaygr.train.losses import ranking_loss, retrieval_loss
 from tests.tolerance import SCORE_TOL, reorder_tolerance, stored_rounding_tolerance
-from tests.train.helpers import NUM_ITEMS, TINY, cyclic_sequences, write_cyclic_udata
+from tests.train.helpers import (
+    BACK_POSITION,
+    NUM_ITEMS,
+    TINY,
+    cyclic_sequences,
+    write_cyclic_udata,
+    write_interactions,
+)
 
 
 def test_presets_are_valid_and_follow_the_paper() -> None:
@@ -261,6 +268,33 @@ def test_valid_users_trains_the_other_users_validation_items(tmp_path: Path) -> 
     everyone = Trainer(TINY.with_(valid_users=10_000), seqs, tmp_path / "run2", dataset="d",
                        progress_bar=False)   # more than are evaluated: the classic split
     assert everyone.split.train_lengths.tolist() == full.train_lengths.tolist()
+
+
+def test_training_refuses_data_its_checkpoint_could_not_serve(tmp_path: Path) -> None:
+    """A checkpoint serves the users of the data it was trained on, so user ids a request
+    cannot name, and for a model that reads time a user whose time goes back in its order, are
+    refused before anything is trained or written (the same checks as serve's, data.servable).
+    """
+    def trainer(users: list[object], config: TrainConfig = TINY, back: object = None) -> Trainer:
+        path = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back)
+        return Trainer(config, load_sequences("table", path), tmp_path / "run",
+                       dataset="table", progress_bar=False, log=lambda _: None)
+
+    with pytest.raises(ConfigError, match=r"names its users by strings \(24 of its 24 user ids "
+                       r"are not integers, the first 'user-1'\)"):
+        trainer([f"user-{u}" for u in range(1, 25)])
+    with pytest.raises(ConfigError, match=r"outside 0\.\.2\^53-1 \(24 of its 24 users, the "
+                       rf"first {2 ** 53}\)"):
+        trainer([2 ** 53 + u for u in range(24)])
+    line = 2 + 6 * 10 + BACK_POSITION                      # user 7 is the 7th of 24
+    with pytest.raises(DataError, match=rf"interactions\.csv:{line}: user 7's event at position "
+                       rf"{BACK_POSITION} \(0-based\)") as refused:
+        trainer(list(range(1, 25)), TINY.with_(use_timestamps=True), back=7)
+    assert refused.value.line == line and not (tmp_path / "run").exists()
+    # the same data trains position-only: its timestamps are never read
+    assert trainer(list(range(1, 25)), back=7).seqs.num_users == 24
+    # the largest id a request can name trains
+    assert trainer([2 ** 53 - 24 + u for u in range(24)]).seqs.num_users == 24
 
 
 def test_a_checkpoint_serves_its_datasets_users_untimed_and_within_length(tmp_path: Path) -> None:

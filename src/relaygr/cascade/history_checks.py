@@ -1,7 +1,8 @@
 """The checks every ``HistoryStore`` makes before it reads or changes a history.
 
 One set of rules, so that each store (in memory, Redis) refuses the same input with the same
-typed error and changes nothing: user ids are ints >= 0, item ids ints in ``1..num_items``,
+typed error and changes nothing: user ids are ints in ``0..2^53-1`` (the API's ``user_id``:
+a user no request can name is not kept), item ids ints in ``1..num_items``,
 counts and window starts within the history, and timestamps given exactly for timed users, one
 per item, non-decreasing from the user's last event on. Each function either returns the
 checked value (as int64 arrays or ints) or raises an ``InvalidInputError`` subclass.
@@ -12,16 +13,18 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from relaygr.data.servable import MAX_USER_ID
 from relaygr.errors import EmptyInputError, InvalidInputError, ItemOutOfRangeError, TimestampError
 from relaygr.model.inputs import MAX_ABS_TIMESTAMP
 
 
 def check_user(user_id: int) -> None:
-    """``InvalidInputError`` unless ``user_id`` is an int in [0, 2^63) (an int64: what the
-    event log and the stores keep)."""
+    """``InvalidInputError`` unless ``user_id`` is an int in ``0..MAX_USER_ID`` (2^53-1): the
+    ids a request can name (``data.servable``), so that a store never holds a user the API
+    cannot reach."""
     if not isinstance(user_id, (int, np.integer)) or isinstance(user_id, bool) \
-            or not 0 <= user_id < 2 ** 63:
-        raise InvalidInputError(f"user_id must be an int in [0, 2^63), got {user_id!r}")
+            or not 0 <= user_id <= MAX_USER_ID:
+        raise InvalidInputError(f"user_id must be an int in [0, 2^53-1], got {user_id!r}")
 
 
 def as_int_array(name: str, values: npt.ArrayLike) -> np.ndarray:

@@ -3,7 +3,9 @@
 Ordering rule, per user: by the table's order column when it has one (a repeated position is an
 error); otherwise by timestamp when every event of the user has one (ties keep file order, as a
 stable sort of ``ratings.dat`` does); otherwise in file order. A user is *timed* when every one of
-its events has a timestamp; the model then may use time, and must not otherwise.
+its events has a timestamp; the model then may use time, and must not otherwise. Ordered by the
+order column, a timed user's timestamps may go back: the sequences keep them as they are, and a
+model that reads time refuses them (``servable.check_time_order``).
 
 Item ids are remapped densely: the ``IdMap`` lists original ids in sorted order and dense id
 ``i + 1`` is ``IdMap.items[i]`` (0 stays the model's padding). The same data therefore always
@@ -124,7 +126,9 @@ class UserSequences:
 
     User ``u`` (dense index ``0..num_users-1``, in sorted order of ``user_ids``) owns
     ``items[offsets[u]:offsets[u + 1]]``; ``timestamps`` is meaningful for timed users only
-    (``timed[u]``), 0 elsewhere. Every user has at least one event.
+    (``timed[u]``), 0 elsewhere; ``lines`` holds each event's line in ``source`` (the table's
+    ``lines``), so that a check of the sequences can point at the row. Every user has at least
+    one event.
     """
 
     source: str
@@ -134,6 +138,7 @@ class UserSequences:
     items: np.ndarray      # [E] int64 dense ids
     timestamps: np.ndarray  # [E] int64
     timed: np.ndarray      # [U] bool
+    lines: np.ndarray      # [E] int64
     # the content fingerprint of the table they were built from, as read (before any unknown
     # item was dropped): what a run records of its data (relaygr.data.fingerprint)
     fingerprint: str
@@ -229,7 +234,7 @@ def build_sequences(table: InteractionTable, id_map: IdMap | None = None,
         table.timestamps[perm]
     return UserSequences(source=table.source, id_map=mapping, user_ids=user_ids,
                          offsets=offsets, items=dense_items[perm], timestamps=stamps,
-                         timed=timed, fingerprint=fingerprint)
+                         timed=timed, lines=table.lines[perm], fingerprint=fingerprint)
 
 
 def _subset(table: InteractionTable, keep: np.ndarray) -> InteractionTable:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from relaygr.data.servable import MAX_USER_ID
 from relaygr.engine.types import PreinferAction, RankPath
 from relaygr.server.config import MAX_JSON_INT, MAX_LIST_ITEMS, MAX_TIMESTAMP_S
 
@@ -30,9 +31,11 @@ def _json_integer(value: Any) -> Any:
     return value
 
 
-# The bounds come before the validator so that they reach the schema as minimum/maximum.
+# The bounds come before the validator so that they reach the schema as minimum/maximum. A
+# user id's is the one every history store keeps and a served dataset's ids must meet
+# (``data.servable``), so that no user is held that a request cannot name.
 _INTEGER = BeforeValidator(_json_integer)
-UserId = Annotated[int, Field(ge=0, le=MAX_JSON_INT, description="user id"), _INTEGER]
+UserId = Annotated[int, Field(ge=0, le=MAX_USER_ID, description="user id"), _INTEGER]
 ItemId = Annotated[int, Field(ge=1, le=MAX_JSON_INT, description="item id (1..num_items)"),
                    _INTEGER]
 Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds"), _INTEGER]

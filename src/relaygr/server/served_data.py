@@ -11,6 +11,12 @@ under another name of its format (``ratings-dat`` and ``ml-1m`` both read ``rati
 serve; other data, a later export or one of the same counts included, is refused at start-up
 with ``CatalogueMismatchError`` naming both files and the check that failed (what arrives after
 training arrives through ``/v1/events`` and the event log).
+
+The data it was trained on is then checked as training checks it (``relaygr.data.servable``):
+user ids that are strings or outside 0..2^53-1 (the API's ``user_id``) are a ``ConfigError``,
+and for a model that reads time a user whose timestamps go back in its sequence is a
+``DataError`` at its line. ``train.Trainer`` refuses such data before it trains; serving checks
+again, for a checkpoint whose run did not, at start-up and before any user is built.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.server.config import ModelSource
 
 if TYPE_CHECKING:
+    from relaygr.data.sequences import UserSequences
     from relaygr.data.table import InteractionTable
     from relaygr.train.checkpoint import DatasetInfo
 
@@ -58,11 +65,20 @@ def served_dataset(source: ModelSource) -> ModelSource | None:
 
 def check_served_data(source: ModelSource) -> None:
     """``CatalogueMismatchError`` unless the file ``source`` serves users from holds the data
-    its checkpoint was trained on (the module docstring); nothing for synthetic users. Reads
-    the file but builds no user: for a start-up that must refuse other data before anything
-    slower (the Ray driver, before it starts a cluster)."""
+    its checkpoint was trained on, then the checks of ``relaygr.data.servable`` on its users
+    (the module docstring); nothing for synthetic users. Reads the file, and orders its users'
+    events only for a model that reads time (whose check needs the order), but builds no user:
+    for a start-up that must refuse such data before anything slower (the Ray driver, before it
+    starts a cluster)."""
+    from relaygr.train import read_run_config
+
     dataset = served_dataset(source)
-    if dataset is not None:
+    if dataset is None:
+        return
+    assert dataset.checkpoint is not None
+    if read_run_config(dataset.checkpoint).train.use_timestamps:
+        _served_sequences(dataset, timed=True)
+    else:
         _checked_table(dataset)
 
 
@@ -71,37 +87,49 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
     """The users of ``source.dataset`` in ``source.data_dir``, each cut to ``window``, in the
     checkpoint's item ids, timestamps kept exactly when ``timed`` (a timed model skips an
     untimed user); ``CatalogueMismatchError`` unless the file is the data the checkpoint was
-    trained on (the module docstring; checked before any user is built), ``ConfigError`` when it
-    holds no user to serve."""
-    from relaygr.data import IdMap, build_sequences
-    from relaygr.train.checkpoint import ID_MAP_FILE
-
-    assert source.checkpoint is not None
-    table = _checked_table(source)
-    seqs = build_sequences(table, IdMap.load(source.checkpoint / ID_MAP_FILE))
+    trained on, ``ConfigError`` or ``DataError`` for users it cannot serve (the module
+    docstring; both checked before any user is built), ``ConfigError`` when it holds no user to
+    serve."""
+    seqs = _served_sequences(source, timed)
     users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     for h in seqs.histories():
         if timed and h.timestamps is None:
             continue          # a timed model cannot serve an untimed user
         start = window.start(len(h.items))
         ts = None if not timed or h.timestamps is None else h.timestamps[start:]
-        users[int(h.user_id)] = (h.items[start:], ts)
+        users[int(h.user_id)] = (h.items[start:], ts)    # an int: check_user_ids
     if not users:
         raise ConfigError(f"{source.dataset} in {source.data_dir} has no user this model can "
                           "serve")
     return InMemoryHistoryStore.from_sequences(users, num_items)
 
 
+def _served_sequences(source: ModelSource, timed: bool) -> UserSequences:
+    """The users' sequences of ``source.dataset`` in the checkpoint's item ids, once the file
+    is the data it was trained on with user ids the API takes (``_checked_table``) and, when
+    ``timed``, each timed user's timestamps are in its order (the module docstring)."""
+    from relaygr.data import IdMap, build_sequences, check_time_order
+    from relaygr.train.checkpoint import ID_MAP_FILE
+
+    assert source.checkpoint is not None
+    seqs = build_sequences(_checked_table(source), IdMap.load(source.checkpoint / ID_MAP_FILE))
+    if timed:
+        check_time_order(seqs)
+    return seqs
+
+
 def _checked_table(source: ModelSource) -> InteractionTable:
     """The table of ``source.dataset`` in ``source.data_dir``, as read, once it is checked
-    against the record of the run ``source.checkpoint`` (``check_trained_data``)."""
-    from relaygr.data import resolve
+    against the record of the run ``source.checkpoint`` (``check_trained_data``) and its user
+    ids are ones a request can name (``check_user_ids``)."""
+    from relaygr.data import check_user_ids, resolve
     from relaygr.train import read_run_config
 
     assert source.checkpoint is not None and source.dataset is not None
     assert source.data_dir is not None
     table = resolve(source.dataset, source.data_dir).read()
     check_trained_data(source.checkpoint, read_run_config(source.checkpoint).dataset, table)
+    check_user_ids(table.source, table.users)
     return table
 
 
