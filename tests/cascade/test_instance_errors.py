@@ -11,6 +11,8 @@ import asyncio
 import pytest
 import torch
 
+from relaygr.bench.protocol import RunClock
+from relaygr.bench.systems import CascadeUnderTest
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
@@ -100,6 +102,9 @@ def test_a_failing_instance_is_answered_around_taken_out_and_probed_back() -> No
             assert health(system) == {"rank-0": True, "rank-1": True}
             assert all(s.healthy and s.unhealthy_reason is None
                        for s in system.fleet.snapshots())
+            # and the benchmark's counters of the run say so
+            counters = CascadeUnderTest(system, RunClock(), False).snapshot().counters
+            assert counters["instance_errors"] == counters["failovers"] == 4
             await system.wait_idle()
             for inst in system.instances:
                 await inst.check_integrity()                 # the failed passes pinned nothing

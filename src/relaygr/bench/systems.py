@@ -135,6 +135,7 @@ class CascadeUnderTest:
         add("shed_preinfer", self.system.counters.shed_preinfer)
         add("shed_rank", self.system.counters.shed_rank)
         add("failovers", self.system.counters.failovers)
+        add("instance_errors", self.system.counters.instance_errors)   # failovers it raised
         return SystemSnapshot(device, host, counters)
 
 
