@@ -8,13 +8,16 @@ process, so these tests check the ingress's two legs, follow, failover and shedd
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from relaygr.cascade.window import HistoryWindow
+from relaygr.distributed.health import ReplicaUnhealthyError
 from relaygr.distributed.ingress import RayBackend
 from relaygr.distributed.ledger import read_ledger
 from relaygr.errors import SequenceTooLongError
@@ -157,6 +160,44 @@ def test_a_replica_whose_calls_raise_is_answered_around_unless_the_request_is_at
     asyncio.run(with_client(service, body))
     counters = service.backend.snapshot().counters
     assert counters.failovers == counters.instance_errors == len(owned)
+
+
+def test_a_replica_whose_calls_keep_raising_is_reported_and_avoided_until_replaced() -> None:
+    """Three instance errors in a row open the replica's breaker: its health check fails (Serve
+    replaces it), and once the ingress has its snapshot, /readyz gives the reason and both legs
+    of its users go straight to their next choice, with no error to fail over from."""
+    ranker = LocalRanker(NAMES)
+    service = service_over(ranker, refresh_interval_s=3600.0)    # the test refreshes
+    backend = service.backend
+    assert isinstance(backend, RayBackend)
+    victim = "replica-b"
+    owned = [u for u in range(1, 30) if rendezvous_order(u, NAMES)[0] == victim][:5]
+    assert len(owned) == 5
+
+    async def body(client: httpx.AsyncClient) -> None:
+        r = await client.post("/v1/recommend", json={"user_id": owned[0]})
+        assert r.json()["instance"] == victim                   # the ingress knows it
+        failing_passes(ranker.replicas[victim].instance, RuntimeError("CUDA error (injected)"))
+        for user in owned[1:4]:
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200 and r.json()["instance"] == "replica-a", r.text
+        reason = ("circuit breaker open: 3 ranking calls in a row raised (the last: "
+                  "RuntimeError: CUDA error (injected))")
+        with pytest.raises(ReplicaUnhealthyError, match=re.escape(reason)):
+            await ranker.replicas[victim].check_health()
+        await backend.fleet.refresh()               # as every refresh_interval_s
+        ready = (await client.get("/readyz")).json()
+        assert ready["healthy_instances"] == 1 and ready["unhealthy"] == {victim: reason}
+        sent = len(ranker.sent)
+        for user in (owned[0], owned[4]):
+            r = await client.post("/v1/recommend", json={"user_id": user})
+            assert r.status_code == 200 and r.json()["instance"] == "replica-a", r.text
+            assert r.json()["preinfer"]["instance"] == "replica-a"
+        assert {name for _, name in ranker.sent[sent:]} == {"replica-a"}
+
+    asyncio.run(with_client(service, body))
+    counters = backend.snapshot().counters
+    assert counters.failovers == counters.instance_errors == 3
 
 
 def test_a_replica_gone_with_no_call_on_it_leaves_readyz_and_the_metrics() -> None:

@@ -1,11 +1,13 @@
 """A ranking replica's health check (what Ray Serve calls to replace a replica that does not
-serve): a stuck ranking instance, a stopped one and a dead scheduler are unhealthy; a busy one
-that answers its queue is not. The replica's clock is the test's; the compute is held on a gate,
-so no verdict depends on the machine's speed."""
+serve): a stuck ranking instance, a stopped one, a dead scheduler and one whose ranking calls
+keep raising (its circuit breaker) are unhealthy; a busy one that answers its queue is not. The
+replica's clock is the test's; the compute is held on a gate, so no verdict depends on the
+machine's speed."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,13 +21,18 @@ from relaygr.distributed.replica import RankingReplica
 from relaygr.engine.transport.liveness import LivenessPolicy
 from relaygr.engine.transport.messages import ControlCall, RankCall, RankReply
 from relaygr.engine.transport.payload import PrefixPayload
-from relaygr.errors import ConfigError
+from relaygr.errors import ConfigError, HistoryStoreUnavailableError, SequenceTooLongError
 from relaygr.kvcache import PrefixId
 from relaygr.server.config import ServerConfig
 from tests.distributed.helpers import replica_spec
+from tests.engine.helpers import failing_passes
 from tests.server.helpers import SOURCE, system_config
 
 DEADLINE_S = LivenessPolicy().rank_deadline_s
+DEVICE_ERROR = RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+BREAKER_OPEN = ("circuit breaker open: 3 ranking calls in a row raised (the last: RuntimeError: "
+                "CUDA error: an illegal memory access was encountered (injected))")
+OPEN = "^" + re.escape(f"replica r0: {BREAKER_OPEN}") + "$"      # what check_health raises
 
 
 class Clock:
@@ -216,6 +223,93 @@ def test_a_stopped_instance_makes_the_replica_unhealthy() -> None:
         with pytest.raises(ReplicaUnhealthyError, match="replica r0: its ranking instance is "
                                                         "stopped"):
             await replica.check_health()
+
+    asyncio.run(main())
+
+
+async def _raises(replica: RankingReplica, user_id: int, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        await replica.rank(_call(user_id))
+
+
+def test_a_replica_whose_ranking_calls_raise_in_a_row_fails_until_it_is_replaced() -> None:
+    """``errors_to_open`` (3) instance errors in a row fail the check, with the reason, and the
+    replica's snapshots say so; an answer after that changes nothing (Serve replaces it)."""
+    async def main() -> None:
+        replica, _ = _replica()
+        passes = failing_passes(replica.instance, DEVICE_ERROR)
+        for user in (1, 2):
+            await _raises(replica, user, RuntimeError)
+            assert await _healthy(replica)
+        await _raises(replica, 3, RuntimeError)
+        with pytest.raises(ReplicaUnhealthyError, match=OPEN):
+            await replica.check_health()
+        state = await replica.state(ControlCall(op="state"))
+        assert not state.snapshot.healthy and state.snapshot.unhealthy_reason == BREAKER_OPEN
+        passes.error = None
+        reply = await replica.rank(_call(4))                # answered, but too late
+        assert reply.path is not None and reply.snapshot is not None
+        assert not reply.snapshot.healthy and reply.snapshot.unhealthy_reason == BREAKER_OPEN
+        with pytest.raises(ReplicaUnhealthyError, match=OPEN):
+            await replica.check_health()
+        await replica.instance.stop()
+
+    asyncio.run(main())
+
+
+def test_an_answer_between_instance_errors_starts_the_count_again() -> None:
+    async def main() -> None:
+        replica, _ = _replica()
+        passes = failing_passes(replica.instance, DEVICE_ERROR)
+        await _raises(replica, 1, RuntimeError)
+        await _raises(replica, 2, RuntimeError)
+        passes.error = None
+        assert (await replica.rank(_call(3))).path is not None
+        passes.error = DEVICE_ERROR
+        await _raises(replica, 4, RuntimeError)
+        await _raises(replica, 5, RuntimeError)
+        state = await replica.state(ControlCall(op="state"))
+        assert await _healthy(replica) and state.snapshot.healthy
+        await _raises(replica, 6, RuntimeError)
+        assert not await _healthy(replica)
+        await replica.instance.stop()
+
+    asyncio.run(main())
+
+
+def test_the_requests_own_errors_and_shed_replies_neither_count_nor_reset() -> None:
+    """Between the second instance error and the third: the request's own errors (its input
+    refused, the history store out of reach) and calls the replica shed. The replica stays
+    healthy through them, and the third instance error still opens its breaker."""
+    async def main() -> None:
+        replica, _ = _replica(overload={"max_rank_queue_depth": 1})
+        passes = failing_passes(replica.instance, DEVICE_ERROR)
+        await _raises(replica, 1, RuntimeError)
+        await _raises(replica, 2, RuntimeError)
+        for error in [SequenceTooLongError("prefix + suffix past max_seq_len (injected)"),
+                      HistoryStoreUnavailableError("the store is out of reach (injected)")] * 2:
+            passes.error = error
+            await _raises(replica, 3, type(error))
+            assert await _healthy(replica)
+        passes.error = DEVICE_ERROR
+        gate = _gate(replica)
+        held = asyncio.create_task(replica.rank(_call(4)))      # the third instance error
+        await gate.entered()
+        queued = asyncio.create_task(replica.rank(_call(5)))
+        await asyncio.sleep(0)
+        for user in (6, 7, 8):
+            assert (await replica.rank(_call(user))).overloaded_retry_s is not None
+        assert await _healthy(replica)
+        gate.release()
+        with pytest.raises(RuntimeError):
+            await held
+        with pytest.raises(ReplicaUnhealthyError, match=OPEN):
+            await replica.check_health()
+        await gate.entered()
+        gate.release()
+        with pytest.raises(RuntimeError):
+            await queued
+        await replica.instance.stop()
 
     asyncio.run(main())
 

@@ -15,6 +15,10 @@ per instance:
   cool-down; a probe that proves nothing either way (the request's own error, the instance
   gone, the leg cancelled) leaves the probe to the next leg.
 
+A Ray replica keeps one over its own instance (``distributed.health``) and no leg is ever its
+probe: once open it stays open, the replica's health check fails, and Ray Serve replaces the
+replica.
+
 While the breaker is not closed, only the probe's outcome counts: legs sent before it opened
 say nothing of the instance now. The breaker judges errors, never silence: an instance that does
 not answer at all is the hang rules' (``engine.transport.liveness``, ``distributed.health``),

@@ -18,11 +18,16 @@ embedded supervisor applies to an instance process (``engine.transport.liveness`
   without the instance, so it is no progress: a stuck instance's queue fills, and the calls
   shed then must not hide it.
 
-A call answered with an error is answered (progress): these rules judge hangs only. A replica
-whose calls raise for the instance's own reasons is not judged here; the ingress fails each such
-leg over to the user's next choice (``cascade.fleet.failover_for``, counted in
-``relaygr_instance_errors``), as the embedded fleet does before its circuit breaker
-(``cascade.breaker``) takes the instance out.
+A call answered with an error is answered (progress): the rules above judge hangs only. Errors
+are a circuit breaker's (``cascade.breaker``), with the embedded fleet's settings
+(``SystemConfig.breaker``), so one config means the same on both paths: it opens when the
+instance's ranking calls raised for its own reasons ``errors_to_open`` times in a row
+(``cascade.fleet.failover_for``; the ingress failed each over to the user's next choice). An
+answer starts the count again; the request's own errors (its input refused, say) and the calls
+the replica shed count neither way. Once open, the breaker stays open, and the check fails,
+until Serve replaces the replica: no cool-down, no probe. The new replica is the probe, on a new
+process, which is also what clears a device left in an error state; it starts with empty
+caches, where an embedded instance's breaker keeps them.
 
 The instance's work for a ranking call runs to its end even when the caller gives up (Serve
 cancels a call whose client went away), as a worker process's does, and counts until then, so a
@@ -44,6 +49,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaygr.cascade.breaker import BreakerConfig, CircuitBreaker
+from relaygr.cascade.fleet import InstanceFailed, failover_for
 from relaygr.engine.instance import RankingInstance
 from relaygr.engine.transport.liveness import LivenessPolicy, RankProgress
 from relaygr.engine.transport.messages import RankReply
@@ -77,18 +84,21 @@ class HealthCheckPolicy:
 class ReplicaHealth:
     """See the module docstring. Driven by the replica's event loop."""
 
-    def __init__(self, policy: LivenessPolicy,
+    def __init__(self, policy: LivenessPolicy, breaker: BreakerConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
+        # Never sent a probe (see the module docstring): once open, it stays open.
+        self.breaker = CircuitBreaker(breaker)
         # No answer yet: each call waits from when it was sent.
         self._progress = RankProgress(float("-inf"))
         self._keys = itertools.count(1)
         self._running: set[asyncio.Task[RankReply]] = set()    # kept alive until they end
 
     async def ranked(self, work: Coroutine[Any, Any, RankReply]) -> RankReply:
-        """``work`` (one ranking call's answer), counted from now until it ends; it runs to its
-        end even if this await is cancelled (see the module docstring)."""
+        """``work`` (one ranking call's answer), counted from now until it ends, and its
+        outcome by the breaker; it runs to its end even if this await is cancelled (see the
+        module docstring)."""
         progress, key = self._progress, next(self._keys)
         progress.sent(key, self.clock())
         task = asyncio.ensure_future(work)
@@ -99,8 +109,13 @@ class ReplicaHealth:
             if done.cancelled() or (done.exception() is None
                                     and done.result().overloaded_retry_s is not None):
                 progress.withdraw(key)      # shed (or the loop shut down): not the instance's
-            else:
-                progress.answered(key, self.clock())     # an error is an answer too
+                return
+            progress.answered(key, self.clock())     # an error is an answer too
+            error = done.exception()
+            if error is None:
+                self.breaker.answered(probe=False)
+            elif isinstance(failover_for(None, error), InstanceFailed):
+                self.breaker.raised(probe=False, now=self.clock(), error=error)
         task.add_done_callback(ended)
         return await asyncio.shield(task)
 
@@ -111,6 +126,8 @@ class ReplicaHealth:
         ended = instance.scheduler.loop_ended()
         if ended is not None:
             return f"its scheduler's loop ended ({ended})"
+        if self.breaker.reason is not None:
+            return self.breaker.reason
         stuck = self._progress.stuck(self.clock(), self.policy.rank_deadline_s)
         if stuck is not None:
             return (f"ranking call unanswered, and no ranking call answered, for "

@@ -12,10 +12,14 @@ replica died, or whose replica's call raised for the instance's own reasons (Ser
 ingress the replica's exception inside a ``RayTaskError``; ``cascade.fleet.failover_for`` judges
 it as for an embedded instance), is sent again with that replica in ``avoid`` (the user's next
 choice, which recomputes), up to ``max_attempts`` times; the request's own errors propagate.
-There is no circuit breaker here (Serve's request router routes): a replica that keeps raising
-keeps its users, each of their legs failing over. A replica sheds by the cascade's shed rules
-(``cascade.fleet``) on its own queue: a shed ranking leg answers overloaded, and the request
-gets 503.
+A replica judges itself (``distributed.health``: its instance stopped or stuck, or its ranking
+calls raising ``errors_to_open`` times in a row, the embedded circuit breaker's rule): its health
+check fails until Serve replaces it, and the snapshots it reports say it is unhealthy, with the
+reason. Both legs avoid a replica whose last snapshot says so (``unhealthy``), so its users go to
+their next choice before Serve has replaced it; the request router ignores an ``avoid`` that names
+every replica, as the embedded breakers never take out every instance. A replica sheds by the
+cascade's shed rules (``cascade.fleet``) on its own queue: a shed ranking leg answers overloaded,
+and the request gets 503.
 
 The earlier stages run here, in the ingress, as in the embedded system: the retrieval stage a
 ``RetrievalStage`` (a trained run's, loaded by the ingress from its run directory, or the model's
@@ -98,13 +102,17 @@ class ReplicaFleet:
     def max_attempts(self) -> int:
         return self._max_attempts
 
+    def unhealthy(self) -> tuple[str, ...]:
+        """The replicas whose last snapshot says they are not healthy: legs avoid them."""
+        return tuple(name for name, snap in self.snapshots.items() if not snap.healthy)
+
     def preinfer(self, request_id: str, user_id: int, spec: PrefixSpec, suffix_tokens: int,
                  candidates: int, send: bool) -> FirstLeg | asyncio.Future[FirstLeg]:
         if not send:
             return FirstLeg(None)   # the second leg is routed when it is sent
         return asyncio.ensure_future(self._preinfer(PreinferCall(
             request_id=request_id, user_id=user_id, prefix=PrefixPayload.of(spec),
-            suffix_tokens=suffix_tokens, candidates=candidates)))
+            suffix_tokens=suffix_tokens, candidates=candidates, avoid=self.unhealthy())))
 
     async def _preinfer(self, call: PreinferCall) -> FirstLeg:
         assert call.user_id is not None
@@ -119,8 +127,10 @@ class ReplicaFleet:
                    job: RankJob, avoid: tuple[str, ...]) -> RankResult:
         follow = None if first is None or avoid else \
             RouteNote(first.instance_id, first.reason.value, first.spilled)
+        # A followed replica that has turned unhealthy since: the router moves the leg on.
+        unhealthy = tuple(r for r in self.unhealthy() if r not in avoid)
         call = RankCall.of(job, request_id=request_id, user_id=user_id, follow=follow,
-                           avoid=avoid)
+                           avoid=avoid + unhealthy)
         try:
             reply: RankReply = await self.ranker.rank.remote(call)
         except REPLICA_LOST as exc:

@@ -14,8 +14,10 @@ Both are answered by ``cascade.instance_end.SheddingEnd``: the worker process's
 ``InstanceEnd`` with the shed rules applied here.
 
 ``check_health`` is Ray Serve's health check (``distributed.health``): it raises
-``ReplicaUnhealthyError`` when the instance is stopped, its scheduler died, or it is stuck in a
-ranking call, so Serve replaces the replica and stops routing to it.
+``ReplicaUnhealthyError`` when the instance is stopped, its scheduler died, it is stuck in a
+ranking call, or its ranking calls keep raising (its circuit breaker opened), so Serve replaces
+the replica and stops routing to it. The snapshots the replica reports say the same (unhealthy,
+with the reason), so the ingress's /readyz says why and its legs avoid the replica until then.
 
 The model is rebuilt here from the same ``ModelSource`` as the ingress's, and its digest must
 match, so every process serves the same weights. Replies carry the instance's snapshot (for the
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from relaygr.cascade.instances import build_instance
 from relaygr.distributed.health import HealthCheckPolicy, ReplicaHealth, ReplicaUnhealthyError
 from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
+from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.transport.messages import (
     ControlCall,
     PreinferCall,
@@ -100,7 +103,7 @@ class RankingReplica:
         self.end = SheddingEnd(self.instance, spec.system)
         self.ledger = None if spec.ledger_dir is None else LegLedger(spec.ledger_dir, self.name)
         self.legs: Counter[str] = Counter()
-        self.health = ReplicaHealth(spec.health.liveness)
+        self.health = ReplicaHealth(spec.health.liveness, spec.system.breaker)
         self._started = False
 
     async def _start(self) -> None:
@@ -118,20 +121,32 @@ class RankingReplica:
         await self._start()
         reply = await self.health.ranked(self.end.rank(call, with_snapshot=True))
         self._record(call, "rank", "shed" if reply.path is None else reply.path.value)
-        return reply
+        assert reply.snapshot is not None
+        return replace(reply, snapshot=self._reported(reply.snapshot))
 
     async def check_health(self) -> None:
         """Ray Serve's health check: raises ``ReplicaUnhealthyError`` saying why when the
         started instance is not serving (``ReplicaHealth.fault``); an instance not started
         yet (it starts with the first call) is healthy."""
-        why = self.health.fault(self.instance) if self._started else None
+        why = self._fault()
         if why is not None:
             log.warning("replica %s is unhealthy: %s", self.name, why)
             raise ReplicaUnhealthyError(f"replica {self.name}: {why}")
 
+    def _fault(self) -> str | None:
+        return self.health.fault(self.instance) if self._started else None
+
+    def _reported(self, snapshot: InstanceSnapshot) -> InstanceSnapshot:
+        """``snapshot`` as the replica reports it: unhealthy, with the reason, while its health
+        check fails."""
+        why = self._fault()
+        return snapshot if why is None else replace(snapshot, healthy=False,
+                                                    unhealthy_reason=why)
+
     async def state(self, call: ControlCall) -> ReplicaState:
         await self._start()
-        return ReplicaState(self.name, self.instance.snapshot(), dict(self.legs))
+        return ReplicaState(self.name, self._reported(self.instance.snapshot()),
+                            dict(self.legs))
 
     async def quiesce(self, call: ControlCall) -> ReplicaState:
         """Wait for this instance's background work (pre-infer, demotion, fills) to end."""
