@@ -9,7 +9,7 @@ import pytest
 
 from relaygr.data import (
     UserSequences,
-    check_time_order,
+    check_times,
     check_user_ids,
     leave_one_out,
     load_sequences,
@@ -17,6 +17,7 @@ from relaygr.data import (
 
 DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 ML1M = DATASETS / "ml-1m"
+ML100K = DATASETS / "ml-100k"
 pytestmark = pytest.mark.skipif(not ML1M.is_dir(), reason="shared datasets not present")
 
 
@@ -49,8 +50,16 @@ def test_ml1m_shared_table_and_original_ratings_dat_agree() -> None:
 
 
 def test_ml1m_shared_table_is_data_a_model_serves() -> None:
-    """Its users are the integers a request names, and its timed users' times follow
-    ``seq_pos``: what training and serving check (data.servable) refuses none of it."""
+    """Its users are the integers a request names, and its timed users' times are unix seconds
+    a request can carry, in ``seq_pos``'s order: what training and serving check
+    (data.servable) refuses none of it; nor of the original ``ratings.dat`` users and ML-100K,
+    every user timed."""
     ordered = load_sequences("ml-1m", ML1M)
     check_user_ids(ordered.source, ordered.user_ids)
-    check_time_order(ordered)
+    check_times(ordered)
+    for seqs in (load_sequences("ratings-dat", ML1M / "ratings_users_1-2999.dat.gz"),
+                 load_sequences("ml-100k", ML100K)):
+        assert seqs.all_timed
+        check_user_ids(seqs.source, seqs.user_ids)
+        check_times(seqs)
+        assert int(seqs.timestamps.min()) > 0 and int(seqs.timestamps.max()) < 2 ** 31

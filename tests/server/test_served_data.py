@@ -3,8 +3,9 @@ copy of it, its rows in another order, or under another name of its format; othe
 same format is refused at start-up, since its ids would name other users and items, even with
 the same counts (the run's fingerprint of its rows); a run saved before it recorded one is
 checked by its counts alone. Data training refuses (user ids a request cannot name; for a model
-that reads time, a user whose time goes back in its order) is refused at start-up too, typed and
-named, for a checkpoint whose run was not checked (written here without training)."""
+that reads time, a timestamp a request cannot carry or a user whose time goes back in its order)
+is refused at start-up too, typed and named, for a checkpoint whose run was not checked (written
+here without training)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from relaygr.train.checkpoint import CONFIG_FILE
 from tests.server.helpers import system_config
 from tests.train.helpers import (
     BACK_POSITION,
+    MS_STAMP,
     TINY,
     write_cyclic_udata,
     write_interactions,
@@ -140,10 +142,11 @@ def test_a_run_without_a_fingerprint_is_checked_by_its_counts(run: Path, tmp_pat
 
 
 def _unchecked_run(tmp_path: Path, users: Sequence[object], config: TrainConfig = TINY,
-                   back: object = None) -> ModelSource:
+                   back: object = None, milliseconds: object = None) -> ModelSource:
     """A checkpoint recording a generic table of ``users`` (``write_interactions``) as its
     training data, written without the checks training makes."""
-    data = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back)
+    data = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back,
+                              milliseconds=milliseconds)
     run = write_untrained_run(tmp_path / "run", load_sequences("table", data), config,
                               dataset="table")
     return ModelSource(checkpoint=run)
@@ -179,6 +182,40 @@ def test_a_timed_users_time_going_back_is_refused_at_start_up_naming_it(tmp_path
     untimed = _unchecked_run(tmp_path / "untimed", users, back=7)
     served = _users(untimed)
     assert len(served) == 24 and served[7] == [(6 * 7 + step) % 40 + 1 for step in range(10)]
+
+
+def test_a_timed_users_timestamps_in_milliseconds_are_refused_at_start_up(
+        tmp_path: Path) -> None:
+    """Past 2^40 s no ``/v1/events`` could follow them (a request's timestamp would be before
+    the user's latest): refused before any user is built, at the first such line."""
+    users = list(range(1, 25))
+    source = _unchecked_run(tmp_path / "timed", users, TINY.with_(use_timestamps=True),
+                            milliseconds=9)
+    data = tmp_path / "timed" / "data" / "interactions.csv"
+    line = 2 + 8 * 10
+    for start_up in (_users, check_served_data):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(data))}:{line}: user 9 has "
+                           rf"timestamp {MS_STAMP}, outside the 0\.\.2\^40 unix seconds a "
+                           r"request can carry \(10 of the 240 events of timed users\): .*"
+                           "most likely milliseconds"):
+            start_up(source)
+    # a model without time never reads them: user 9 serves, untimed
+    untimed = _unchecked_run(tmp_path / "untimed", users, milliseconds=9)
+    assert len(_users(untimed)) == 24
+
+
+def test_the_timestamp_bound_is_the_apis_and_every_stores() -> None:
+    """One bound, unix seconds in 0..2^40: a store holds no event whose user ``/v1/events``
+    could no longer extend, and refuses what the API refuses."""
+    for request, field in ((EventsRequest, "timestamps"), (RecommendRequest, "recent_timestamps")):
+        schema = request.model_json_schema()["properties"][field]["anyOf"][0]["items"]
+        assert (schema["minimum"], schema["maximum"]) == (0, 2 ** 40)
+    store = InMemoryHistoryStore(num_items=5)
+    store.append(1, [1, 2], [0, 2 ** 40])
+    for stamp in (2 ** 40 + 1, MS_STAMP, -1):
+        with pytest.raises(InvalidInputError, match=r"unix seconds in \[0, 2\^40\]"):
+            store.append(2, [1], [stamp])
+    assert list(store) == [1]
 
 
 def test_the_user_id_bound_is_the_apis_and_every_stores() -> None:

@@ -53,18 +53,23 @@ def write_truncated(full: Path, out_dir: Path, drop_user: Callable[[int], bool])
 
 # The position in a user's sequence whose time ``write_interactions`` can send back.
 BACK_POSITION = 5
+# 2023-11-14 in milliseconds: as seconds, past the API's 2^40.
+MS_STAMP = 1_700_000_000_000
 
 
 def write_interactions(path: Path, users: Sequence[object], events: int = 10,
-                       back: object | None = None) -> Path:
+                       back: object | None = None, milliseconds: object | None = None) -> Path:
     """``path``, a generic table (``user,item,timestamp,order``): ``events`` events a minute
     apart for each of ``users``, over 40 items, the users' rows one after another; user ``back``
     (one of ``users``) has its event at ``BACK_POSITION`` timed before its first while the
-    order column keeps it there. A row's line is 2 + its index (line 1 is the header)."""
+    order column keeps it there; user ``milliseconds`` has its times in milliseconds (its first
+    ``MS_STAMP``). A row's line is 2 + its index (line 1 is the header)."""
     rows = ["user,item,timestamp,order"]
     for k, user in enumerate(users):
         for step in range(events):
             stamp = 999_000 if user == back and step == BACK_POSITION else 1_000_000 + 60 * step
+            if user == milliseconds:
+                stamp = MS_STAMP + 60_000 * step
             rows.append(f"{user},{(k * 7 + step) % 40 + 1},{stamp},{step}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(rows) + "\n")

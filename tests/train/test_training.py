@@ -32,6 +32,7 @@ from relaygr.train.losses import ranking_loss, retrieval_loss
 from tests.tolerance import SCORE_TOL, reorder_tolerance, stored_rounding_tolerance
 from tests.train.helpers import (
     BACK_POSITION,
+    MS_STAMP,
     NUM_ITEMS,
     TINY,
     cyclic_sequences,
@@ -272,11 +273,14 @@ def test_valid_users_trains_the_other_users_validation_items(tmp_path: Path) -> 
 
 def test_training_refuses_data_its_checkpoint_could_not_serve(tmp_path: Path) -> None:
     """A checkpoint serves the users of the data it was trained on, so user ids a request
-    cannot name, and for a model that reads time a user whose time goes back in its order, are
-    refused before anything is trained or written (the same checks as serve's, data.servable).
+    cannot name, and for a model that reads time a timestamp a request cannot carry or a user
+    whose time goes back in its order, are refused before anything is trained or written (the
+    same checks as serve's, data.servable).
     """
-    def trainer(users: list[object], config: TrainConfig = TINY, back: object = None) -> Trainer:
-        path = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back)
+    def trainer(users: list[object], config: TrainConfig = TINY, back: object = None,
+                milliseconds: object = None) -> Trainer:
+        path = write_interactions(tmp_path / "data" / "interactions.csv", users, back=back,
+                                  milliseconds=milliseconds)
         return Trainer(config, load_sequences("table", path), tmp_path / "run",
                        dataset="table", progress_bar=False, log=lambda _: None)
 
@@ -291,8 +295,16 @@ def test_training_refuses_data_its_checkpoint_could_not_serve(tmp_path: Path) ->
                        rf"{BACK_POSITION} \(0-based\)") as refused:
         trainer(list(range(1, 25)), TINY.with_(use_timestamps=True), back=7)
     assert refused.value.line == line and not (tmp_path / "run").exists()
+    # a timestamp a request cannot carry (past 2^40 s: milliseconds), at the first such line
+    line = 2 + 8 * 10
+    with pytest.raises(DataError, match=rf"interactions\.csv:{line}: user 9 has timestamp "
+                       rf"{MS_STAMP}, outside the 0\.\.2\^40 unix seconds .* most likely "
+                       "milliseconds") as refused:
+        trainer(list(range(1, 25)), TINY.with_(use_timestamps=True), milliseconds=9)
+    assert refused.value.line == line and not (tmp_path / "run").exists()
     # the same data trains position-only: its timestamps are never read
     assert trainer(list(range(1, 25)), back=7).seqs.num_users == 24
+    assert trainer(list(range(1, 25)), milliseconds=9).seqs.num_users == 24
     # the largest id a request can name trains
     assert trainer([2 ** 53 - 24 + u for u in range(24)]).seqs.num_users == 24
 

@@ -4,8 +4,9 @@ One set of rules, so that each store (in memory, Redis) refuses the same input w
 typed error and changes nothing: user ids are ints in ``0..2^53-1`` (the API's ``user_id``:
 a user no request can name is not kept), item ids ints in ``1..num_items``,
 counts and window starts within the history, and timestamps given exactly for timed users, one
-per item, non-decreasing from the user's last event on. Each function either returns the
-checked value (as int64 arrays or ints) or raises an ``InvalidInputError`` subclass.
+per item, non-decreasing from the user's last event on, unix seconds in ``0..2^40`` (the API's
+timestamp: a user stamped past it could take no event a request carries). Each function either
+returns the checked value (as int64 arrays or ints) or raises an ``InvalidInputError`` subclass.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from relaygr.data.servable import MAX_USER_ID
+from relaygr.data.servable import MAX_TIMESTAMP_S, MAX_USER_ID
 from relaygr.errors import EmptyInputError, InvalidInputError, ItemOutOfRangeError, TimestampError
-from relaygr.model.inputs import MAX_ABS_TIMESTAMP
 
 
 def check_user(user_id: int) -> None:
@@ -77,7 +77,8 @@ def check_timed(timed: bool, timestamps: npt.ArrayLike | None) -> None:
 def check_timestamps(timed: bool, last_ts: int | None, ids: np.ndarray,
                      timestamps: npt.ArrayLike | None) -> np.ndarray | None:
     """An append's timestamps (None for an untimed user): one per item, non-decreasing, none
-    before ``last_ts`` (the user's newest event's, None for a user without events)."""
+    before ``last_ts`` (the user's newest event's, None for a user without events), each in
+    ``0..MAX_TIMESTAMP_S``."""
     check_timed(timed, timestamps)
     if timestamps is None:
         return None
@@ -87,9 +88,9 @@ def check_timestamps(timed: bool, last_ts: int | None, ids: np.ndarray,
     if np.any(np.diff(ts) < 0) or (last_ts is not None and int(ts[0]) < last_ts):
         raise TimestampError("events must be appended in time order (timestamps "
                              "non-decreasing, from the user's last event on)")
-    if ts.size and (int(ts.min()) < -MAX_ABS_TIMESTAMP or int(ts.max()) > MAX_ABS_TIMESTAMP):
-        raise TimestampError("timestamps must be within +-2^61 seconds (what the model's time "
-                             "buckets take)")
+    if ts.size and (int(ts.min()) < 0 or int(ts.max()) > MAX_TIMESTAMP_S):
+        raise TimestampError("timestamps must be unix seconds in [0, 2^40] (what a request "
+                             f"carries), got {int(ts.min() if ts.min() < 0 else ts.max())}")
     return ts
 
 

@@ -15,6 +15,12 @@ errors:
   them to integers and trains on those. Ids past 2^53-1 (64-bit hashed ids) are refused for the
   same reason: no request could name them. ``ConfigError`` naming the file, the first such id
   and how many there are.
+* ``check_timestamp_bound`` (a model that reads time only): each timed user's timestamps unix
+  seconds in ``0..MAX_TIMESTAMP_S`` (2^40), the API's bound (``server.schemas.Timestamp``) and
+  every history store's (``cascade.history_checks``). A user stamped past it could be loaded,
+  but no ``/v1/events`` for it could follow: an event a request can carry would be before the
+  user's latest. A value past 2^40 s (the year ~36,800) is most likely milliseconds.
+  ``DataError`` at the line of the first such event (in file order), naming its value and user.
 * ``check_time_order`` (a model that reads time only): each timed user's timestamps
   non-decreasing in its sequence's order. With an order column the sequence follows the column
   (``sequences``) and its timestamps may go back, but a timed user's history in every store is
@@ -23,6 +29,8 @@ errors:
   never reads timestamps (its users are untimed in the store), so it trains on and serves such
   data. ``DataError`` at the line of the first event whose time goes back, naming its user and
   its position in the user's sequence.
+
+``check_times`` runs both, the bound first (a wrong unit is the cause to name).
 """
 
 from __future__ import annotations
@@ -38,6 +46,12 @@ from relaygr.errors import ConfigError, DataError
 # store checks too (``cascade.history_checks.check_user``), so none holds a user no request
 # can name.
 MAX_USER_ID = (1 << 53) - 1
+# The largest timestamp served, in unix seconds: the API's bound (``server.schemas.Timestamp``),
+# which every history store checks too. Far enough in the future for any log (the year
+# ~36,800), small enough that no gap overflows; a stamp in milliseconds of any time since
+# November 2004 (2^40 ms) is past it, so such a log is refused rather than served as the
+# distant future.
+MAX_TIMESTAMP_S = 1 << 40
 
 _INTEGER = re.compile(r"[+-]?\d+")
 _RENUMBER = ("relaygr serves a user by the integer id a request names (0..2^53-1, what JSON "
@@ -85,3 +99,32 @@ def check_time_order(sequences: UserSequences) -> None:
         "(use_timestamps) needs each user's timestamps non-decreasing in the order of its "
         "events; correct the timestamps or the order column, or train without use_timestamps",
         sequences.source, int(sequences.lines[event]))
+
+
+def check_timestamp_bound(sequences: UserSequences) -> None:
+    """``DataError`` unless each timed user's timestamps in ``sequences`` are unix seconds in
+    ``0..MAX_TIMESTAMP_S``; untimed users are not read (the module docstring). The event named
+    is the first outside, in file order."""
+    owner = np.repeat(np.arange(sequences.num_users), sequences.lengths)   # [E] user of event
+    stamps = sequences.timestamps
+    outside = ((stamps < 0) | (stamps > MAX_TIMESTAMP_S)) & sequences.timed[owner]
+    if not outside.any():
+        return
+    events = np.flatnonzero(outside)
+    event = int(events[np.argmin(sequences.lines[events])])
+    value = int(stamps[event])
+    cause = ("as seconds that is past the year 36,800: most likely milliseconds (divide by "
+             "1000) or microseconds" if value > MAX_TIMESTAMP_S else "that is before 1970")
+    raise DataError(
+        f"user {sequences.history(int(owner[event])).user_id!r} has timestamp {value}, "
+        f"outside the 0..2^40 unix seconds a request can carry ({len(events)} of the "
+        f"{int(sequences.lengths[sequences.timed].sum())} events of timed users): {cause}. A "
+        "model that reads time (use_timestamps) needs timestamps in unix seconds; convert them, "
+        "or train without use_timestamps", sequences.source, int(sequences.lines[event]))
+
+
+def check_times(sequences: UserSequences) -> None:
+    """What a model that reads time needs of ``sequences``: ``check_timestamp_bound``, then
+    ``check_time_order``."""
+    check_timestamp_bound(sequences)
+    check_time_order(sequences)

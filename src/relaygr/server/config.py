@@ -23,8 +23,6 @@ KiB = 1 << 10
 # holds exactly) and every list bounded before any check runs.
 MAX_JSON_INT = (1 << 53) - 1
 MAX_LIST_ITEMS = 1 << 16
-# Unix seconds: far enough in the future for any log, small enough that gaps never overflow.
-MAX_TIMESTAMP_S = 1 << 40
 
 
 @dataclass(frozen=True)

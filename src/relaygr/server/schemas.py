@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from relaygr.data.servable import MAX_USER_ID
+from relaygr.data.servable import MAX_TIMESTAMP_S, MAX_USER_ID
 from relaygr.engine.types import PreinferAction, RankPath
-from relaygr.server.config import MAX_JSON_INT, MAX_LIST_ITEMS, MAX_TIMESTAMP_S
+from relaygr.server.config import MAX_JSON_INT, MAX_LIST_ITEMS
 
 
 def _json_integer(value: Any) -> Any:
@@ -32,8 +32,8 @@ def _json_integer(value: Any) -> Any:
 
 
 # The bounds come before the validator so that they reach the schema as minimum/maximum. A
-# user id's is the one every history store keeps and a served dataset's ids must meet
-# (``data.servable``), so that no user is held that a request cannot name.
+# user id's and a timestamp's are the ones every history store keeps and a served dataset's
+# must meet (``data.servable``), so that no user is held that a request cannot name or extend.
 _INTEGER = BeforeValidator(_json_integer)
 UserId = Annotated[int, Field(ge=0, le=MAX_USER_ID, description="user id"), _INTEGER]
 ItemId = Annotated[int, Field(ge=1, le=MAX_JSON_INT, description="item id (1..num_items)"),

@@ -14,8 +14,9 @@ training arrives through ``/v1/events`` and the event log).
 
 The data it was trained on is then checked as training checks it (``relaygr.data.servable``):
 user ids that are strings or outside 0..2^53-1 (the API's ``user_id``) are a ``ConfigError``,
-and for a model that reads time a user whose timestamps go back in its sequence is a
-``DataError`` at its line. ``train.Trainer`` refuses such data before it trains; serving checks
+and for a model that reads time a timestamp outside 0..2^40 unix seconds (the API's; one in
+milliseconds) or a user whose timestamps go back in its sequence is a ``DataError`` at its
+line. ``train.Trainer`` refuses such data before it trains; serving checks
 again, for a checkpoint whose run did not, at start-up and before any user is built.
 """
 
@@ -107,14 +108,15 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
 def _served_sequences(source: ModelSource, timed: bool) -> UserSequences:
     """The users' sequences of ``source.dataset`` in the checkpoint's item ids, once the file
     is the data it was trained on with user ids the API takes (``_checked_table``) and, when
-    ``timed``, each timed user's timestamps are in its order (the module docstring)."""
-    from relaygr.data import IdMap, build_sequences, check_time_order
+    ``timed``, each timed user's timestamps are unix seconds the API takes, in its order
+    (``check_times``; the module docstring)."""
+    from relaygr.data import IdMap, build_sequences, check_times
     from relaygr.train.checkpoint import ID_MAP_FILE
 
     assert source.checkpoint is not None
     seqs = build_sequences(_checked_table(source), IdMap.load(source.checkpoint / ID_MAP_FILE))
     if timed:
-        check_time_order(seqs)
+        check_times(seqs)
     return seqs
 
 

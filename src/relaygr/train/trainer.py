@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from relaygr.data.sequences import UserSequences
-from relaygr.data.servable import check_time_order, check_user_ids
+from relaygr.data.servable import check_times, check_user_ids
 from relaygr.data.split import LeaveOneOutSplit
 from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.model import HSTU
@@ -100,7 +100,7 @@ class Trainer:
         # refused here, before a model nothing could serve is trained (data.servable)
         check_user_ids(sequences.source, sequences.user_ids)
         if config.use_timestamps:
-            check_time_order(sequences)
+            check_times(sequences)
         self.cfg, self.seqs, self.run_dir = config, sequences, Path(run_dir)
         self.device, self.progress_bar, self.log = torch.device(device), progress_bar, log
         split = training_split(sequences, config)
