@@ -5,6 +5,7 @@ ranker's own item embeddings (``--retrieval item-embeddings``)."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from relaygr.train.stages import RetrievalQuery
 from tests.cascade.retrieval_runs import BruteForce, brute_force, train_run, write_ratings
 from tests.cli.test_train_eval import TINY_SETTINGS
 from tests.tolerance import reorder_tolerance
+from tests.train.helpers import write_untrained_run
 
 
 def _eval_stage(argv: list[str], ranker: Path, data: Path) -> object:
@@ -227,3 +229,33 @@ def test_serves_default_stage_proposes_the_exact_top_k_of_the_mean_of_recent_emb
                  str(data), "--retrieval", "item-embeddings", "--fit-stage-weight",
                  "--no-progress"]) == 2
     assert "needs an HSTU run as the stage" in capsys.readouterr().err
+
+
+def test_a_retrieval_run_is_refused_data_whose_user_ids_serving_could_not_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run looks each user up by its integer id, as serve does: string ids (data evaluated
+    against an integer-id run) are a ConfigError naming the file and the first, as training's
+    and serve's (data.servable), not a bare ValueError mid-evaluation; and the ranking run's
+    own held-out check takes them (none is one of its users), not a bare TypeError."""
+    data = tmp_path / "data"
+    write_ratings(data)
+    retrieval = train_run(data, tmp_path / "sage")
+    ranker = write_untrained_run(tmp_path / "hstu", load_sequences("ml-1m", data),
+                                 dataset="ml-1m")
+    with gzip.open(data / "ratings_ordered.csv.gz", "rt") as fh:
+        rows = fh.read().splitlines()
+    named = tmp_path / "named" / "interactions.csv"
+    named.parent.mkdir()
+    named.write_text("\n".join([rows[0], *(f"u{row}" for row in rows[1:])]) + "\n")
+    columns = "user=user_id,item=movie_id,timestamp=timestamp,order=seq_pos"
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "table", "--data-dir",
+                 str(named), "--columns", columns, "--retrieval", str(retrieval), "--heads",
+                 "cascade", "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"relaygr eval: error: {named} names its users by strings (40 of its 40 user ids are "
+        "not integers, the first 'u1'): ")
+    # the ranker alone reads no user id: the same data evaluates, none of its users the run's
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "table", "--data-dir",
+                 str(named), "--columns", columns, "--heads", "cascade", "--no-progress"]) == 0
+    assert "none of these targets is among its training interactions" in capsys.readouterr().out

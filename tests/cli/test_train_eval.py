@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,17 @@ import pytest
 from relaygr.cli import eval as eval_cli
 from relaygr.cli import train as train_cli
 from relaygr.data import IdMap, load_sequences
-from relaygr.errors import ConfigError, DataFormatError
+from relaygr.errors import ConfigError, DataError, DataFormatError
 from relaygr.train import preset
 from relaygr.train.stage_runs import load_stage_run
-from tests.train.helpers import write_cyclic_udata
+from tests.train.helpers import (
+    BACK_POSITION,
+    MS_STAMP,
+    TINY,
+    write_cyclic_udata,
+    write_interactions,
+    write_untrained_run,
+)
 
 TINY_SETTINGS = ["dim=16", "num_layers=1", "num_heads=2", "max_seq_len=24", "batch_size=16",
                  "num_negatives=16", "rank_users=4", "rank_negatives=7", "max_epochs=2",
@@ -137,3 +145,43 @@ def test_a_stage_run_must_share_items_positions_and_held_out_users(tmp_path: Pat
                                  config.with_(valid_seed=7))
     # without a choice made on the validation users, other held-out users are fine
     load_stage_run(tmp_path / "stage", "cpu", seqs.id_map, None)
+
+
+def test_eval_of_a_model_that_reads_time_checks_the_data_as_training_and_serving_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A timed model is evaluated only on data it could have been trained on and served:
+    every user timed, in unix seconds within the API's 0..2^40, in its sequence's order
+    (data.servable), with the errors training and serve give; a position-only one reads no
+    time and evaluates on any of it."""
+    users = list(range(1, 25))
+    good = write_interactions(tmp_path / "good" / "interactions.csv", users)
+    seqs = load_sequences("table", good)
+    timed = write_untrained_run(tmp_path / "timed", seqs, TINY.with_(use_timestamps=True),
+                                dataset="table")
+    untimed = write_untrained_run(tmp_path / "untimed", seqs, dataset="table")
+    back = write_interactions(tmp_path / "back" / "interactions.csv", users, back=7)
+    millis = write_interactions(tmp_path / "ms" / "interactions.csv", users, milliseconds=9)
+    partly = tmp_path / "partly" / "interactions.csv"
+    partly.parent.mkdir()
+    rows = good.read_text().splitlines()
+    rows[3] = ",".join(v if k != 2 else "" for k, v in enumerate(rows[3].split(",")))
+    partly.write_text("\n".join(rows) + "\n")
+
+    def evaluate(run: Path, data: Path) -> int:
+        return _run(["eval", "--checkpoint", str(run), "--dataset", "table", "--data-dir",
+                     str(data), "--heads", "ranking", "--no-progress"])
+
+    line = 2 + 6 * 10 + BACK_POSITION
+    with pytest.raises(DataError, match=rf"^{re.escape(str(back))}:{line}: user 7's event at "
+                       rf"position {BACK_POSITION} \(0-based\) of its sequence"):
+        evaluate(timed, back)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(millis))}:{2 + 8 * 10}: user 9 has "
+                       rf"timestamp {MS_STAMP}, outside the 0\.\.2\^40 unix seconds"):
+        evaluate(timed, millis)
+    with pytest.raises(ConfigError, match=r"reads time .* 1 users of .*partly.* have an event "
+                       "without a timestamp"):
+        evaluate(timed, partly)
+    capsys.readouterr()
+    assert evaluate(timed, good) == 0
+    for data in (back, millis, partly):
+        assert evaluate(untimed, data) == 0

@@ -19,6 +19,13 @@ run, or an HSTU run read from the data it records) is checked against the evalua
 share it trained on is printed and recorded (``targets_in_run_training``; null, and a warning,
 where an HSTU run's data cannot be read); so is the ranking run's own (``checkpoint_held_out``,
 evaluated on other data than it records, it may have trained on every head's targets).
+
+The evaluated data gets the checks of ``relaygr.data.servable`` that training and serving make,
+with the same errors, where they apply here: for a model that reads time, every user timed,
+with unix seconds in 0..2^40 in its sequence's order (``check_times``; a model would otherwise
+be measured on times it was never trained or served with); with a retrieval run as the stage,
+user ids the integers serving names users by (``TrainedRunStage.load``: the run looks a user up
+by that id, as serve does).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from relaygr.cli.eval_stages import (
     stage_from_args,
 )
 from relaygr.cli.train import add_data_arguments, parse_columns
-from relaygr.data import leave_one_out, load_sequences
+from relaygr.data import check_times, leave_one_out, load_sequences
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import LeaveOneOutSplit
 from relaygr.errors import ConfigError
@@ -133,6 +140,18 @@ def _table(results: dict[str, RankingMetrics], title: str) -> Table:
     return table
 
 
+def _check_timed(trained: TrainedModel, seqs: UserSequences) -> None:
+    """For a model that reads time, what training requires of ``seqs`` (every user timed) and
+    what training and serving check of it (``check_times``); nothing for a position-only one."""
+    if not trained.uses_timestamps:
+        return
+    if not seqs.all_timed:
+        raise ConfigError(f"the model reads time (trained with use_timestamps), but "
+                          f"{int((~seqs.timed).sum())} users of {seqs.source} have an event "
+                          "without a timestamp: evaluate it on data where every event is timed")
+    check_times(seqs)
+
+
 def _split_for(args: argparse.Namespace, trained: TrainedModel | None,
                seqs: UserSequences) -> LeaveOneOutSplit:
     """The run's own validation users under ``--split valid`` (see the module docstring)."""
@@ -168,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     trained = None if args.checkpoint is None else load_trained(args.checkpoint, args.device)
     id_map = None if trained is None else trained.id_map
     seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns), id_map)
+    if trained is not None:
+        _check_timed(trained, seqs)
     split = _split_for(args, trained, seqs)
     cases = split.test if args.split == "test" else split.valid
     if args.users is not None:

@@ -16,7 +16,8 @@ Both read the user's latest ``StagesConfig.retrieval_history`` events, the k-th 
 
 The offline cascade removes the user's whole history from the proposals (as the model's own
 retrieval head does there), and hands the stage the dataset's user id (``UserSequences.user_ids``)
-so a user the run trained on starts from its trained embedding, as when serving.
+so a user the run trained on starts from its trained embedding, as when serving: a retrieval run
+is refused data whose user ids serving could not name (``data.servable.check_user_ids``).
 
 ``HstuRunStage``: an HSTU run's retrieval head (``CheckpointRetrieval``), whole history, alone,
 with the run it was loaded from, so that the evaluation can tell which of its targets that run
@@ -43,7 +44,7 @@ from relaygr.cascade.trained_retrieval import (
     TrainedRetrieval,
     beside_the_default,
 )
-from relaygr.data import TableSpec
+from relaygr.data import TableSpec, check_user_ids
 from relaygr.data.sequences import UserSequences
 from relaygr.data.split import EvalCases
 from relaygr.errors import CatalogueMismatchError, ConfigError
@@ -85,7 +86,9 @@ class TrainedRunStage:
         """``model``: the ranker, whose item embeddings are the default stage; ``stage_weight``:
         the cascade's, refused beside them (``trained_retrieval.check_run_share``);
         ``item_cf_rest_share``: the run's item-to-item channel's share of what the run leaves
-        (``cascade.item_cf``)."""
+        (``cascade.item_cf``). ``ConfigError`` unless ``seqs``' user ids are integers serving
+        names users by (``check_user_ids``): the run looks each up by that id, as serve does."""
+        check_user_ids(seqs.source, seqs.user_ids)
         items = np.asarray(seqs.id_map.items)
         if items.dtype.kind not in "iu":
             raise CatalogueMismatchError("the ranker names its items by strings; a retrieval "

@@ -8,9 +8,10 @@ check below reads exactly the events the run saw.
 example an HSTU run serving as the cascade's stage of ``relaygr eval --retrieval RUN``, may have
 trained on the evaluated targets. The run's recorded data is read again (the evaluated data
 itself when it is the same file) and each target is matched to the run's training prefix of the
-same user (the dataset's user id). A target counts as trained on when the run saw that item more
-often than the evaluated history holds it: a repeat of an item the history already holds is no
-leak, and on its own data a run never trains on a target (``share`` 0). Data that cannot be
+same user (the dataset's user id; ids of another kind, strings against integers, match no user).
+A target counts as trained on when the run saw that item more often than the evaluated history
+holds it: a repeat of an item the history already holds is no leak, and on its own data a run
+never trains on a target (``share`` 0). Data that cannot be
 read, or that no longer holds what the run recorded (its users and events, and its rows when the
 run records their fingerprint, ``DatasetInfo.fingerprint``), is not measured (``share`` None,
 with the reason): the caller must say so, never report the figures as a clean test.
@@ -93,6 +94,10 @@ def trained_targets(training: LeaveOneOutSplit, seqs: UserSequences,
     ``seqs``) trained on each case's target more often than the case's history holds it."""
     trained = training.sequences
     users = seqs.user_ids[cases.users]
+    if (trained.user_ids.dtype.kind in "iu") != (users.dtype.kind in "iu"):
+        # integer ids against strings (a reader keeps strings only where one is no integer):
+        # no evaluated user is one of the run's, and the two cannot be compared in order
+        return np.zeros(len(cases), dtype=bool)
     rows = np.minimum(np.searchsorted(trained.user_ids, users), trained.num_users - 1)
     known = trained.user_ids[rows] == users        # users the run's data does not hold: False
     out = np.zeros(len(cases), dtype=bool)
