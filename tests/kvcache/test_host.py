@@ -48,6 +48,22 @@ def test_ttl_expiry() -> None:
     host.check_integrity()
 
 
+def test_stats_count_live_entries_only() -> None:
+    """Expiry is lazy, but a snapshot is not behind it: an entry past its TTL is dropped
+    before the figures are read, though nothing stored or acquired since."""
+    clock = FakeClock()
+    host = make_host(10, clock, ttl_s=30.0)
+    pid = PrefixId(3, 10, 9)
+    host.put(pid, make_kv(pid))
+    stats = host.stats
+    assert (stats.idle, stats.used_bytes, stats.expired) == (1, 3 * stats.page_bytes, 0)
+    clock.advance(30.0)
+    stats = host.stats
+    assert (stats.idle, stats.used_bytes, stats.free_pages, stats.expired) == (0, 0, 10, 1)
+    assert host.info(3) is None
+    host.check_integrity()
+
+
 def test_storing_the_same_pid_again_copies_nothing_and_restarts_the_ttl() -> None:
     clock = FakeClock()
     host = make_host(10, clock, ttl_s=30.0)

@@ -210,6 +210,15 @@ def test_metrics_report_paths_tiers_triggers_and_latency() -> None:
         assert got[("relaygr_queue_depth", (("instance", inst), ("queue", "rank")))] == 0
     hits = sum(v for k, v in got.items() if k[0] == "relaygr_cache_hits_total")
     assert hits >= 1
+
+    def lookups(name: str, tier: str) -> float:
+        return sum(v for k, v in got.items() if k[0] == name and ("tier", tier) in k[1])
+
+    # each ranking request is one lookup of the device, and of the host when the device missed
+    device_misses = lookups("relaygr_cache_misses_total", "device")
+    assert lookups("relaygr_cache_hits_total", "device") + device_misses == 4
+    assert lookups("relaygr_cache_hits_total", "host") \
+        + lookups("relaygr_cache_misses_total", "host") == device_misses
     assert got[("relaygr_shed_total", (("leg", "rank"),))] == 0
 
 

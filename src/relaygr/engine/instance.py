@@ -45,7 +45,7 @@ from relaygr.engine.types import (
     RankTiming,
 )
 from relaygr.errors import ConfigError
-from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout
+from relaygr.kvcache import DeviceKVPool, EntryState, HostKVTier, KVLayout, PrefixId
 from relaygr.model import HSTU, PrefixKV, RankInput, RankOutput
 from relaygr.relay.trigger import (
     InstanceLoad,
@@ -261,9 +261,7 @@ class RankingInstance:
             request, PoolUsage(res.pool.unevictable_bytes, res.pool.budget_bytes),
             InstanceLoad(self.scheduler.rank_busy.fraction()))
         if decision.reason is TriggerReason.HOST_HIT and base is not None:
-            res.start_reload(spec, base)
-            return PreinferResult(PreinferAction.RELOAD, decision.reason,
-                                  spec.num_tokens - base.num_tokens)
+            return self._reload(res, spec, base, decision.reason)
         if not decision.admit:
             return PreinferResult(PreinferAction.SKIPPED, decision.reason, 0)
         try:
@@ -277,6 +275,23 @@ class RankingInstance:
             self.trigger.withdraw(request)
             return PreinferResult(PreinferAction.REFUSED, decision.reason, 0)
         return PreinferResult(PreinferAction.PREFILL, decision.reason, spec.num_tokens)
+
+    def _reload(self, res: Residency, spec: PrefixSpec, base: PrefixId,
+                reason: TriggerReason) -> PreinferResult:
+        """The host-hit pre-infer: RELOAD only when the copy started; REFUSED when the device
+        could not take it (its pool refused the entry, another prefix of the user is loading,
+        or the host's copy expired meanwhile), FAILED when starting it raised."""
+        try:
+            started = res.start_reload(spec, base)
+        except (InstanceStoppedError, AssertionError):
+            raise
+        except Exception:    # the signal is advisory: ranking computes the prefix in full
+            log.warning("%s: the reload of user %d could not start", self.name,
+                        spec.pid.user_id, exc_info=True)
+            return PreinferResult(PreinferAction.FAILED, reason, 0)
+        if not started:
+            return PreinferResult(PreinferAction.REFUSED, reason, 0)
+        return PreinferResult(PreinferAction.RELOAD, reason, spec.num_tokens - base.num_tokens)
 
     # ---- second leg: ranking -----------------------------------------------------------------
     async def rank(self, job: RankJob) -> RankResult:

@@ -6,11 +6,13 @@ requests rather than cache operations:
 * ``find(spec)``: for a ranking request, a pinned device view of exactly this prefix, waiting
   on a pre-infer in flight or reloading (and extending) a shorter host copy; None on a miss,
   and None when that reload or its extension fails (counted in ``reloads_failed``): the request
-  then computes its prefix in full, a slower correct answer.
+  then computes its prefix in full, a slower correct answer. It counts the request once in
+  each tier's hits and misses, by the path it took.
+* ``start_reload(spec, base)``: bring a host copy back (extended with the newer events), in the
+  background; whether the copy started (a pre-infer's action says so).
 * ``start_prefill(spec)``: reserve the entry and queue a chunked pre-infer job on the scheduler;
   a job that cannot even be built (an input the model refuses, no memory for its tensors)
   aborts the entry it reserved before the error goes up, so nothing waits on it.
-* ``start_reload(spec, base)``: bring a host copy back (extended with the newer events).
 * ``finish(...)``: after ranking, release the entry and demote prefix + ranked suffix to host;
   after a full pass, keep what it computed (cache fill at ranking time).
 
@@ -34,6 +36,7 @@ from relaygr.kvcache import (
     Expander,
     ExtendedPrefix,
     HostKVTier,
+    Lookup,
     PendingEntry,
     PrefixId,
     ReloadOutcome,
@@ -44,6 +47,9 @@ log = logging.getLogger("relaygr.engine.residency")
 # Failures of each kind (``Residency._failed``) logged with their traceback per instance; the
 # rest are counted only (a fault that repeats would flood the log).
 _LOGGED_FAILURES = 5
+# What keeps a pre-infer's reload from starting, its prefix being neither on the device nor
+# loading (``Residency.start_reload``).
+_NOT_STARTED = (ReloadOutcome.BUSY, ReloadOutcome.REFUSED, ReloadOutcome.HOST_MISS)
 
 
 @dataclass
@@ -109,11 +115,19 @@ class Residency:
 
     def host_base(self, spec: PrefixSpec) -> PrefixId | None:
         """A host copy that is a prefix of ``spec`` (same events), if the host holds one."""
+        return self._host_copy(spec)[0]
+
+    def _host_copy(self, spec: PrefixSpec) -> tuple[PrefixId | None, Lookup]:
+        """``host_base``'s copy and what the host held for ``spec``: HIT (that copy),
+        STALE_MISS (a copy of the user that is no prefix of ``spec``: other events, or
+        longer), MISS (none, or one that could not be checked)."""
         if self.host is None:
-            return None
+            return None, Lookup.MISS
         hit = self.host.lookup(spec.pid.user_id)
-        if hit is None or hit.pid.num_tokens > spec.num_tokens:
-            return None
+        if hit is None:
+            return None, Lookup.MISS
+        if hit.pid.num_tokens > spec.num_tokens:
+            return None, Lookup.STALE_MISS
         try:
             version = spec.version_at(hit.pid.num_tokens)     # the history store, maybe remote
         except (InstanceStoppedError, AssertionError):
@@ -121,8 +135,10 @@ class Residency:
         except Exception:      # unchecked, the copy is not used: the prefix is computed in full
             self._failed("host_checks_failed", "user %d's host copy could not be checked "
                          "against the request's events; not used", spec.pid.user_id)
-            return None
-        return hit.pid if version == hit.pid.version else None
+            return None, Lookup.MISS
+        if version != hit.pid.version:
+            return None, Lookup.STALE_MISS
+        return hit.pid, Lookup.HIT
 
     # ---- producing entries -------------------------------------------------------------------
     def start_prefill(self, spec: PrefixSpec) -> bool:
@@ -166,20 +182,42 @@ class Residency:
             self._failed("prefills_failed", "user %d's pre-inferred prefix could not be "
                          "committed", user)
 
-    def start_reload(self, spec: PrefixSpec, base: PrefixId) -> None:
-        """Reload ``base`` from the host into the device as ``spec`` (in the background)."""
+    def start_reload(self, spec: PrefixSpec, base: PrefixId) -> bool:
+        """Start reloading ``base`` from the host into the device as ``spec`` (the copy and
+        extension run in the background); whether it started. It does not when the device
+        pool refuses the entry, another prefix of the user is loading, or the host's copy
+        expired meanwhile (the expander counts which). The caller has found ``spec``'s
+        prefix neither on the device nor loading (``resident``), with nothing awaited since."""
+        assert self.expander is not None
+        load = self.expander.start(spec.pid, base, self._extension_for(spec, base))
+        if load.done():
+            outcome = load.result()
+            assert outcome in _NOT_STARTED, f"{spec.pid} was resident after all: {outcome}"
+            return False
         self.counters.reloads_started += 1
-        self.spawn(self._reload(spec, base))
+        self.spawn(self._reloaded(spec.pid, load))
+        return True
 
     async def _reload(self, spec: PrefixSpec, base: PrefixId) -> ReloadOutcome:
         assert self.expander is not None
-        extend = None
-        if base.num_tokens < spec.num_tokens:
-            async def extend(past: PrefixKV) -> PrefixKV:
-                return await self._extension(spec, base.num_tokens, past)
-        outcome = await self.expander.reload(spec.pid, base, extend)
+        return await self._reloaded(
+            spec.pid, self.expander.start(spec.pid, base, self._extension_for(spec, base)))
+
+    def _extension_for(self, spec: PrefixSpec, base: PrefixId
+                       ) -> Callable[[PrefixKV], Awaitable[PrefixKV]] | None:
+        """What extends a reload of ``base`` to ``spec``: None when it is the whole prefix."""
+        if base.num_tokens >= spec.num_tokens:
+            return None
+
+        async def extend(past: PrefixKV) -> PrefixKV:
+            return await self._extension(spec, base.num_tokens, past)
+        return extend
+
+    async def _reloaded(self, pid: PrefixId, load: Awaitable[ReloadOutcome]) -> ReloadOutcome:
+        """``load``'s outcome, the entry marked as the host's once loaded."""
+        outcome = await load
         if outcome is ReloadOutcome.LOADED:
-            self._from_host[spec.pid.user_id] = spec.pid
+            self._from_host[pid.user_id] = pid
         return outcome
 
     async def _extension(self, spec: PrefixSpec, start: int, past: PrefixKV) -> PrefixKV:
@@ -200,24 +238,49 @@ class Residency:
 
     # ---- consuming entries -------------------------------------------------------------------
     async def find(self, spec: PrefixSpec) -> tuple[PrefixKV | None, RankPath]:
-        """A pinned view of ``spec``'s prefix and how it was found, or (None, FULL)."""
+        """A pinned view of ``spec``'s prefix and how it was found, or (None, FULL). The
+        request is counted once in each tier's lookups (``TierStats``), once its path is
+        known: on the device a hit when it ranks from K/V computed there ahead of it
+        (DEVICE_HIT, PENDING_WAIT), else a miss (stale when the device held another prefix of
+        the user); on the host, for a request the device did not serve, a hit when it ranks
+        from the host's copy (HOST_HIT), else a miss (stale when the host's copy was no prefix
+        of this one). So each tier's hits and misses add up to the requests it was asked for."""
+        held = self.pool.lookup(spec.pid.user_id)        # as the request found the device
+        kv, path, host = await self._find(spec)
+        self._count(path, held is not None and held.pid != spec.pid, host)
+        return kv, path
+
+    async def _find(self, spec: PrefixSpec) -> tuple[PrefixKV | None, RankPath, Lookup]:
+        """``find``'s view and path, and what the host held for ``spec`` (``_host_copy``;
+        MISS when it was not asked)."""
         pid = spec.pid
-        kv = self.pool.acquire(pid)
+        kv = self.pool.acquire(pid, counted=False)      # counted by ``find``, once
         if kv is not None:
-            return kv, self._path(pid, RankPath.DEVICE_HIT)
+            return kv, self._path(pid, RankPath.DEVICE_HIT), Lookup.MISS
         if self.resident(pid) is EntryState.PENDING:
-            return await self._wait(pid)
-        base = self.host_base(spec)
+            return (*await self._wait(pid), Lookup.MISS)
+        base, host = self._host_copy(spec)
         if base is not None:
             outcome = await self._waiting_on(pid, self._loaded(pid, self._reload(spec, base)))
             if outcome is None:
-                return None, RankPath.FULL
+                return None, RankPath.FULL, host
             if outcome is ReloadOutcome.PENDING:
-                return await self._wait(pid)
-            kv = self.pool.acquire(pid)
+                return (*await self._wait(pid), host)
+            kv = self.pool.acquire(pid, counted=False)
             if kv is not None:
-                return kv, RankPath.HOST_HIT
-        return None, RankPath.FULL
+                return kv, RankPath.HOST_HIT, host
+        return None, RankPath.FULL, host
+
+    def _count(self, path: RankPath, stale_on_device: bool, host: Lookup) -> None:
+        """Count a ranking request's lookups in the tiers (``find``)."""
+        if path is RankPath.DEVICE_HIT or path is RankPath.PENDING_WAIT:
+            self.pool.count_lookup(Lookup.HIT)
+            return
+        self.pool.count_lookup(Lookup.STALE_MISS if stale_on_device else Lookup.MISS)
+        if self.host is not None:
+            self.host.count_lookup(Lookup.HIT if path is RankPath.HOST_HIT else
+                                   Lookup.STALE_MISS if host is Lookup.STALE_MISS else
+                                   Lookup.MISS)
 
     async def _wait(self, pid: PrefixId) -> tuple[PrefixKV | None, RankPath]:
         self.counters.waits += 1
@@ -233,7 +296,7 @@ class Residency:
                 return None, RankPath.FULL
         elif not await self.pool.wait_settled(pid):
             return None, RankPath.FULL
-        kv = self.pool.acquire(pid)
+        kv = self.pool.acquire(pid, counted=False)
         return (kv, self._path(pid, RankPath.PENDING_WAIT)) if kv is not None \
             else (None, RankPath.FULL)
 

@@ -125,8 +125,10 @@ class PreinferAction(str, enum.Enum):
     IN_FLIGHT = "in_flight"        # it is already being computed or loaded
     PREFILL = "prefill"            # a pre-infer job started
     RELOAD = "reload"              # a reload (and extension) from the host tier started
-    REFUSED = "refused"            # admitted, but the device pool could not take it
-    FAILED = "failed"              # admitted, but its job could not start (the error is logged)
+    # admitted (or a host hit), but the device pool could not take it; for a reload also:
+    # another prefix of the user is loading, or the host's copy expired meanwhile
+    REFUSED = "refused"
+    FAILED = "failed"              # admitted, but its job or reload could not start (logged)
     SKIPPED = "skipped"            # the trigger said no (see the reason)
 
 

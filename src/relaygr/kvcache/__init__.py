@@ -20,7 +20,8 @@ mark, which nothing else changes while it is PENDING.
 
 Public API: ``PrefixId``, ``EntryState``, ``EntryInfo``, ``Refusal``, ``KVLayout``,
 ``DeviceKVPool``, ``PendingEntry``, ``HostKVTier``, ``HostHit``, ``Expander``,
-``ExtendedPrefix``, ``ReloadOutcome``, ``ExpanderStats``, ``TierStats`` (see ``README.md``).
+``ExtendedPrefix``, ``ReloadOutcome``, ``ExpanderStats``, ``TierStats``, ``Lookup`` (see
+``README.md``).
 """
 
 from relaygr.kvcache.device import DeviceKVPool
@@ -28,8 +29,8 @@ from relaygr.kvcache.expander import Expander, ExpanderStats, ExtendedPrefix, Re
 from relaygr.kvcache.host import HostHit, HostKVTier
 from relaygr.kvcache.index import EntryInfo, EntryState, PrefixId, Refusal
 from relaygr.kvcache.pools import KVLayout
-from relaygr.kvcache.store import PendingEntry, TierStats
+from relaygr.kvcache.store import Lookup, PendingEntry, TierStats
 
 __all__ = ["DeviceKVPool", "EntryInfo", "EntryState", "Expander", "ExpanderStats",
-           "ExtendedPrefix", "HostHit", "HostKVTier", "KVLayout", "PendingEntry", "PrefixId",
-           "Refusal", "ReloadOutcome", "TierStats"]
+           "ExtendedPrefix", "HostHit", "HostKVTier", "KVLayout", "Lookup", "PendingEntry",
+           "PrefixId", "Refusal", "ReloadOutcome", "TierStats"]

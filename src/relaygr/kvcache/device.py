@@ -31,7 +31,7 @@ from torch import Tensor
 from relaygr.errors import ConfigError, IncompatiblePrefixError, InvalidInputError
 from relaygr.kvcache.index import EntryInfo, EntryState, PrefixId, Refusal
 from relaygr.kvcache.pools import KVLayout
-from relaygr.kvcache.store import PagedStore, PendingEntry, TierStats
+from relaygr.kvcache.store import Lookup, PagedStore, PendingEntry, TierStats
 from relaygr.model import PrefixKV
 
 Clock = Callable[[], float]
@@ -171,14 +171,20 @@ class DeviceKVPool:
         entry = self.store.index.get(user_id)
         return None if entry is None else EntryInfo.of(entry)
 
-    def acquire(self, pid: PrefixId) -> PrefixKV | None:
+    def acquire(self, pid: PrefixId, *, counted: bool = True) -> PrefixKV | None:
         """Pin the READY or IDLE entry of exactly ``pid`` and return a zero-copy view of it
-        (valid until ``release``). None if absent, PENDING or another version (counted)."""
-        entry = self.store.match(pid)
+        (valid until ``release``). None if absent, PENDING or another version. The lookup is
+        counted (``TierStats``) unless ``counted`` is False: for a caller that counts the
+        request's outcome itself (``count_lookup``), once it is known."""
+        entry = self.store.match(pid, counted)
         if entry is None:
             return None
         self.store.index.pin(entry)
         return self.store.view(entry)
+
+    def count_lookup(self, found: Lookup) -> None:
+        """Count one lookup that found ``found`` (``TierStats``)."""
+        self.store.count_lookup(found)
 
     def lease(self, pid: PrefixId) -> bool:
         """Lease the complete entry of exactly ``pid`` for ``lease_s`` from now (an IDLE one

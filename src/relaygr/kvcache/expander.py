@@ -16,7 +16,10 @@ suffix the ranking pass computed: the prefix of the user's next visit.
     otherwise                                -> HOST_MISS / REFUSED (device admission failed)
 
 The device entry is PENDING from the first moment, so ranking requests that look it up meanwhile
-wait on the pool like for a pre-infer. Extension: when ``target`` has more tokens than ``base``,
+wait on the pool like for a pre-infer. ``Expander.start`` makes the same decision at once and
+returns the load as a future (already done when no copy starts). Pinning ``base`` on the host
+for the copy counts no lookup in the host's ``TierStats``: the engine counts each ranking
+request's, once it knows what served it. Extension: when ``target`` has more tokens than ``base``,
 ``extend(past)`` gets the reloaded prefix as a device ``PrefixKV`` (zero-copy) and returns the
 K/V of the new tokens (or of the whole target prefix, as ``HSTU.prefill(new, past=past)``
 does); the expander writes them after the reloaded ones. The caller has checked that ``base``
@@ -130,37 +133,45 @@ class Expander:
     async def reload(self, target: PrefixId, base: PrefixId,
                      extend: Extend | None = None) -> ReloadOutcome:
         """Make ``target`` READY on the device from the host's ``base`` (module docstring)."""
+        return await self.start(target, base, extend)
+
+    def start(self, target: PrefixId, base: PrefixId,
+              extend: Extend | None = None) -> asyncio.Future[ReloadOutcome]:
+        """``reload``'s decision, made at once (on the event loop): a future already done
+        when no copy starts (ON_DEVICE, PENDING, HOST_MISS, REFUSED, BUSY), else the load in
+        flight, begun by this call or, for the same target, joined. For a caller that must
+        say now whether a reload started (a pre-infer signal answers at once)."""
         _check_reload_args(target, base, extend)
         user = target.user_id
         load = self._inflight.get(user)
         if load is not None:
             if load.target != target:
                 self._stats.busy += 1
-                return ReloadOutcome.BUSY
+                return _settled(ReloadOutcome.BUSY)
             self._stats.shared += 1
             assert load.task is not None, "an in-flight load has a task"
-            return await asyncio.shield(load.task)
+            return asyncio.shield(load.task)
         info = self.pool.lookup(user)
         if info is not None and info.pid == target:
             if info.state is EntryState.PENDING:
                 self._stats.pending += 1
-                return ReloadOutcome.PENDING
+                return _settled(ReloadOutcome.PENDING)
             self._stats.on_device += 1
-            return ReloadOutcome.ON_DEVICE
-        source = self.host.acquire(base)
+            return _settled(ReloadOutcome.ON_DEVICE)
+        source = self.host.acquire(base, counted=False)   # a pin for the copy, no lookup
         if source is None:
             self._stats.host_misses += 1
-            return ReloadOutcome.HOST_MISS
+            return _settled(ReloadOutcome.HOST_MISS)
         pending = self.pool.begin(target, timed=source.has_timestamps)
         if pending is None:
             self.host.release(base)
             self._stats.refused += 1
-            return ReloadOutcome.REFUSED
+            return _settled(ReloadOutcome.REFUSED)
         load = _Load(pending, base, source, extend)
         task = load.task = asyncio.ensure_future(self._load(load))
         task.add_done_callback(lambda _: self._finished(load))
         self._inflight[user] = load
-        return await asyncio.shield(task)
+        return asyncio.shield(task)
 
     async def _load(self, load: _Load) -> ReloadOutcome:
         load.started = True
@@ -268,6 +279,13 @@ def _check_extended(host: HostKVTier, pid: PrefixId, kv: PrefixKV,
     if tail.has_timestamps != kv.has_timestamps:
         raise InvalidInputError("the tail's timestamps do not match the cached prefix's")
     return tail
+
+
+def _settled(outcome: ReloadOutcome) -> asyncio.Future[ReloadOutcome]:
+    """A future already done with ``outcome`` (``Expander.start`` when no copy starts)."""
+    future: asyncio.Future[ReloadOutcome] = asyncio.get_running_loop().create_future()
+    future.set_result(outcome)
+    return future
 
 
 def _check_reload_args(target: PrefixId, base: PrefixId, extend: Extend | None) -> None:

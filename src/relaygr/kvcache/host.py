@@ -9,6 +9,8 @@ CUDA so reloads can be asynchronous), with its own byte budget, LRU and a TTL:
   counted, what cannot fit. A user's older entry is replaced; storing the ``pid`` already held
   copies nothing and only restarts its TTL (``refresh``).
 - ``lookup`` returns the user's entry if not expired (the TTL counts from the latest store).
+  Expiry is lazy: expired entries are dropped at ``begin``, ``acquire``, ``expire`` and when
+  ``stats`` is read, so its figures count live entries only.
 - ``acquire``/``release`` pin an entry while it is copied to the device (neither evicted nor
   expired under the copy) and make it the most recently used.
 - ``begin``/``write``/``commit``/``abort`` store asynchronously (the ``Expander`` demotes on a side
@@ -29,7 +31,7 @@ import torch
 from relaygr.errors import ConfigError, InvalidInputError
 from relaygr.kvcache.index import Entry, EntryInfo, EntryState, PrefixId, Refusal
 from relaygr.kvcache.pools import KVLayout
-from relaygr.kvcache.store import PagedStore, PendingEntry, TierStats
+from relaygr.kvcache.store import Lookup, PagedStore, PendingEntry, TierStats
 from relaygr.model import PrefixKV
 
 Clock = Callable[[], float]
@@ -157,16 +159,20 @@ class HostKVTier:
         entry = self.store.index.get(user_id)
         return None if entry is None else EntryInfo.of(entry)
 
-    def acquire(self, pid: PrefixId) -> PrefixKV | None:
-        """Pin the unexpired entry of exactly ``pid`` and return its view (until ``release``)."""
+    def acquire(self, pid: PrefixId, *, counted: bool = True) -> PrefixKV | None:
+        """Pin the unexpired entry of exactly ``pid`` and return its view (until ``release``).
+        The lookup is counted (``TierStats``) unless ``counted`` is False: the expander's pin
+        of a copy it reloads is no request's lookup (the engine counts those,
+        ``count_lookup``)."""
         if not isinstance(pid, PrefixId):
             raise InvalidInputError(f"expected a PrefixId, got {type(pid).__name__}")
         self.expire()
         entry = self.store.index.get(pid.user_id)
         if entry is not None and entry.pid == pid and self._expired(entry, self.clock()):
-            self.store.counters.misses += 1      # pinned by another copy when its TTL ran out
+            if counted:                          # pinned by another copy when its TTL ran out
+                self.store.count_lookup(Lookup.MISS)
             return None
-        entry = self.store.match(pid)
+        entry = self.store.match(pid, counted)
         if entry is None:
             return None
         self.store.index.pin(entry)
@@ -174,6 +180,10 @@ class HostKVTier:
 
     def release(self, pid: PrefixId) -> None:
         self.store.index.unpin(self.store.in_use_entry(pid))
+
+    def count_lookup(self, found: Lookup) -> None:
+        """Count one lookup that found ``found`` (``TierStats``)."""
+        self.store.count_lookup(found)
 
     def expire(self) -> int:
         """Drop every expired entry that is not pinned; returns how many."""
@@ -199,6 +209,11 @@ class HostKVTier:
 
     @property
     def stats(self) -> TierStats:
+        """A snapshot of live entries: expiry is lazy (at ``begin``, ``acquire``,
+        ``expire``), so the snapshot expires first; otherwise its bytes and entries would
+        count copies past their TTL, which no lookup returns. An expired entry still pinned
+        by a copy counts until it is released."""
+        self.expire()
         return self.store.stats()
 
     def check_integrity(self) -> None:

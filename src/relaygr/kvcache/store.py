@@ -9,6 +9,7 @@ The policies that differ (leases and waiting on the device; TTL on the host) liv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 
@@ -36,13 +37,26 @@ class PendingEntry:
     serial: int
 
 
+class Lookup(Enum):
+    """What one lookup of a prefix found in a tier: the counters ``hits``, ``misses`` and
+    ``stale_misses`` of ``TierStats``."""
+
+    HIT = "hit"                 # the entry of exactly this prefix, complete
+    MISS = "miss"               # nothing of this user, or its entry still PENDING
+    STALE_MISS = "stale_miss"   # an entry of this user for another prefix (other events)
+
+
 @dataclass(frozen=True)
 class TierStats:
     """A snapshot of one tier's occupancy and counters.
 
     ``used_bytes`` counts reserved pages (whole pages, at ``page_bytes`` each);
     ``unevictable_bytes`` the part held by PENDING, READY or in-use entries, which admission
-    cannot reclaim (the footprint the trigger bounds).
+    cannot reclaim (the footprint the trigger bounds). ``hits``, ``misses`` and
+    ``stale_misses`` count lookups (``Lookup``), each once: an ``acquire`` counts its own
+    unless told not to, and a caller that decides a request's outcome only later (the engine:
+    one per ranking request, whatever it waited for or reloaded) counts it with
+    ``count_lookup``.
     """
 
     budget_bytes: int
@@ -168,19 +182,28 @@ class PagedStore:
 
     # ---- exact lookups ---------------------------------------------------------------------
 
-    def match(self, pid: PrefixId) -> Entry | None:
-        """The complete entry for exactly ``pid`` (counted as hit, miss or stale miss)."""
+    def match(self, pid: PrefixId, counted: bool = True) -> Entry | None:
+        """The complete entry for exactly ``pid``; when ``counted``, the lookup is counted
+        as a hit, miss or stale miss (``Lookup``)."""
         if not isinstance(pid, PrefixId):
             raise InvalidInputError(f"expected a PrefixId, got {type(pid).__name__}")
         entry = self.index.get(pid.user_id)
         if entry is not None and entry.pid == pid and entry.state is not EntryState.PENDING:
+            found = Lookup.HIT
+        else:
+            found = Lookup.STALE_MISS if entry is not None and entry.pid != pid else Lookup.MISS
+        if counted:
+            self.count_lookup(found)
+        return entry if found is Lookup.HIT else None
+
+    def count_lookup(self, found: Lookup) -> None:
+        """Count one lookup that found ``found``."""
+        if found is Lookup.HIT:
             self.counters.hits += 1
-            return entry
-        if entry is not None and entry.pid != pid:
+        elif found is Lookup.STALE_MISS:
             self.counters.stale_misses += 1
         else:
             self.counters.misses += 1
-        return None
 
     def in_use_entry(self, pid: PrefixId) -> Entry:
         entry = self.index.get(pid.user_id)

@@ -50,10 +50,14 @@ class SnapshotCollector(Collector):
                                    labels=["instance", "tier"])
         entries = GaugeMetricFamily("relaygr_cache_entries", "Prefixes held per tier",
                                     labels=["instance", "tier"])
-        hits = CounterMetricFamily("relaygr_cache_hits", "Cache lookups that found the prefix",
-                                   labels=["instance", "tier"])
-        misses = CounterMetricFamily("relaygr_cache_misses", "Cache lookups that missed",
-                                     labels=["instance", "tier"])
+        hits = CounterMetricFamily(
+            "relaygr_cache_hits", "Ranking requests a tier served: the device, from K/V "
+            "computed there ahead of ranking (paths device_hit, pending_wait); the host, from "
+            "its copy (host_hit)", labels=["instance", "tier"])
+        misses = CounterMetricFamily(
+            "relaygr_cache_misses", "Ranking requests a tier did not serve (of those the "
+            "device missed, for the host), stale ones included: hits + misses are the "
+            "requests the tier was asked for", labels=["instance", "tier"])
         paths = CounterMetricFamily("relaygr_rank_paths", "Ranking requests by path",
                                     labels=["instance", "path"])
         trigger = CounterMetricFamily("relaygr_trigger_decisions", "Trigger decisions by reason",
@@ -88,7 +92,7 @@ class SnapshotCollector(Collector):
                 budget.add_metric(labels, tier.budget_bytes)
                 entries.add_metric(labels, tier.entries)
                 hits.add_metric(labels, tier.hits)
-                misses.add_metric(labels, tier.misses)
+                misses.add_metric(labels, tier.misses + tier.stale_misses)
                 for reason, count in (("evicted", tier.evictions), ("expired", tier.expired),
                                       ("aborted", tier.aborted)):
                     churn.add_metric([*labels, reason], count)
