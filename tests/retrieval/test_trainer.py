@@ -128,9 +128,8 @@ def test_a_bad_run_json_is_refused_naming_the_field(tmp_path: Path) -> None:
         RunInfo.from_dict([])   # type: ignore[arg-type]
 
 
-def test_the_cross_domain_presets_link_catalogues_and_older_runs_read_as_unlinked() -> None:
-    assert PRESETS["sccdr"].bridges and PRESETS["mixed"].bridges
-    assert not PRESETS["single"].bridges and not PRESETS["lightgcn"].bridges
+def test_no_preset_links_catalogues_and_older_runs_read_as_unlinked() -> None:
+    assert not any(p.bridges for p in PRESETS.values())     # an option, measured, not a default
     # a run.json written before the option existed was trained without links
     older = {k: v for k, v in PRESETS["sccdr"].to_dict().items() if k != "bridges"}
     assert SCCDRConfig.from_dict(older).bridges is False
