@@ -111,3 +111,26 @@ def test_a_ranking_requests_reload_extension_goes_before_pre_infers_nobody_waits
         await idle(inst)
 
     run(scenario, inst)
+
+
+def test_a_snapshot_counts_only_live_leases() -> None:
+    """/metrics and /readyz read snapshots: a lease past its deadline no longer counts as
+    unevictable there, whether or not a pre-infer signal came since."""
+    inst = _instance(40, "sequence-aware")
+    store = store_with({1: 200})
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None
+        now = [1000.0]
+        res.pool.clock = lambda: now[0]
+        assert inst.preinfer(spec_from_store(store, 1), 0, 40).action is PreinferAction.PREFILL
+        await idle(inst)
+        leased = inst.snapshot().device
+        assert leased is not None and leased.unevictable_bytes > 0
+        now[0] += 2.0                                   # the lease is over, nothing else ran
+        over = inst.snapshot().device
+        assert over is not None and over.unevictable_bytes == 0
+        assert over.used_bytes == leased.used_bytes     # kept, evictable now
+
+    run(scenario, inst)

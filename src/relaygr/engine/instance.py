@@ -183,11 +183,15 @@ class RankingInstance:
         return self.scheduler.rank_queue_depth
 
     def snapshot(self) -> InstanceSnapshot:
+        """The instance's figures now (on the event loop, as every cache operation). Leases end
+        lazily; a lease past its deadline is ended first, so the device's unevictable bytes and
+        READY entries are the live ones (as the host tier's stats expire its copies)."""
         res = self.residency
         device = host = None
         residency: dict[str, int] = {}
         expander: dict[str, int] = {}
         if res is not None:
+            res.pool.expire_leases()
             device = TierSnapshot.of(res.pool.stats)
             host = None if res.host is None else TierSnapshot.of(res.host.stats)
             residency = {k: v for k, v in asdict(res.counters).items() if isinstance(v, int)}
