@@ -185,3 +185,26 @@ def test_eval_of_a_model_that_reads_time_checks_the_data_as_training_and_serving
     assert evaluate(timed, good) == 0
     for data in (back, millis, partly):
         assert evaluate(untimed, data) == 0
+
+
+def test_a_stage_weight_is_not_chosen_on_validation_targets_the_stage_trained_on(
+        tmp_path: Path) -> None:
+    """A stage run of the same validation settings on other data (the same log with one more
+    user) draws other validation users: some of the ranker's validation targets are the stage's
+    training. --fit-stage-weight measures that and refuses to choose on them."""
+    (tmp_path / "full").mkdir()
+    full = write_cyclic_udata(tmp_path / "full" / "u.data", num_users=40)
+    seqs = load_sequences("ml-100k", full)
+    cfg = TINY.with_(valid_users=10, valid_seed=3)
+    stage = write_untrained_run(tmp_path / "stage", seqs, cfg)        # trained on every user
+    ranker_data = tmp_path / "ranker-data"                            # the same without user 40
+    ranker_data.mkdir()
+    (ranker_data / "u.data").write_text("".join(
+        line for line in full.read_text().splitlines(keepends=True)
+        if int(line.split("\t")[0]) != 40))
+    ranker_seqs = load_sequences("ml-100k", ranker_data, id_map=seqs.id_map)
+    ranker = write_untrained_run(tmp_path / "ranker", ranker_seqs, cfg)
+    with pytest.raises(ConfigError, match=r"the stage trained on \d+\.\d% of the validation"):
+        _run(["eval", "--checkpoint", str(ranker), "--dataset", "ml-100k", "--data-dir",
+              str(ranker_data), "--no-progress", "--heads", "cascade", "--retrieval",
+              str(stage), "--fit-stage-weight"])

@@ -167,6 +167,18 @@ def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
         raise ConfigError("--fit-stage-weight chooses the weight on the validation users; "
                           "report it on --split test")
     valid = training_split(seqs, trained.run.train).valid
+    if isinstance(cascade.stage, HstuRunStage):
+        # load_stage_run compared the two runs' validation settings; on other data the same
+        # seed draws other users, so measure what the stage trained on of these targets
+        held = cascade.stage.held_out(seqs, valid, parse_columns(args.columns))
+        if held.share:
+            raise ConfigError(
+                f"the stage trained on {held.share:.1%} of the validation targets the weight "
+                f"would be chosen on ({held.source}): choose it with a stage that holds out "
+                "the ranker's validation users, or give --stage-weight")
+        if held.share is None:
+            print(f"warning: what the stage trained on of the validation targets could not be "
+                  f"measured ({held.unverified}); the weight is chosen on them regardless")
     fit = fit_stage_weight(trained.model, seqs, valid, trained.model.cfg.max_seq_len,
                            trained.uses_timestamps, cascade, batch_users=args.batch_users,
                            progress=not args.no_progress)
