@@ -160,9 +160,11 @@ def bridged_edges(partner: BipartiteGraph, links: np.ndarray,
     target = links[partner.edges[:, 1]]
     edges = np.stack([partner.edges[:, 0], target], axis=1)[target >= 0]
     if held_out is not None and len(held_out) and len(edges):
-        edges = edges[~np.isin(_pair_keys(edges), _pair_keys(held_out))]
+        edges = edges[~np.isin(pair_keys(edges), pair_keys(held_out))]
     return np.unique(edges, axis=0) if len(edges) else edges.reshape(0, 2)
 
 
-def _pair_keys(pairs: np.ndarray) -> np.ndarray:
+def pair_keys(pairs: np.ndarray) -> np.ndarray:
+    """One int64 per ``(n, 2)`` (user, item) row, equal exactly when the rows are (for set
+    operations on rows)."""
     return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)

@@ -26,6 +26,7 @@ import numpy as np
 
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.data import Domain
+from relaygr.retrieval.graph import pair_keys
 
 
 class SplitKind(str, Enum):
@@ -77,14 +78,14 @@ class DomainSplit:
 
     def check(self, seen: np.ndarray) -> None:
         """Assert the module's invariants; ``seen`` is every (user, item) of the domain."""
-        keys = [_keys(a) for a in (self.train, self.valid, self.test)]
+        keys = [pair_keys(a) for a in (self.train, self.valid, self.test)]
         for i in range(3):
             for j in range(i + 1, 3):
                 assert not np.intersect1d(keys[i], keys[j]).size, "split parts overlap"
-        seen_keys = _keys(seen)
+        seen_keys = pair_keys(seen)
         for rows, negs in ((self.valid, self.valid_negatives), (self.test, self.test_negatives)):
             pairs = np.stack([np.repeat(rows[:, 0], negs.shape[1]), negs.ravel()], axis=1)
-            assert not np.isin(_keys(pairs), seen_keys).any(), "a negative was interacted with"
+            assert not np.isin(pair_keys(pairs), seen_keys).any(), "a negative was interacted with"
             srt = np.sort(negs, axis=1)
             assert not (srt[:, 1:] == srt[:, :-1]).any(), "repeated negative"
 
@@ -107,10 +108,6 @@ class DomainSplit:
         return cls(name, SplitKind(str(z["kind"])), int(z["num_items"]), z["train"], z["valid"],
                    z["test"], z["valid_negatives"], z["test_negatives"],
                    z["train_pos"] if "train_pos" in z.files else None)
-
-
-def _keys(pairs: np.ndarray) -> np.ndarray:
-    return pairs[:, 0].astype(np.int64) * (1 << 32) + pairs[:, 1].astype(np.int64)
 
 
 def _rng(seed: int, name: str, purpose: str) -> np.random.Generator:
@@ -162,7 +159,7 @@ def time_positions(pairs: np.ndarray, sequence: np.ndarray) -> np.ndarray:
     """``(len(pairs),)`` int64: the index of each (user, item) row's last occurrence in
     ``sequence`` (the domain's training rows, each user's in time order), ``len(sequence)``
     (newer than all: a held-out last event) for a row it lacks."""
-    keys, seq_keys = _keys(pairs), _keys(sequence)
+    keys, seq_keys = pair_keys(pairs), pair_keys(sequence)
     order = np.argsort(seq_keys, kind="stable")
     sorted_keys = seq_keys[order]
     at = np.searchsorted(sorted_keys, keys, side="right") - 1   # the last of equal keys
