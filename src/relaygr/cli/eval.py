@@ -4,21 +4,24 @@
                  [--split test|valid] [--heads retrieval,ranking,cascade]
                  [--retrieval head|item-embeddings|RUN] [--retrieve-k 200]
                  [--retrieval-history N] [--retrieval-recency R] [--users N [--seed S]]
-                 [--stage-weight W | --fit-stage-weight]
+                 [--stage-weight W | --fit-stage-weight] [--exclude history|window]
 
 Every user's held-out item is ranked against the whole catalogue with the user's history
-removed; HR@10/50/200, NDCG@10/50/200 and MRR are reported for the retrieval head, the ranking
-head (the whole catalogue scored as candidates against each user's prefilled K/V: the relay
-pattern, offline), the cascade (the retrieval stage's top K, ranked by the ranking head against
-the prefilled K/V; an item retrieval missed ranks below all K) with the stage's recall@K, and a
-popularity baseline. The cascade ranks by the ranker's score plus ``--stage-weight`` times the
-stage's (``--fit-stage-weight`` chooses it on the run's validation users). Without
-``--checkpoint`` only the baseline runs. ``--split valid`` of a run that held out the validation
-item of some users only (``valid_users``) evaluates those users. A run as the stage (a retrieval
-run, or an HSTU run read from the data it records) is checked against the evaluated targets: the
-share it trained on is printed and recorded (``targets_in_run_training``; null, and a warning,
-where an HSTU run's data cannot be read); so is the ranking run's own (``checkpoint_held_out``,
-evaluated on other data than it records, it may have trained on every head's targets).
+removed (``--exclude window``: only the last max_seq_len items the model reads, the protocol of
+the HSTU paper's open-source evaluation, under which its published figures were measured; the
+retrieval and ranking heads and popularity); HR@10/50/200, NDCG@10/50/200 and MRR are reported
+for the retrieval head, the ranking head (the whole catalogue scored as candidates against each
+user's prefilled K/V: the relay pattern, offline), the cascade (the retrieval stage's top K,
+ranked by the ranking head against the prefilled K/V; an item retrieval missed ranks below all
+K) with the stage's recall@K, and a popularity baseline. The cascade ranks by the ranker's
+score plus ``--stage-weight`` times the stage's (``--fit-stage-weight`` chooses it on the run's
+validation users). Without ``--checkpoint`` only the baseline runs. ``--split valid`` of a run
+that held out the validation item of some users only (``valid_users``) evaluates those users. A
+run as the stage (a retrieval run, or an HSTU run read from the data it records) is checked
+against the evaluated targets: the share it trained on is printed and recorded
+(``targets_in_run_training``; null, and a warning, where an HSTU run's data cannot be read); so
+is the ranking run's own (``checkpoint_held_out``, evaluated on other data than it records, it
+may have trained on every head's targets).
 
 The evaluated data gets the checks of ``relaygr.data.servable`` that training and serving make,
 with the same errors, where they apply here: for a model that reads time, every user timed,
@@ -62,7 +65,13 @@ from relaygr.train import (
     popularity_ranks,
     serving_ranks,
 )
-from relaygr.train.evaluate import DEFAULT_RETRIEVE_K, HEADS, CascadeSpec, subset_cases
+from relaygr.train.evaluate import (
+    DEFAULT_RETRIEVE_K,
+    EXCLUSIONS,
+    HEADS,
+    CascadeSpec,
+    subset_cases,
+)
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
 from relaygr.train.run_data import HeldOutCheck, check_held_out, training_split
@@ -77,8 +86,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="run directory")
     add_data_arguments(parser)
     parser.add_argument("--split", choices=("test", "valid"), default="test")
-    parser.add_argument("--heads", default=",".join(HEAD_CHOICES),
-                        help="comma-separated heads to evaluate (retrieval, ranking, cascade)")
+    parser.add_argument("--heads", default=None,
+                        help="comma-separated heads to evaluate (retrieval, ranking, cascade; "
+                             "default: all of them, retrieval and ranking with --exclude "
+                             "window)")
+    parser.add_argument("--exclude", choices=EXCLUSIONS, default="history",
+                        help="what a recommendation may not contain: the user's whole history "
+                             "(as serving), or the window the model reads (its last "
+                             "max_seq_len items: the HSTU reference's protocol; not with the "
+                             "cascade, whose stage never proposes a seen item)")
     parser.add_argument("--retrieval", default="head",
                         help="the cascade's retrieval stage: head (the model's own retrieval "
                              "head), item-embeddings (relaygr serve's default stage: the model's "
@@ -121,10 +137,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _heads(text: str) -> tuple[str, ...]:
+def _heads(text: str | None, exclude: str) -> tuple[str, ...]:
+    if text is None:
+        return HEAD_CHOICES if exclude == "history" else ("retrieval", "ranking")
     heads = tuple(h for h in text.split(",") if h)
     if not heads or set(heads) - set(HEAD_CHOICES):
         raise ConfigError(f"--heads takes a comma-separated subset of {HEAD_CHOICES}")
+    if "cascade" in heads and exclude != "history":
+        raise ConfigError("the cascade removes the whole history, as serving does (its stage "
+                          "never proposes a seen item): evaluate it without --exclude window")
     return heads
 
 
@@ -192,7 +213,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.json)
     if args.threads:
         torch.set_num_threads(args.threads)
-    heads = _heads(args.heads)
+    heads = _heads(args.heads, args.exclude)
+    if args.exclude == "window" and args.checkpoint is None:
+        raise ConfigError("--exclude window removes the window of the checkpoint's model (its "
+                          "max_seq_len): give --checkpoint")
     if args.fit_stage_weight and ("cascade" not in heads or args.stage_weight):
         raise ConfigError("--fit-stage-weight chooses the cascade's stage weight: it needs the "
                           "cascade head (--heads ...,cascade) and no --stage-weight of its own")
@@ -236,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
         cascade = CascadeSpec(stage, args.retrieve_k, args.stage_weight)
         ranks = serving_ranks(trained.model, seqs, cases, trained.model.cfg.max_seq_len,
                               trained.uses_timestamps, heads, args.batch_users,
-                              progress=not args.no_progress, cascade=cascade)
+                              progress=not args.no_progress, cascade=cascade,
+                              exclude=args.exclude)
         seconds["model"] = time.perf_counter() - started
         results.update({h: RankingMetrics.from_ranks(r) for h, r in ranks.items()})
         if "cascade" in ranks:   # a proposed target ranks < K, a missed one >= K
@@ -247,16 +272,21 @@ def run(args: argparse.Namespace) -> int:
                     f"{m}@10": asdict(PairedDifference.at(ranks["cascade"], ranks["stage"],
                                                           10, m)) for m in ("hr", "ndcg")}
     started = time.perf_counter()
-    results["popularity"] = RankingMetrics.from_ranks(popularity_ranks(split, cases))
+    window = None if trained is None else trained.model.cfg.max_seq_len
+    results["popularity"] = RankingMetrics.from_ranks(
+        popularity_ranks(split, cases, args.exclude, window))
     seconds["popularity"] = time.perf_counter() - started
-    title = f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items"
+    removed = ("whole history removed" if args.exclude == "history" else
+               f"the {window}-item window removed (the HSTU reference's protocol)")
+    title = (f"{args.dataset} {args.split}: {len(cases)} users, {seqs.num_items} items, "
+             f"{removed}")
     Console().print(_table(results, title))
     if recall:
-        window = ""
+        reads = ""
         if isinstance(stage, EmbeddingStage | TrainedRunStage):
-            window = ", " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
-                                      for k, v in stage.window().items())
-        print(f"retrieval stage ({args.retrieval}{window}): " +
+            reads = ", " + ", ".join(f"{k.replace('_', ' ')} {v:g}"
+                                     for k, v in stage.window().items())
+        print(f"retrieval stage ({args.retrieval}{reads}): " +
               ", ".join(f"{k} {v:.4f}" for k, v in recall.items()))
     if leaked:
         print(f"warning: {leaked:.1%} of these targets are training interactions of the "
@@ -274,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
     print("evaluation time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = _report(args, results, seconds, len(cases))
+        report = _report(args, results, seconds, len(cases), window)
         if ranker_held is not None:
             report["checkpoint_held_out"] = _held_out_fields(ranker_held)
         if recall:
@@ -318,10 +348,11 @@ def _held_out_fields(held: HeldOutCheck) -> dict[str, Any]:
 
 
 def _report(args: argparse.Namespace, results: dict[str, RankingMetrics],
-            seconds: dict[str, float], num_cases: int) -> dict[str, Any]:
+            seconds: dict[str, float], num_cases: int, window: int | None) -> dict[str, Any]:
     return {"checkpoint": None if args.checkpoint is None else str(args.checkpoint),
             "dataset": args.dataset, "data_dir": str(args.data_dir), "split": args.split,
             "num_cases": num_cases, "users_subset": args.users, "users_seed": args.seed,
+            "excluded": args.exclude, "window": window,
             "heads": {h: m.to_dict() for h, m in results.items()},
             "seconds": seconds, "machine": {"platform": platform.platform(),
                                             "torch_threads": torch.get_num_threads(),

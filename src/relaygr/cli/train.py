@@ -36,6 +36,7 @@ from relaygr.train import (
     preset,
     retrieval_ranks_padded,
 )
+from relaygr.train.evaluate import EXCLUSIONS
 from relaygr.train.stage_runs import load_stage_run
 from relaygr.train.trainer import StageRun
 
@@ -129,10 +130,14 @@ def run(args: argparse.Namespace) -> int:
                       stage=stage)
     result = trainer.fit(resume=args.resume)
     trained = load_trained(trainer.run_dir, args.device)   # the best epoch's weights
-    test = RankingMetrics.from_ranks(retrieval_ranks_padded(
-        trained.model, seqs, trainer.split.test, config.max_seq_len, config.use_timestamps))
+    test = {exclude: RankingMetrics.from_ranks(retrieval_ranks_padded(
+        trained.model, seqs, trainer.split.test, config.max_seq_len, config.use_timestamps,
+        exclude=exclude)) for exclude in EXCLUSIONS}
     wall_s = time.perf_counter() - started
-    print(f"test (retrieval head, best epoch {result.progress.best_epoch}): {test.summary()}")
+    print(f"test (retrieval head, best epoch {result.progress.best_epoch}), whole history "
+          f"removed: {test['history'].summary()}")
+    print(f"test, only the {config.max_seq_len}-item window removed (the HSTU reference's "
+          f"protocol): {test['window'].summary()}")
     print(f"training time {result.progress.elapsed_s / 60:.1f} min over all sessions; "
           f"this command {wall_s / 60:.1f} min; run directory {args.out}")
     return 0

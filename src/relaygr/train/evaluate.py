@@ -2,8 +2,13 @@
 cascade of the two, popularity.
 
 Each case (``EvalCases``) is a user's history and the item that followed it. The model reads the
-last ``max_seq_len`` items of the history; every item of the whole history is removed from the
-recommendations (``metrics.target_ranks``).
+last ``max_seq_len`` items of the history (its window). What is removed from the recommendations
+(``metrics.target_ranks``) is ``exclude``'s choice (``EXCLUSIONS``): ``"history"``, every item of
+the whole history, as serving removes what a user has seen; ``"window"``, only the items of the
+window, the protocol of the HSTU paper's open-source evaluation (its ``past_ids``), under which
+its published figures were measured. Removing more items that are not the target can only raise
+its rank, so ``"history"`` ranks each target at least as high as ``"window"``; the two agree for
+every user whose history fits the window.
 
 * ``retrieval_ranks_padded``: ``encode_padded`` in batches: the fast path validation uses.
 * ``serving_ranks``: the relay pattern offline: ``prefill`` each history once, then the retrieval
@@ -46,22 +51,38 @@ from relaygr.train.stages import (
 HEADS = ("retrieval", "ranking", "cascade")
 # Items the cascade's retrieval stage proposes by default: the relay's ranking request size.
 DEFAULT_RETRIEVE_K = 200
+# What a recommendation may not contain (module docstring): the whole history, or the window.
+EXCLUSIONS = ("history", "window")
+
+
+def check_exclude(exclude: str) -> None:
+    if exclude not in EXCLUSIONS:
+        raise ConfigError(f"exclude must be one of {EXCLUSIONS}, got {exclude!r}")
+
+
+def excluded_items(history: np.ndarray, exclude: str, max_seq_len: int) -> np.ndarray:
+    """The items of ``history`` a recommendation may not contain (``EXCLUSIONS``)."""
+    return history if exclude == "history" else history[-max_seq_len:]
 
 
 @dataclass(frozen=True)
 class CaseWindow:
     """What the model reads for a slice of cases: ``items`` ``[b, T]`` right-padded with 0,
-    ``timestamps`` likewise or None, ``lengths`` ``[b]``, and the full ``histories`` to mask."""
+    ``timestamps`` likewise or None, ``lengths`` ``[b]``; the full ``histories`` (what a
+    retrieval stage reads and never proposes) and the items ``excluded`` from the ranking (the
+    histories, or their windows: ``EXCLUSIONS``)."""
 
     items: Tensor
     timestamps: Tensor | None
     lengths: Tensor
     histories: list[np.ndarray]
     targets: Tensor
+    excluded: list[np.ndarray]
 
 
 def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_seq_len: int,
-                 use_timestamps: bool) -> CaseWindow:
+                 use_timestamps: bool, exclude: str = "history") -> CaseWindow:
+    check_exclude(exclude)
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[rows],
                                                       cases.history_lengths[rows], strict=True)]
     lengths = [min(len(h), max_seq_len) for h in histories]
@@ -71,8 +92,10 @@ def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_se
         start = seqs.offsets[user] + len(hist) - lengths[j]
         items[j, :lengths[j]] = hist[-lengths[j]:]
         stamps[j, :lengths[j]] = seqs.timestamps[start:start + lengths[j]]
+    excluded = [excluded_items(h, exclude, max_seq_len) for h in histories]
     return CaseWindow(torch.from_numpy(items), torch.from_numpy(stamps) if use_timestamps else None,
-                      torch.tensor(lengths), histories, torch.from_numpy(cases.targets[rows]))
+                      torch.tensor(lengths), histories, torch.from_numpy(cases.targets[rows]),
+                      excluded)
 
 
 def _chunks(num: int, size: int, label: str, progress: bool) -> Iterable[np.ndarray]:
@@ -86,20 +109,21 @@ def _chunks(num: int, size: int, label: str, progress: bool) -> Iterable[np.ndar
 @torch.inference_mode()
 def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
                            use_timestamps: bool, batch_size: int = 256,
-                           progress: bool = False) -> Tensor:
-    """Ranks of the retrieval head computed with ``encode_padded`` (model put in eval mode)."""
+                           progress: bool = False, exclude: str = "history") -> Tensor:
+    """Ranks of the retrieval head computed with ``encode_padded`` (model put in eval mode),
+    ``exclude`` removed (``EXCLUSIONS``)."""
     model.eval()
     # cases in order of length, so each batch is padded to about its own width
     by_length = np.argsort(np.minimum(cases.history_lengths, max_seq_len), kind="stable")
     ranks = torch.empty(len(cases), dtype=torch.long)
     for chunk in _chunks(len(cases), batch_size, "validate", progress):
         rows = by_length[chunk]
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
         ts = None if w.timestamps is None else w.timestamps.to(model.device)
         hidden = model.encode_padded(w.items.to(model.device), ts)
         last = hidden[torch.arange(len(rows)), w.lengths.to(model.device) - 1]   # [b, d]
         ranks[torch.from_numpy(rows)] = target_ranks(model.retrieval_scores(last), w.targets,
-                                                     w.histories)
+                                                     w.excluded)
     return ranks
 
 
@@ -148,12 +172,13 @@ def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Propo
 
 
 def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
-                      use_timestamps: bool, batch_users: int, progress: bool
+                      use_timestamps: bool, batch_users: int, progress: bool,
+                      exclude: str = "history"
                       ) -> Iterator[tuple[np.ndarray, CaseWindow, list[PrefixKV]]]:
     """``(rows, window, prefixes)`` for consecutive slices of ``batch_users`` cases: what the
     model reads for them and its ``prefill`` of it (the relay's cached prefix)."""
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
         prefills = []
         for j, n in enumerate(w.lengths.tolist()):
             ts = None if w.timestamps is None else w.timestamps[j, :n]
@@ -174,36 +199,41 @@ def ranked_proposals(model: HSTU, cases: EvalCases, rows: np.ndarray, w: CaseWin
 @torch.inference_mode()
 def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_len: int,
                   use_timestamps: bool, heads: tuple[str, ...] = HEADS, batch_users: int = 8,
-                  progress: bool = False, cascade: CascadeSpec | None = None
-                  ) -> dict[str, Tensor]:
-    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc).
-    ``cascade`` (default: the model's own retrieval head, K = 200, the ranker's score alone)
-    sets the cascade head's retrieval stage; with the cascade comes ``"stage"``: the stage
-    alone, its K proposals in its own order (at cutoffs <= K, the stage's own ranking), the
-    figure the cascade must beat."""
+                  progress: bool = False, cascade: CascadeSpec | None = None,
+                  exclude: str = "history") -> dict[str, Tensor]:
+    """Ranks of each head in ``heads`` through ``prefill`` / ``rank`` (see the module doc),
+    ``exclude`` removed (``EXCLUSIONS``). ``cascade`` (default: the model's own retrieval head,
+    K = 200, the ranker's score alone) sets the cascade head's retrieval stage; with the
+    cascade comes ``"stage"``: the stage alone, its K proposals in its own order (at cutoffs
+    <= K, the stage's own ranking), the figure the cascade must beat. The cascade is measured
+    as served, its stage never proposing a seen item: with the whole history removed only."""
+    check_exclude(exclude)
+    if "cascade" in heads and exclude != "history":
+        raise ConfigError("the cascade removes the whole history, as serving does (its stage "
+                          "never proposes a seen item); evaluate it with exclude='history'")
     model.eval()
     if "cascade" in heads and cascade is None:
         cascade = CascadeSpec(HeadRetrieval(model))
     catalogue = torch.arange(1, model.cfg.num_items + 1, device=model.device)
     ranks: dict[str, list[Tensor]] = {h: [] for h in heads}
     for rows, w, prefixes in prefilled_batches(model, seqs, cases, max_seq_len, use_timestamps,
-                                               batch_users, progress):
+                                               batch_users, progress, exclude):
         if "retrieval" in heads:
             users = torch.stack([kv.last_hidden for kv in prefixes])              # [b, d]
             ranks["retrieval"].append(
-                target_ranks(model.retrieval_scores(users), w.targets, w.histories))
+                target_ranks(model.retrieval_scores(users), w.targets, w.excluded))
         if "ranking" in heads:
             scores = model.rank_batch([RankInput(catalogue, prefix=kv) for kv in prefixes])
             padded = torch.nn.functional.pad(torch.stack(scores), (1, 0))      # [b, N + 1]
-            ranks["ranking"].append(target_ranks(padded, w.targets, w.histories))
+            ranks["ranking"].append(target_ranks(padded, w.targets, w.excluded))
         if cascade is not None and "cascade" in heads:
             proposals, ranked = ranked_proposals(model, cases, rows, w, prefixes, cascade)
             ranks.setdefault("stage", []).append(cascade_ranks(
                 proposals, [proposals.row(j)[1] for j in range(len(rows))], w.targets,
-                w.histories, model.cfg.num_items))
+                w.excluded, model.cfg.num_items))
             ranks["cascade"].append(cascade_ranks(
                 proposals, fuse(proposals, ranked, cascade.stage_weight), w.targets,
-                w.histories, model.cfg.num_items))
+                w.excluded, model.cfg.num_items))
     return {h: torch.cat(r) for h, r in ranks.items()}
 
 
@@ -219,13 +249,20 @@ def subset_cases(cases: EvalCases, num_users: int, seed: int) -> EvalCases:
                      targets=cases.targets[keep])
 
 
-def popularity_ranks(split: LeaveOneOutSplit, cases: EvalCases) -> Tensor:
-    """Ranks when every user is recommended the most-interacted items of the training data."""
+def popularity_ranks(split: LeaveOneOutSplit, cases: EvalCases, exclude: str = "history",
+                     max_seq_len: int | None = None) -> Tensor:
+    """Ranks when every user is recommended the most-interacted items of the training data,
+    ``exclude`` removed (``EXCLUSIONS``; ``"window"``: the last ``max_seq_len`` items of each
+    history, the window of the model it is compared with)."""
+    check_exclude(exclude)
+    if exclude == "window" and (max_seq_len is None or max_seq_len <= 0):
+        raise ConfigError("popularity with the window removed needs the window's length "
+                          f"(max_seq_len > 0), got {max_seq_len}")
     seqs = split.sequences
     train_items = np.concatenate([seqs.sequence(u)[:n] for u, n in
                                   enumerate(split.train_lengths)])
     counts = np.bincount(train_items, minlength=seqs.num_items + 1).astype(np.float32)
-    histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users, cases.history_lengths,
-                                                      strict=True)]
+    excluded = [excluded_items(seqs.sequence(u)[:n], exclude, max_seq_len or 0)
+                for u, n in zip(cases.users, cases.history_lengths, strict=True)]
     scores = torch.from_numpy(counts)[None].expand(len(cases), -1)
-    return target_ranks(scores, torch.from_numpy(cases.targets), histories)
+    return target_ranks(scores, torch.from_numpy(cases.targets), excluded)

@@ -62,7 +62,7 @@ def fit_stage_weight(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq
         proposals, ranked = ranked_proposals(model, cases, rows, win, prefixes, cascade)
         for weight in weights:
             ranks[weight].append(cascade_ranks(proposals, fuse(proposals, ranked, weight),
-                                               win.targets, win.histories, model.cfg.num_items))
+                                               win.targets, win.excluded, model.cfg.num_items))
     metrics = {w: RankingMetrics.from_ranks(torch.cat(r)) for w, r in ranks.items()}
     best = max(sorted(weights), key=lambda w: metrics[w].ndcg[10])   # first max: the smallest
     return StageWeightFit(metrics, best)
