@@ -101,3 +101,27 @@ def test_the_trained_data_is_checked_then_its_users_read_before_the_cluster_star
         _serve_ray(run, run.parent / "trained", *budgets)
     # the users are read for the budgets when they are sized, not otherwise
     assert users_read == ([str(run.parent / "trained" / "u.data")] if not budgets else [])
+
+
+def test_the_driver_loads_the_model_once(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model settles the system, the retrieval check and the application from one load
+    (a large checkpoint read three times delayed every start)."""
+    loads: list[Any] = []
+    load = app.load_model
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args)
+        return load(*args, **kwargs)
+
+    def bound(application: Any, **kwargs: Any) -> None:
+        assert application is not None
+        raise ClusterStarted
+
+    monkeypatch.setattr(app, "load_model", counted)
+    monkeypatch.setattr(app, "init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr(app.ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(app.serve, "start", lambda *args, **kwargs: None)
+    monkeypatch.setattr(app.serve, "run", bound)
+    with pytest.raises(ClusterStarted):
+        _serve_ray(run, run.parent / "trained")
+    assert len(loads) == 1

@@ -202,15 +202,19 @@ def ranking_deployment_options(spec: RayAppSpec) -> dict[str, Any]:
             "health_check_timeout_s": spec.health.timeout_s}
 
 
-def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: None) -> Any:
+def build_application(spec: RayAppSpec, log: Callable[[str], None] = lambda _: None,
+                      settled: HSTU | None = None) -> Any:
     """The bound Serve application (pass it to ``serve.run``). Needs no running cluster. A
     retrieval run (``spec.model.retrieval_run``) is loaded here once, as the ingress will load
     it, so a run that does not fit the model is refused now with the embedded server's typed
     error (``load_retrieval``), not as an ingress that fails to start; ``log`` hears what it
-    is. The application carries the run's path, not the loaded stage."""
-    model = load_model(spec.model)
+    is. The application carries the run's path, not the loaded stage. ``settled``: the served
+    model, already loaded and checked with the run by the caller (``serve_forever``'s
+    ``driver_system``), so that neither is loaded again."""
+    model = load_model(spec.model) if settled is None else settled
     digest = model_digest(model)
-    load_retrieval(spec.model, spec.system, model, log, device=INGRESS_DEVICE)
+    if settled is None:
+        load_retrieval(spec.model, spec.system, model, log, device=INGRESS_DEVICE)
     replica = ReplicaSpec(spec.model, digest, spec.system, spec.device, spec.cost_model,
                           spec.ledger_dir, spec.torch_threads, health=spec.health)
     deployment: Any = serve.deployment
@@ -242,15 +246,16 @@ def _warn_while_pending(done: threading.Event, after_s: float, shares: CpuShares
               f"{cpus:g}): see `ray status` for pending actors", flush=True)
 
 
-def driver_system(options: ServeOptions, log: Callable[[str], None]) -> SystemConfig:
+def driver_system(options: ServeOptions, model: HSTU,
+                  log: Callable[[str], None]) -> SystemConfig:
     """The system the driver deploys, settled before it starts or joins a cluster and in the
     embedded server's order (``server.build.build_embedded``): the model, the retrieval run
     (``load_retrieval``: one that does not fit is refused), the served data against the run's
     record (``CatalogueMismatchError`` for other data; ``server.served_data``), and only then
     the users, read to size the replicas' budgets (``ray_budgets``). Other data is refused
     here, before any user is built, and not by an ingress replica that never starts inside the
-    cluster."""
-    model = load_model(options.model)
+    cluster. ``model``: the served one (``load_model(options.model)``), loaded once by the
+    driver for all of this, the cost model and the application."""
     load_retrieval(options.model, options.system, model, log, device=INGRESS_DEVICE)
     if options.size_budgets:    # reading the users checks their data before it builds them
         return ray_budgets(options, model, log)
@@ -281,11 +286,11 @@ def serve_forever(options: ServeOptions) -> int:
     """``relaygr serve --ray`` (see the module docstring)."""
     gpus = torch.cuda.device_count()
     device = options.system.devices[0]
-    system = driver_system(options, _say)
+    model = load_model(options.model)
+    system = driver_system(options, model, _say)
     cost_model = None
     if options.cost_model is not None:
-        cost_model = load_cost_model(options.cost_model, load_model(options.model),
-                                     device).to_dict()
+        cost_model = load_cost_model(options.cost_model, model, device).to_dict()
     init_ray(options.ray_address)
     shares = plan_cpu_shares(ray.cluster_resources().get("CPU", 0.0), options.replicas,
                              options.replica_cpus, ingresses=options.ingress_replicas)
@@ -301,7 +306,8 @@ def serve_forever(options: ServeOptions) -> int:
     threading.Thread(target=_warn_while_pending, args=(running, 20.0, shares, spec.replicas),
                      daemon=True).start()
     try:
-        serve.run(build_application(spec, _say), name=APP_NAME, route_prefix="/")
+        serve.run(build_application(spec, _say, settled=model), name=APP_NAME,
+                  route_prefix="/")
     finally:
         running.set()
     stop = threading.Event()
