@@ -15,7 +15,13 @@ import pytest
 
 from relaygr.cli.main import main
 from relaygr.data import load_sequences
-from tests.train.helpers import write_cyclic_udata, write_truncated, write_untrained_run
+from tests.train.helpers import (
+    TINY,
+    write_cyclic_udata,
+    write_tied_udata,
+    write_truncated,
+    write_untrained_run,
+)
 
 
 def _leaky_data(tmp_path: Path) -> tuple[Path, Path]:
@@ -99,3 +105,27 @@ def test_eval_measures_the_targets_the_ranking_run_itself_trained_on(
         assert ("warning: 50.0% of these targets are training interactions of the ranking "
                 "run" in printed) == bool(share)
         assert ("every head's figures are not a clean test" in printed) == bool(share)
+
+
+def test_eval_does_not_measure_a_run_on_its_rows_ordering_users_otherwise(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ranker's own file rewritten in another order since it was trained: each user's last
+    two events tie, so their order is the file's, and the test target of most users is now the
+    item the run validated on and trained on (30 of 40 trained on theirs). Rebuilt from the file
+    as it is, the run's split would report none: not measured, and said."""
+    recorded = write_tied_udata(tmp_path / "data" / "u.data")
+    ranker = write_untrained_run(tmp_path / "ranker", load_sequences("ml-100k", recorded),
+                                 TINY.with_(valid_users=10, valid_seed=3))
+    recorded.write_text(write_tied_udata(tmp_path / "swapped" / "u.data", swapped=True)
+                        .read_text())
+    report = tmp_path / "report.json"
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ranker), "--dataset", "ml-100k", "--data-dir",
+                 str(recorded.parent), "--heads", "ranking", "--no-progress",
+                 "--json", str(report)]) == 0
+    held = json.loads(report.read_text())["checkpoint_held_out"]
+    assert held["targets_in_run_training"] is None
+    assert "orders its users' sequences otherwise" in held["run_data_unverified"]
+    printed = capsys.readouterr().out
+    assert f"note: trained on the rows {recorded} holds, but in a file order" in printed
+    assert "every head's figures are not a verified clean test" in printed

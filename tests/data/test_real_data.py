@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +10,12 @@ import pytest
 
 from relaygr.data import (
     UserSequences,
+    build_sequences,
     check_times,
     check_user_ids,
     leave_one_out,
     load_sequences,
+    resolve,
 )
 
 DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
@@ -63,3 +66,22 @@ def test_ml1m_shared_table_is_data_a_model_serves() -> None:
         check_user_ids(seqs.source, seqs.user_ids)
         check_times(seqs)
         assert int(seqs.timestamps.min()) > 0 and int(seqs.timestamps.max()) < 2 ** 31
+
+
+def test_ml1m_ratings_dat_in_another_file_order_is_the_same_rows_in_other_sequences() -> None:
+    """``ratings.dat`` gives many users' last two events one timestamp, and events of one
+    timestamp keep file order: its rows shuffled are the same table, and other sequences with
+    other held-out items, which the sequences' fingerprint tells apart."""
+    table = resolve("ratings-dat", ML1M / "ratings_users_1-2999.dat.gz").read()
+    seqs = build_sequences(table)
+    ends = seqs.offsets[1:]
+    assert int((seqs.timestamps[ends - 1] == seqs.timestamps[ends - 2]).sum()) == 1268
+    perm = np.random.default_rng(0).permutation(table.num_rows)
+    assert table.timestamps is not None and table.has_timestamp is not None
+    shuffled = build_sequences(replace(table, users=table.users[perm], items=table.items[perm],
+                                       timestamps=table.timestamps[perm],
+                                       has_timestamp=table.has_timestamp[perm],
+                                       lines=table.lines[perm]), seqs.id_map)
+    assert shuffled.fingerprint == seqs.fingerprint
+    assert shuffled.sequence_fingerprint != seqs.sequence_fingerprint
+    assert (leave_one_out(shuffled).test.targets != leave_one_out(seqs).test.targets).any()

@@ -7,6 +7,7 @@ failure)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-import relaygr.data
 from relaygr.cli import serve
-from relaygr.data import load_sequences
+from relaygr.data import UserEvents, UserSequences, load_sequences
 from relaygr.distributed import app
 from relaygr.errors import CatalogueMismatchError, ConfigError
 from relaygr.train import Trainer
@@ -42,19 +42,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def users_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files whose users the server builds (``build_sequences`` in ``server.served_data``),
-    in order; a cluster start raises ``ClusterStarted``."""
+    """The files whose users the server builds (``UserSequences.histories``, which
+    ``server.served_data`` reads each user from; the check orders the users' events, but builds
+    none), in order; a cluster start raises ``ClusterStarted``."""
     read: list[str] = []
-    build = relaygr.data.build_sequences
+    histories = UserSequences.histories
 
-    def spy(table: Any, *args: Any, **kwargs: Any) -> Any:
-        read.append(table.source)
-        return build(table, *args, **kwargs)
+    def spy(seqs: UserSequences) -> Iterator[UserEvents]:
+        read.append(seqs.source)
+        return histories(seqs)
 
     def start(*args: Any, **kwargs: Any) -> None:
         raise ClusterStarted
 
-    monkeypatch.setattr(relaygr.data, "build_sequences", spy)
+    monkeypatch.setattr(UserSequences, "histories", spy)
     monkeypatch.setattr(app, "init_ray", start)
     return read
 

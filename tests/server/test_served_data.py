@@ -1,8 +1,10 @@
 """A checkpoint serves the users of the data it was trained on: read from the recorded file, a
-copy of it, its rows in another order, or under another name of its format; other data in the
-same format is refused at start-up, since its ids would name other users and items, even with
-the same counts (the run's fingerprint of its rows); a run saved before it recorded one is
-checked by its counts alone. Data training refuses (user ids a request cannot name; for a model
+copy of it, its rows in another order that orders each user's events alike, or under another
+name of its format; other data in the same format is refused at start-up, since its ids would
+name other users and items, even with the same counts (the run's fingerprint of its rows), and
+so are its rows in a file order that orders some user's events otherwise (the fingerprint of its
+sequences: events of one timestamp keep file order); a run saved before it recorded one is
+checked without it. Data training refuses (user ids a request cannot name; for a model
 that reads time, a timestamp a request cannot carry or a user whose time goes back in its order)
 is refused at start-up too, typed and named, for a checkpoint whose run was not checked (written
 here without training)."""
@@ -35,6 +37,7 @@ from tests.train.helpers import (
     TINY,
     write_cyclic_udata,
     write_interactions,
+    write_tied_udata,
     write_untrained_run,
 )
 
@@ -131,7 +134,8 @@ def test_a_run_without_a_fingerprint_is_checked_by_its_counts(run: Path, tmp_pat
     old = tmp_path / "old-run"
     shutil.copytree(run, old)
     config = json.loads((old / CONFIG_FILE).read_text())
-    del config["dataset"]["fingerprint"]          # as saved before runs recorded one
+    for recorded in ("fingerprint", "sequence_fingerprint"):   # as saved before runs did
+        del config["dataset"][recorded]
     (old / CONFIG_FILE).write_text(json.dumps(config))
     swapped = _rewritten(run, tmp_path / "swapped", _users_swapped)
     served = _users(ModelSource(checkpoint=old, dataset="ratings-dat", data_dir=swapped))
@@ -139,6 +143,35 @@ def test_a_run_without_a_fingerprint_is_checked_by_its_counts(run: Path, tmp_pat
     with pytest.raises(CatalogueMismatchError, match=r"not the data .* was trained on"):
         _users(ModelSource(checkpoint=old, dataset="ratings-dat",
                            data_dir=_ratings_dat(tmp_path / "other", seed=1)))
+
+
+def test_the_trained_rows_ordering_users_otherwise_are_refused(tmp_path: Path) -> None:
+    """Each user's last two events tie on their timestamp, so their file order is their order
+    in the user's history: the same rows with each tied pair in the other order are the same
+    table and other histories, which the model was not trained on."""
+    trained = write_tied_udata(tmp_path / "trained" / "u.data", num_users=24)
+    run = write_untrained_run(tmp_path / "run", load_sequences("ml-100k", trained))
+    recorded = _users(ModelSource(checkpoint=run))
+    swapped = write_tied_udata(tmp_path / "swapped" / "u.data", num_users=24, swapped=True)
+    source = ModelSource(checkpoint=run, dataset="ml-100k", data_dir=swapped.parent)
+    for start_up in (_users, check_served_data):
+        with pytest.raises(CatalogueMismatchError, match=r"holds the rows .* was trained on .* "
+                           r"but in a file order that orders its users' events otherwise .*"
+                           r"sequence fingerprint [0-9a-f]{32}, the run recorded") as refused:
+            start_up(source)
+        assert str(swapped) in str(refused.value) and str(trained) in str(refused.value)
+    # a run saved before runs recorded its sequences is checked by its rows alone: it serves
+    # them, in the file's order (other histories; nothing can tell)
+    old = tmp_path / "old-run"
+    shutil.copytree(run, old)
+    config = json.loads((old / CONFIG_FILE).read_text())
+    del config["dataset"]["sequence_fingerprint"]
+    (old / CONFIG_FILE).write_text(json.dumps(config))
+    check_served_data(ModelSource(checkpoint=old, dataset="ml-100k", data_dir=swapped.parent))
+    served = _users(ModelSource(checkpoint=old, dataset="ml-100k", data_dir=swapped.parent))
+    assert served.keys() == recorded.keys() and served != recorded
+    assert all(served[u][:-2] == recorded[u][:-2] and served[u][-2:] == recorded[u][:-3:-1]
+               for u in served)
 
 
 def _unchecked_run(tmp_path: Path, users: Sequence[object], config: TrainConfig = TINY,

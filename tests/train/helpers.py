@@ -51,6 +51,28 @@ def write_truncated(full: Path, out_dir: Path, drop_user: Callable[[int], bool])
     return out_dir
 
 
+def write_tied_udata(path: Path, num_users: int = 40, swapped: bool = False) -> Path:
+    """``path``, a ``u.data`` file of ``write_cyclic_udata``'s log in which each user's last
+    two events share their timestamp (as ``ratings.dat`` often has them), the earlier of the
+    two first; ``swapped``: the same rows, those two lines of each user in the other order.
+    Ties keep file order, so the two files give the same rows and other sequences: each user's
+    last two items trade places (where they are two items)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_cyclic_udata(path, num_users)
+    by_user: dict[str, list[list[str]]] = {}
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        by_user.setdefault(fields[0], []).append(fields)
+    lines = []
+    for rows in by_user.values():
+        rows[-1][3] = rows[-2][3]
+        if swapped:
+            rows[-2], rows[-1] = rows[-1], rows[-2]
+        lines += ["\t".join(fields) + "\n" for fields in rows]
+    path.write_text("".join(lines))
+    return path
+
+
 # The position in a user's sequence whose time ``write_interactions`` can send back.
 BACK_POSITION = 5
 # 2023-11-14 in milliseconds: as seconds, past the API's 2^40.

@@ -1,6 +1,7 @@
 """A run's files: one saved before the ranking head's options existed loads as the model it was,
-and its config and progress files are read by the one loader (settings.load), refusing what they
-do not hold by its path."""
+one saved before runs recorded their data's fingerprints loads and resumes without them, and its
+config and progress files are read by the one loader (settings.load), refusing what they do not
+hold by its path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from relaygr.data import resolve, table_fingerprint
+from relaygr.data import UserSequences, load_sequences, resolve, table_fingerprint
 from relaygr.errors import CheckpointError
 from relaygr.train import Trainer, load_trained, read_run_config
 from relaygr.train.checkpoint import (
@@ -23,7 +24,7 @@ from relaygr.train.checkpoint import (
     TrainProgress,
     load_train_state,
 )
-from tests.train.helpers import TINY, cyclic_sequences
+from tests.train.helpers import TINY, cyclic_sequences, write_tied_udata
 
 NEW_MODEL_KEYS = ("rank_score",)
 NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k")
@@ -72,13 +73,53 @@ def test_a_run_records_its_rows_and_one_saved_before_loads_and_resumes_without(
     config = json.loads((run / CONFIG_FILE).read_text())
     table = resolve("ml-100k", tmp_path / "u.data").read()
     assert config["dataset"]["fingerprint"] == table_fingerprint(table) == seqs.fingerprint
-    del config["dataset"]["fingerprint"]           # as saved before runs recorded one
+    assert config["dataset"]["sequence_fingerprint"] == seqs.sequence_fingerprint
+    for recorded in ("fingerprint", "sequence_fingerprint"):   # as saved before runs did
+        del config["dataset"][recorded]
     (run / CONFIG_FILE).write_text(json.dumps(config))
-    assert load_trained(run).run.dataset.fingerprint is None
+    dataset = load_trained(run).run.dataset
+    assert (dataset.fingerprint, dataset.sequence_fingerprint) == (None, None)
     # its earlier sessions' rows are not known: resumed, it still records none
     Trainer(TINY.with_(max_epochs=2), seqs, run, dataset="d", progress_bar=False,
             log=lambda _: None).fit(resume=True)
     assert read_run_config(run).dataset == DatasetInfo(**config["dataset"])
+
+
+def _tied_run(tmp_path: Path) -> tuple[Path, UserSequences]:
+    """A run of one epoch on a log whose users' last two events tie on their timestamp."""
+    seqs = load_sequences("ml-100k", write_tied_udata(tmp_path / "data" / "u.data", 16))
+    Trainer(TINY.with_(max_epochs=1), seqs, tmp_path / "run", dataset="d", progress_bar=False,
+            log=lambda _: None).fit()
+    return tmp_path / "run", seqs
+
+
+def test_a_run_resumed_on_its_rows_ordering_users_otherwise_is_refused(tmp_path: Path) -> None:
+    run, seqs = _tied_run(tmp_path)
+    # its file rewritten with the same rows, each user's tied last two events in the other
+    # order: other sequences, another split
+    recorded = Path(seqs.source)
+    recorded.write_text(write_tied_udata(tmp_path / "swapped" / "u.data", 16, swapped=True)
+                        .read_text())
+    swapped = load_sequences("ml-100k", recorded)
+    assert (swapped.source, swapped.fingerprint) == (seqs.source, seqs.fingerprint)
+    with pytest.raises(CheckpointError, match="was trained with a different config, dataset"):
+        Trainer(TINY.with_(max_epochs=2), swapped, run, dataset="d", progress_bar=False,
+                log=lambda _: None).fit(resume=True)
+
+
+def test_a_run_saved_before_it_recorded_its_sequences_loads_and_resumes_without(
+        tmp_path: Path) -> None:
+    run, seqs = _tied_run(tmp_path)
+    config = json.loads((run / CONFIG_FILE).read_text())
+    del config["dataset"]["sequence_fingerprint"]  # as saved before runs recorded it
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+    assert load_trained(run).run.dataset == DatasetInfo(**config["dataset"])
+    assert load_trained(run).run.dataset.sequence_fingerprint is None
+    # its earlier sessions' sequences are not known: resumed, it records its rows alone
+    Trainer(TINY.with_(max_epochs=2), seqs, run, dataset="d", progress_bar=False,
+            log=lambda _: None).fit(resume=True)
+    assert read_run_config(run).dataset == DatasetInfo(**config["dataset"])
+    assert read_run_config(run).dataset.fingerprint == seqs.fingerprint
 
 
 def test_a_run_config_is_read_by_the_one_loader() -> None:

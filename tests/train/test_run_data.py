@@ -1,8 +1,12 @@
 """What an HSTU run trained on (``training_split``, the trainer's) and the share of an
-evaluation's targets among it, read from the data the run records (``check_held_out``)."""
+evaluation's targets among it, read from the data the run records (``check_held_out``); not
+measured where that data no longer holds what the run recorded: its counts, its rows, or each
+user's order of its events (the same rows in another file order, events of one timestamp
+ordered otherwise)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +15,15 @@ import pytest
 from relaygr.data import IdMap, leave_one_out, load_sequences
 from relaygr.errors import ConfigError
 from relaygr.train import load_trained
-from relaygr.train.run_data import check_held_out, training_split
+from relaygr.train.run_data import check_held_out, trained_targets, training_split
 from relaygr.train.trainer import Trainer
-from tests.train.helpers import TINY, write_cyclic_udata, write_truncated, write_untrained_run
+from tests.train.helpers import (
+    TINY,
+    write_cyclic_udata,
+    write_tied_udata,
+    write_truncated,
+    write_untrained_run,
+)
 
 
 def test_the_split_checked_is_the_one_the_trainer_trains_on(tmp_path: Path) -> None:
@@ -103,3 +113,57 @@ def test_data_of_the_recorded_counts_but_other_rows_is_not_measured(tmp_path: Pa
     changed = check_held_out(run, early_seqs, cases)
     assert (changed.share, changed.measured) == (None, False)
     assert changed.unverified.startswith("its rows are not those the run recorded")
+
+
+def test_the_recorded_rows_ordering_users_otherwise_are_not_measured(tmp_path: Path) -> None:
+    # each user's last two events tie on their timestamp; 10 users held their validation item
+    # out, the 30 others trained on it
+    config = TINY.with_(valid_users=10, valid_seed=3)
+    recorded = write_tied_udata(tmp_path / "recorded" / "u.data")
+    seqs = load_sequences("ml-100k", recorded)
+    run = load_trained(write_untrained_run(tmp_path / "run", seqs, config))
+    # the same rows, each user's tied pair in the other file order: the test target is the
+    # item the run validated on, one it trained on for most users
+    swapped = write_tied_udata(tmp_path / "swapped" / "u.data", swapped=True)
+    other = load_sequences("ml-100k", swapped, id_map=seqs.id_map)
+    assert other.fingerprint == seqs.fingerprint
+    cases = leave_one_out(other).test
+    trained_on = trained_targets(training_split(seqs, config), other, cases).mean()
+    assert trained_on == 0.75
+    # the run's split is rebuilt from the recorded file, in its order: measured
+    assert check_held_out(run, other, cases).share == trained_on
+    # the recorded file rewritten in the other order since: rebuilt from it, the run's split
+    # would hold those targets out (a share of 0 on its own data), so it is not measured
+    recorded.write_text(swapped.read_text())
+    now = load_sequences("ml-100k", recorded, id_map=seqs.id_map)
+    for evaluated in (now, other):
+        check = check_held_out(run, evaluated, leave_one_out(evaluated).test)
+        assert (check.same_data, check.share, check.measured) == (evaluated is now, None, False)
+        assert check.unverified.startswith("its rows are those the run recorded, but in a file "
+                                           "order that orders its users' sequences otherwise")
+
+
+def test_a_run_saved_before_it_recorded_its_sequences_is_checked_by_its_rows(
+        tmp_path: Path) -> None:
+    recorded = write_tied_udata(tmp_path / "recorded" / "u.data")
+    seqs = load_sequences("ml-100k", recorded)
+    run = write_untrained_run(tmp_path / "run", seqs)
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset"]["sequence_fingerprint"] == seqs.sequence_fingerprint
+    del config["dataset"]["sequence_fingerprint"]     # as saved before runs recorded it
+    (run / "config.json").write_text(json.dumps(config))
+    old = load_trained(run)
+    assert old.run.dataset.sequence_fingerprint is None
+    assert old.run.dataset.fingerprint == seqs.fingerprint
+    # its rows rewritten in another order cannot be told from its own: measured, as before
+    lines = write_tied_udata(tmp_path / "swapped" / "u.data", swapped=True).read_text()
+    recorded.write_text(lines)
+    now = load_sequences("ml-100k", recorded, id_map=seqs.id_map)
+    assert check_held_out(old, now, leave_one_out(now).test).measured
+    # other rows of its counts still can: users 1 and 2 trade ids
+    recorded.write_text("".join("\t".join([{"1": "2", "2": "1"}.get(user, user), *rest])
+                                for user, *rest in (line.split("\t")
+                                                    for line in lines.splitlines(True))))
+    now = load_sequences("ml-100k", recorded, id_map=seqs.id_map)
+    check = check_held_out(old, now, leave_one_out(now).test)
+    assert check.share is None and check.unverified.startswith("its rows are not those")

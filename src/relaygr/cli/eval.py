@@ -244,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
         elif info.fingerprint not in (None, seqs.fingerprint):
             print(f"note: trained on as many users and interactions as {seqs.source} holds, "
                   "but other rows (their fingerprints differ)")
+        elif info.sequence_fingerprint not in (None, seqs.sequence_fingerprint):
+            print(f"note: trained on the rows {seqs.source} holds, but in a file order that "
+                  "ordered some users' events otherwise (events of one timestamp keep their "
+                  "file order; the sequences' fingerprints differ): its held-out items are "
+                  "not the run's")
         ranker_held = check_held_out(trained, seqs, cases, parse_columns(args.columns))
         started = time.perf_counter()
         stage = stage_from_args(args, trained, seqs)
@@ -327,7 +332,7 @@ def _print_held_out(held: HeldOutCheck, evaluated: str, run: str = "retrieval ru
     if held.share is None:
         print(f"warning: the {run} was trained on {held.source}, {held.unverified}: whether it "
               f"held these targets out is unknown, so {figures} figures are not a verified "
-              "clean test; evaluate where its data can be read")
+              "clean test; evaluate where its data can be read as the run recorded it")
     elif held.share:
         print(f"warning: {held.share:.1%} of these targets are training interactions of the "
               f"{run} (trained on {held.source}, these targets from {evaluated}): {figures} "

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from relaygr.data.fingerprint import table_fingerprint
+from relaygr.data.fingerprint import sequence_fingerprint, table_fingerprint
 from relaygr.data.table import InteractionTable
 from relaygr.errors import CheckpointError, DataFormatError
 
@@ -142,6 +142,15 @@ class UserSequences:
     # the content fingerprint of the table they were built from, as read (before any unknown
     # item was dropped): what a run records of its data (relaygr.data.fingerprint)
     fingerprint: str
+
+    @cached_property
+    def sequence_fingerprint(self) -> str:
+        """The content fingerprint of these sequences, each user's events in its order (items
+        and kept timestamps; ``relaygr.data.fingerprint``): what a run records of its sequences
+        beside its table's ``fingerprint``, since the same rows in another file order can order
+        a user's events otherwise (events of one timestamp keep their file order)."""
+        return sequence_fingerprint(self.user_ids, self.offsets, np.asarray(self.id_map.items),
+                                    self.items, self.timestamps, self.timed)
 
     @property
     def num_users(self) -> int:

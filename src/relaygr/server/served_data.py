@@ -3,14 +3,18 @@
 A checkpoint's id map numbers the items of the data it was trained on; the same integers in
 other data name other items, and the same user ids other users. The run records that data
 (``train.checkpoint.DatasetInfo``: the format it was read as, the file, its users, distinct
-items and events, and the fingerprint of its rows, ``relaygr.data.fingerprint``), so the served
-file is checked against the record, not against the format's name: its counts, then its rows
-(the fingerprint; a run saved before runs recorded one is checked by its counts alone). The
-recorded file, a copy of it elsewhere, the same rows in another order, or the same file read
-under another name of its format (``ratings-dat`` and ``ml-1m`` both read ``ratings.dat``)
-serve; other data, a later export or one of the same counts included, is refused at start-up
-with ``CatalogueMismatchError`` naming both files and the check that failed (what arrives after
-training arrives through ``/v1/events`` and the event log).
+items and events, the fingerprint of its rows and that of its users' sequences,
+``relaygr.data.fingerprint``), so the served file is checked against the record, not against
+the format's name: its counts, then its rows (the fingerprint), then each user's order of its
+events (the sequences' fingerprint: a user's events of one timestamp keep their file order, so
+the same rows in another order can give a user another history than the model was trained on).
+A run saved before runs recorded a fingerprint is checked without it (by its counts alone when
+it records neither). The recorded file, a copy of it elsewhere, the same rows in an order that
+orders every user's events alike, or the same file read under another name of its format
+(``ratings-dat`` and ``ml-1m`` both read ``ratings.dat``) serve; other data, a later export or
+one of the same counts included, and the same rows ordering some user's events otherwise, are
+refused at start-up with ``CatalogueMismatchError`` naming both files and the check that failed
+(what arrives after training arrives through ``/v1/events`` and the event log).
 
 The data it was trained on is then checked as training checks it (``relaygr.data.servable``):
 user ids that are strings or outside 0..2^53-1 (the API's ``user_id``) are a ``ConfigError``,
@@ -67,20 +71,16 @@ def served_dataset(source: ModelSource) -> ModelSource | None:
 def check_served_data(source: ModelSource) -> None:
     """``CatalogueMismatchError`` unless the file ``source`` serves users from holds the data
     its checkpoint was trained on, then the checks of ``relaygr.data.servable`` on its users
-    (the module docstring); nothing for synthetic users. Reads the file, and orders its users'
-    events only for a model that reads time (whose check needs the order), but builds no user:
-    for a start-up that must refuse such data before anything slower (the Ray driver, before it
-    starts a cluster)."""
+    (the module docstring); nothing for synthetic users. Reads the file and orders its users'
+    events (the order is part of the check), but builds no user: for a start-up that must
+    refuse such data before anything slower (the Ray driver, before it starts a cluster)."""
     from relaygr.train import read_run_config
 
     dataset = served_dataset(source)
     if dataset is None:
         return
     assert dataset.checkpoint is not None
-    if read_run_config(dataset.checkpoint).train.use_timestamps:
-        _served_sequences(dataset, timed=True)
-    else:
-        _checked_table(dataset)
+    _served_sequences(dataset, read_run_config(dataset.checkpoint).train.use_timestamps)
 
 
 def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
@@ -107,14 +107,17 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
 
 def _served_sequences(source: ModelSource, timed: bool) -> UserSequences:
     """The users' sequences of ``source.dataset`` in the checkpoint's item ids, once the file
-    is the data it was trained on with user ids the API takes (``_checked_table``) and, when
-    ``timed``, each timed user's timestamps are unix seconds the API takes, in its order
-    (``check_times``; the module docstring)."""
+    is the data it was trained on with user ids the API takes (``_checked_table``), each user's
+    events in the order it was trained on (``check_trained_order``) and, when ``timed``, each
+    timed user's timestamps are unix seconds the API takes, in its order (``check_times``; the
+    module docstring)."""
     from relaygr.data import IdMap, build_sequences, check_times
+    from relaygr.train import read_run_config
     from relaygr.train.checkpoint import ID_MAP_FILE
 
     assert source.checkpoint is not None
     seqs = build_sequences(_checked_table(source), IdMap.load(source.checkpoint / ID_MAP_FILE))
+    check_trained_order(source.checkpoint, read_run_config(source.checkpoint).dataset, seqs)
     if timed:
         check_times(seqs)
     return seqs
@@ -159,6 +162,23 @@ def check_trained_data(checkpoint: Path, info: DatasetInfo, table: InteractionTa
             f"{fingerprint}, the run recorded {info.fingerprint}): not the data it was trained "
             "on, so its ids would name other users and items; serve the data it was trained "
             "on, or --synthetic-users")
+
+
+def check_trained_order(checkpoint: Path, info: DatasetInfo, seqs: UserSequences) -> None:
+    """``CatalogueMismatchError`` unless ``seqs``, built from the rows ``checkpoint`` was
+    trained on (``check_trained_data``), order each user's events as the data it was trained
+    on did, when its run records their fingerprint (``info.sequence_fingerprint``; the module
+    docstring): the same rows in another file order can order a user's events of one timestamp
+    otherwise, a history the model never read."""
+    if info.sequence_fingerprint in (None, seqs.sequence_fingerprint):
+        return      # None: a run saved before runs recorded it; its rows were checked
+    raise CatalogueMismatchError(
+        f"{seqs.source} holds the rows {checkpoint} was trained on ({info.name!r} read from "
+        f"{info.source}), but in a file order that orders its users' events otherwise (a "
+        "user's events of one timestamp, or without timestamps, keep their file order; "
+        f"sequence fingerprint {seqs.sequence_fingerprint}, the run recorded "
+        f"{info.sequence_fingerprint}): its users' histories are not those the model was "
+        "trained on; serve the file it was trained on, in its order, or --synthetic-users")
 
 
 def _counts(counts: tuple[int, int, int]) -> str:

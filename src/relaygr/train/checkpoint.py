@@ -46,8 +46,10 @@ STATE_FILE, PROGRESS_FILE = "last/state.safetensors", "last/progress.json"
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a model was trained on (checked when its users are served, or it is evaluated on a
-    dataset again): the format the data was read as, the file, its counts, and the content
-    fingerprint of its rows (``relaygr.data.fingerprint``)."""
+    dataset again): the format the data was read as, the file, its counts, the content
+    fingerprint of its rows, and that of the user sequences built from them, each user's events
+    in its order (``relaygr.data.fingerprint``: the same rows in another file order can order
+    a user's events otherwise, hence another split and other histories)."""
 
     name: str
     source: str
@@ -56,11 +58,14 @@ class DatasetInfo:
     num_events: int
     # None: a run saved before runs recorded one; its data is then checked by the counts alone
     fingerprint: str | None = None
+    # None: a run saved before runs recorded it; its data is then checked by the counts and the
+    # rows' fingerprint alone, whatever order the file gives a user's events of one timestamp
+    sequence_fingerprint: str | None = None
 
     @classmethod
     def of(cls, name: str, seqs: UserSequences) -> DatasetInfo:
         return cls(name, seqs.source, seqs.num_users, seqs.num_items, seqs.num_events,
-                   seqs.fingerprint)
+                   seqs.fingerprint, seqs.sequence_fingerprint)
 
 
 @dataclass(frozen=True)

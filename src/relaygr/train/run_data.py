@@ -12,9 +12,13 @@ same user (the dataset's user id; ids of another kind, strings against integers,
 A target counts as trained on when the run saw that item more often than the evaluated history
 holds it: a repeat of an item the history already holds is no leak, and on its own data a run
 never trains on a target (``share`` 0). Data that cannot be
-read, or that no longer holds what the run recorded (its users and events, and its rows when the
-run records their fingerprint, ``DatasetInfo.fingerprint``), is not measured (``share`` None,
-with the reason): the caller must say so, never report the figures as a clean test.
+read, or that no longer holds what the run recorded (its users and events, its rows when the
+run records their fingerprint, ``DatasetInfo.fingerprint``, and its users' sequences when it
+records theirs, ``DatasetInfo.sequence_fingerprint``), is not measured (``share`` None, with the
+reason): the caller must say so, never report the figures as a clean test. The same rows in
+another file order are such data where the order orders a user's events otherwise (events of
+one timestamp keep their file order): the split rebuilt from them would hold out other items
+than the run did, and a target reported as held out could be one the run trained on.
 """
 
 from __future__ import annotations
@@ -84,6 +88,14 @@ def check_held_out(run: TrainedModel, seqs: UserSequences, cases: EvalCases,
         return HeldOutCheck(info.source, same, None,
                             f"its rows are not those the run recorded (fingerprint "
                             f"{trained.fingerprint}, recorded {info.fingerprint})")
+    if info.sequence_fingerprint not in (None, trained.sequence_fingerprint):
+        return HeldOutCheck(info.source, same, None,
+                            "its rows are those the run recorded, but in a file order that "
+                            "orders its users' sequences otherwise (a user's events of one "
+                            "timestamp, or without timestamps, keep their file order), so the "
+                            "run's split cannot be rebuilt from it "
+                            f"(sequence fingerprint {trained.sequence_fingerprint}, recorded "
+                            f"{info.sequence_fingerprint})")
     held = trained_targets(training_split(trained, run.run.train), seqs, cases)
     return HeldOutCheck(info.source, same, float(held.mean()) if len(cases) else 0.0)
 

@@ -179,10 +179,7 @@ class Trainer:
     def _start(self, resume: bool) -> TrainProgress:
         if resume:
             saved = read_run_config(self.run_dir)
-            if saved.dataset.fingerprint is None:
-                # saved before runs recorded one: its earlier sessions' rows are not known, so
-                # the run goes on recording its data by the counts alone
-                self.run = replace(self.run, dataset=replace(self.run.dataset, fingerprint=None))
+            self.run = replace(self.run, dataset=_as_recorded(self.run.dataset, saved.dataset))
             if _resumable(saved) != _resumable(self.run):
                 raise CheckpointError(f"{self.run_dir} was trained with a different config, "
                                       "dataset or seed; resume with the same arguments (only "
@@ -323,6 +320,17 @@ def cosine_factor(step: int, total_steps: int, min_ratio: float) -> float:
     """Cosine decay from 1 at step 0 to ``min_ratio`` at ``total_steps`` (and after)."""
     done = min(1.0, step / total_steps)
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def _as_recorded(dataset: DatasetInfo, saved: DatasetInfo) -> DatasetInfo:
+    """``dataset`` without the fingerprints ``saved`` (the run's record, saved before runs
+    recorded them) lacks: its earlier sessions' rows or sequences are not known, so the run goes
+    on recording its data without them (by the counts alone when it has neither)."""
+    if saved.fingerprint is None:
+        dataset = replace(dataset, fingerprint=None)
+    if saved.sequence_fingerprint is None:
+        dataset = replace(dataset, sequence_fingerprint=None)
+    return dataset
 
 
 def _resumable(run: RunConfig) -> RunConfig:
