@@ -74,3 +74,59 @@ def test_the_kserve_routes_document_the_errors_they_answer() -> None:
             "schema"]["$ref"].endswith("/ErrorResponse"), path
     assert "503" in paths["/v2/models/{name}/ready"]["get"]["responses"]
     assert "503" in paths["/v2/health/ready"]["get"]["responses"]
+
+
+def _tensor(name: str, data: list[object], shape: list[object] | None = None) -> dict[str, object]:
+    return {"name": name, "shape": [len(data)] if shape is None else shape, "datatype": "INT64",
+            "data": data}
+
+
+def test_kserve_tensors_accept_exactly_what_v1_accepts() -> None:
+    """A tensor holds /v1's id types: ``true`` and ``"3"`` are refused with /v1's 422 (lax
+    parsing read them as user 1 or item 3 and ranked them), an integral float is an id, and a
+    refused request ranks nothing."""
+    service = make_service()
+    infer = f"/v2/models/{service.model_info.name}/infer"
+    refused = {   # what each tensor holds -> the /v1/rank body with the same value
+        "user true": ([_tensor("user_id", [True]), _tensor("candidates", [5])],
+                      {"user_id": True, "candidates": [5]}),
+        "user string": ([_tensor("user_id", ["3"]), _tensor("candidates", [5])],
+                        {"user_id": "3", "candidates": [5]}),
+        "item true": ([_tensor("user_id", [3]), _tensor("candidates", [5, True])],
+                      {"user_id": 3, "candidates": [5, True]}),
+        "item string": ([_tensor("user_id", [3]), _tensor("candidates", ["5"])],
+                        {"user_id": 3, "candidates": ["5"]}),
+        "item fraction": ([_tensor("user_id", [3]), _tensor("candidates", [5.5])],
+                          {"user_id": 3, "candidates": [5.5]}),
+        "shape string": ([_tensor("user_id", [3], shape=["1"]), _tensor("candidates", [5])],
+                         None),
+        "shape true": ([_tensor("user_id", [3], shape=[True]), _tensor("candidates", [5])],
+                       None),
+    }
+
+    Answers = dict[str, tuple[httpx.Response, httpx.Response | None]]
+
+    async def body(client: httpx.AsyncClient) -> tuple[Answers, bool, list[httpx.Response]]:
+        before = await service.fingerprint()
+        answers: Answers = {}
+        for case, (inputs, v1) in refused.items():
+            kserve = await client.post(infer, json={"inputs": inputs})
+            answers[case] = (kserve, None if v1 is None else await client.post("/v1/rank",
+                                                                               json=v1))
+        unchanged = before == await service.fingerprint()
+        accepted = [await client.post(infer, json={"inputs": [
+                        _tensor("user_id", [3.0], shape=[1.0]), _tensor("candidates", [5.0, 9])]}),
+                    await client.post(infer, json={"inputs": [
+                        _tensor("user_id", [3]), _tensor("candidates", [5, 9])]})]
+        return answers, unchanged, accepted
+
+    answers, unchanged, (floats, ints) = run_with_client(service, body)
+    for case, (kserve, v1) in answers.items():
+        assert kserve.status_code == 422, (case, kserve.text)
+        assert kserve.json()["error"] == "RequestValidationError", (case, kserve.text)
+        assert "expected an integer" in kserve.json()["detail"], (case, kserve.text)
+        if v1 is not None:
+            assert v1.status_code == 422 and v1.json()["error"] == "RequestValidationError"
+    assert unchanged
+    assert floats.status_code == 200, floats.text
+    assert floats.json()["outputs"][0]["data"] == ints.json()["outputs"][0]["data"] == [5, 9]

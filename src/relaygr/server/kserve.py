@@ -6,25 +6,32 @@ carries tensors by name: ``user_id`` (INT64, shape [1]) and, optionally, ``candi
 shape [N], the dataset's item ids): with candidates it ranks them (as ``/v1/rank``), without it
 runs the whole cascade (as ``/v1/recommend``). The answer holds ``candidates`` (INT64) and
 ``scores`` (FP32). It goes through the same ``RelayService`` operations, so admission,
-validation, id translation and metrics are the same as on ``/v1``.
+validation, id translation and metrics are the same as on ``/v1``; its bodies are ``/v1``'s kind
+(``StrictBody``) and its tensors hold ``/v1``'s id types, so a tensor accepts exactly what the
+``/v1`` field it stands for accepts (``true`` and ``"3"`` are not ids; ``3.0`` is), refused with
+the same 422.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from relaygr.errors import InvalidInputError
 from relaygr.server.config import ModelInfo
 from relaygr.server.schemas import (
     ERROR_RESPONSES,
     ErrorResponse,
+    ItemIds,
+    Length,
     RankRequest,
     RecommendRequest,
     RecommendResponse,
+    StrictBody,
+    UserId,
 )
 from relaygr.server.service import RelayService
 
@@ -35,17 +42,32 @@ class UnknownModelError(InvalidInputError):
     """A ``/v2/models/{name}`` path names a model this server does not serve."""
 
 
-class TensorIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+Shape = Annotated[list[Length], Field(min_length=1, max_length=1)]
 
-    name: str
-    shape: Annotated[list[int], Field(min_length=1, max_length=1)]
+
+class UserIdTensor(StrictBody):
+    """The ``user_id`` input: one id, as ``/v1``'s ``user_id``."""
+
+    name: Literal["user_id"]
+    shape: Shape
     datatype: str
-    data: list[int]
+    data: Annotated[list[UserId], Field(min_length=1, max_length=1)]
 
 
-class InferRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class CandidatesTensor(StrictBody):
+    """The ``candidates`` input: item ids, as ``/v1/rank``'s ``candidates``."""
+
+    name: Literal["candidates"]
+    shape: Shape
+    datatype: str
+    data: ItemIds
+
+
+TensorIn = Annotated[UserIdTensor | CandidatesTensor, Field(discriminator="name")]
+
+
+class InferRequest(StrictBody):
+    """An inference request: ``user_id`` and optionally ``candidates``, each once."""
 
     id: str | None = None
     inputs: Annotated[list[TensorIn], Field(min_length=1, max_length=2)]
@@ -70,15 +92,15 @@ class InferResponse(BaseModel):
 def _inputs(request: InferRequest) -> dict[str, list[int]]:
     by_name: dict[str, list[int]] = {}
     for tensor in request.inputs:
-        if tensor.name not in ("user_id", "candidates") or tensor.name in by_name:
-            raise InvalidInputError(f"unexpected or repeated input {tensor.name!r}: expected "
-                                    "user_id and optionally candidates")
+        if tensor.name in by_name:
+            raise InvalidInputError(f"repeated input {tensor.name!r}: expected user_id and "
+                                    "optionally candidates")
         if tensor.datatype != "INT64" or tensor.shape[0] != len(tensor.data):
             raise InvalidInputError(f"input {tensor.name!r} must be INT64 with shape "
                                     f"[{len(tensor.data)}]")
         by_name[tensor.name] = tensor.data
-    if len(by_name.get("user_id", [])) != 1:
-        raise InvalidInputError("input user_id must hold exactly one id")
+    if "user_id" not in by_name:
+        raise InvalidInputError("input user_id is missing: it must hold exactly one id")
     return by_name
 
 
@@ -134,12 +156,10 @@ def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) 
         check(name)
         given = _inputs(body)
         user = given["user_id"][0]
-        try:   # the /v1 bodies' own bounds (ids, list lengths) apply to the tensors too
-            request: RankRequest | RecommendRequest = (
-                RankRequest(user_id=user, candidates=given["candidates"])
-                if "candidates" in given else RecommendRequest(user_id=user))
-        except ValidationError as exc:
-            raise InvalidInputError(f"invalid inputs: {exc.errors()[0]['msg']}") from None
+        # the tensors were validated as these fields' types, so the bodies are valid
+        request: RankRequest | RecommendRequest = (
+            RankRequest(user_id=user, candidates=given["candidates"])
+            if "candidates" in given else RecommendRequest(user_id=user))
         answer: RecommendResponse = (await service.rank(request)
                                      if isinstance(request, RankRequest)
                                      else await service.recommend(request))

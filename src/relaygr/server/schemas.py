@@ -40,15 +40,20 @@ ItemId = Annotated[int, Field(ge=1, le=MAX_JSON_INT, description="item id (1..nu
                    _INTEGER]
 Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds"), _INTEGER]
 Count = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS), _INTEGER]
+Length = Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS), _INTEGER]
 ItemList = Annotated[list[ItemId], Field(max_length=MAX_LIST_ITEMS)]
+ItemIds = Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
 TimestampList = Annotated[list[Timestamp], Field(max_length=MAX_LIST_ITEMS)]
 
 
-class _Request(BaseModel):
+class StrictBody(BaseModel):
+    """A request body: strict (the types above are the only coercions), closed, frozen. Every
+    API's bodies derive from it, KServe's included (``server.kserve``)."""
+
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class VisitFields(_Request):
+class VisitFields(StrictBody):
     """A user's visit: behaviours since their last visit (the ranking suffix) and the time."""
 
     user_id: UserId
@@ -70,22 +75,22 @@ class RankRequest(VisitFields):
     """``POST /v1/rank``: rank these candidates (after a ``/v1/prefill`` when the caller runs
     its own earlier stages); the visit's recent items are appended to the history after."""
 
-    candidates: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
+    candidates: ItemIds
 
 
-class PrefillRequest(_Request):
+class PrefillRequest(StrictBody):
     """``POST /v1/prefill``: the pre-infer signal for a user whose ranking request follows."""
 
     user_id: UserId
-    suffix_tokens: Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS), _INTEGER] = 0
+    suffix_tokens: Length = 0
     num_candidates: Count | None = None
 
 
-class EventsRequest(_Request):
+class EventsRequest(StrictBody):
     """``POST /v1/events``: append behaviour events to a user's history (creating the user)."""
 
     user_id: UserId
-    items: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
+    items: ItemIds
     timestamps: TimestampList | None = None
 
 
