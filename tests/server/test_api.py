@@ -152,7 +152,8 @@ def test_health_readiness_and_openapi() -> None:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json() == {"ready": True, "draining": False, "healthy_instances": 2,
-                                "instances": 2, "history_store": True, "unhealthy": {}}
+                                "instances": 2, "history_store": True,
+                                "history_store_error": None, "unhealthy": {}}
         await service.backend.system.fail_instance("rank-1")   # type: ignore[attr-defined]
         ready = await client.get("/readyz")
         assert ready.json()["healthy_instances"] == 1

@@ -88,6 +88,7 @@ def test_a_store_out_of_reach_answers_503_and_the_server_keeps_serving(tmp_path:
         assert (await client.get("/healthz")).status_code == 200
         ready = await client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["history_store"] is False
+        assert server.url in ready.json()["history_store_error"]
 
     run_with_client(service, body)
 

@@ -286,12 +286,15 @@ class RedisHistoryStore(HistoryStore):
             expected = event_hash_sums(history.items, history.timestamps, 0, 0)
             assert np.array_equal(_ints(raw, "<u8"), expected), f"user {user_id}'s sums"
 
-    def reachable(self) -> bool:
-        """Whether the server answers a PING now (within the client's timeout)."""
+    def unavailable(self) -> str | None:
+        """None when the server answers a PING now (within the client's timeout)."""
         try:
-            return bool(self._client.ping())
-        except redis.RedisError:
-            return False
+            if self._client.ping():
+                return None
+        except redis.RedisError as exc:
+            return (f"the history store at {self.location} does not answer: "
+                    f"{type(exc).__name__}: {exc}")
+        return f"the history store at {self.location} does not answer a PING"
 
     def close(self) -> None:
         """Close the client's connections (a later call opens new ones)."""

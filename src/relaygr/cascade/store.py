@@ -97,8 +97,17 @@ class HistoryStore(ABC):
         """How many events the user has now."""
 
     def reachable(self) -> bool:
-        """Whether the store answers now (readiness); a store in this process always does."""
-        return True
+        """Whether the store answers now (readiness): ``unavailable()`` is None."""
+        return self.unavailable() is None
+
+    def unavailable(self) -> str | None:
+        """Why the store cannot serve now (what ``/readyz`` reports), or None when it can; a
+        store in this process can, unless its event log refused its last write."""
+        return None
+
+    def log_write_failures(self) -> int:
+        """Appends the store's event log refused since it was opened (0 without a log)."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 (a store with nothing to let go keeps this)
         """Let go of what the store holds outside its memory (a file, connections)."""
@@ -263,6 +272,14 @@ class InMemoryHistoryStore(HistoryStore):
             raise
         self._events = events
         return replayed
+
+    def unavailable(self) -> str | None:
+        """The event log's refusal while its last write was refused (``EventLog.unavailable``:
+        until a write, or its probe, succeeds); None without a log."""
+        return None if self._events is None else self._events.unavailable()
+
+    def log_write_failures(self) -> int:
+        return 0 if self._events is None else self._events.refused_appends
 
     def base_digest(self) -> str:
         """A digest of every user's history (id, length, event hash sum, timed or not): what

@@ -13,7 +13,7 @@ Two kinds:
   failovers (and those whose instance raised), instances taken out by their circuit breaker, and
   pre-infer signals lost with their instance; history windows: slides (a user's
   window moved, so its cache is computed afresh) and requests ranked from a window that no
-  longer starts at the first event.
+  longer starts at the first event; appends the history store's event log refused.
 """
 
 from __future__ import annotations
@@ -147,6 +147,18 @@ class SnapshotCollector(Collector):
         yield from (slides, windowed)
 
 
+class ReadCounter(Collector):
+    """One counter without labels whose value is read at scrape time (kept by its owner)."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], int]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._documentation)
+        family.add_metric([], self._read())
+        yield family
+
+
 def _events(counts: dict[str, int]) -> dict[str, int]:
     """``counts`` without its byte totals (``*_bytes``): what a counter of events holds."""
     return {k: v for k, v in counts.items() if not k.endswith("_bytes")}
@@ -155,7 +167,9 @@ def _events(counts: dict[str, int]) -> dict[str, int]:
 class ServerMetrics:
     """The server's registry: per-request observations plus the snapshot collector."""
 
-    def __init__(self, snapshot: Callable[[], ServingSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], ServingSnapshot],
+                 log_write_failures: Callable[[], int] = lambda: 0) -> None:
+        """``log_write_failures``: the history store's (``HistoryStore.log_write_failures``)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("relaygr_http_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
@@ -168,6 +182,10 @@ class ServerMetrics:
             "relaygr_ranking_seconds", "Ranking latency (due to scores) by path", ["path"],
             buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.registry.register(SnapshotCollector(snapshot))
+        self.registry.register(ReadCounter(
+            "relaygr_event_log_write_failures", "Appends the event log refused (SQLite locked "
+            "past its busy timeout, a full disk): nothing appended, the request answered 503",
+            log_write_failures))
         self.in_flight = Gauge("relaygr_in_flight", "Requests admitted and not yet answered",
                                registry=self.registry)
         self._model_info = Gauge("relaygr_model_info", "The served model (value 1)",

@@ -168,6 +168,8 @@ class ReadyResponse(BaseModel):
     healthy_instances: int
     instances: int
     history_store: bool       # the history store answers (a shared one can be out of reach)
+    # why it does not (a shared store out of reach; the event log refused its last write)
+    history_store_error: str | None = None
     # instance -> why it is not healthy ("down" where no more is known; a circuit breaker's
     # reason names the errors that opened it)
     unhealthy: dict[str, str] = Field(default_factory=dict)

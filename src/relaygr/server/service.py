@@ -62,7 +62,7 @@ class RelayService:
         self.model_info = model_info or ModelInfo("relaygr", __version__, "unknown")
         self.validator = RequestValidator(backend.model_config, backend.system_config,
                                           self.config, backend.store, timed)
-        self.metrics = ServerMetrics(backend.snapshot)
+        self.metrics = ServerMetrics(backend.snapshot, backend.store.log_write_failures)
         self.metrics.describe_model(self.model_info.name, self.model_info.version,
                                     self.model_info.digest)
         self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
@@ -91,11 +91,13 @@ class RelayService:
         instances = self.backend.snapshot().instances
         unhealthy = {i.name: i.unhealthy_reason or "down" for i in instances if not i.healthy}
         healthy = sum(1 for i in instances if i.healthy)
-        store = self.backend.store.reachable()
+        store_error = self.backend.store.unavailable()
+        store = store_error is None
         ready = self.lifecycle.started and not self.admission.draining and healthy > 0 and store
         return ReadyResponse(ready=ready, draining=self.admission.draining,
                              healthy_instances=healthy, instances=len(instances),
-                             history_store=store, unhealthy=unhealthy)
+                             history_store=store, history_store_error=store_error,
+                             unhealthy=unhealthy)
 
     async def fingerprint(self) -> StateFingerprint:
         """The state a request could change, once background work has settled."""

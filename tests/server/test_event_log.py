@@ -1,0 +1,79 @@
+"""The event log behind the HTTP API: a write SQLite refuses is a short 503 that stalls nobody
+else, counted, and makes the server not ready until a write succeeds again."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from relaygr.server import ServerConfig, build_embedded
+from relaygr.server.build import load_model
+from tests.engine.helpers import flops_cost_model
+from tests.server.helpers import SOURCE, run_with_client, system_config
+
+T0 = 1_900_000_000          # after every synthetic event
+# Far above the log's busy timeout (eventlog.APPEND_BUSY_TIMEOUT_S) and a loaded box's
+# scheduling, far below SQLite's default of 5 s.
+STALL_LIMIT_S = 2.0
+
+
+def _failures(metrics: str) -> float:
+    line = next(x for x in metrics.splitlines()
+                if x.startswith("relaygr_event_log_write_failures_total "))
+    return float(line.split()[1])
+
+
+def test_a_refused_log_write_is_a_short_503_and_the_server_not_ready_until_one_succeeds(
+        tmp_path: Path) -> None:
+    path = tmp_path / "events.sqlite"
+    source = replace(SOURCE, events=path)
+    service = build_embedded(source, system_config(), ServerConfig(),
+                             flops_cost_model(load_model(source).cfg))
+    store = service.backend.store
+
+    def events(item: int, t: int) -> dict[str, object]:
+        return {"user_id": 1, "items": [item], "timestamps": [t]}
+
+    async def body(client: httpx.AsyncClient) -> None:
+        assert (await client.post("/v1/events", json=events(5, T0))).status_code == 200
+        before = store.get(1)
+        blocker = sqlite3.connect(path, timeout=0, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")      # another program holds the write lock
+
+        async def health(due: float) -> float:  # due while the append waits on the lock
+            await asyncio.sleep(due - time.perf_counter())
+            assert (await client.get("/healthz")).status_code == 200
+            return time.perf_counter() - due    # from when it was due: the loop's stall too
+
+        start = time.perf_counter()
+        health_s, refused = await asyncio.gather(
+            health(start + 0.05), client.post("/v1/events", json=events(6, T0 + 1)))
+        refused_s = time.perf_counter() - start
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] == "HistoryStoreUnavailableError"
+        assert refused.headers["Retry-After"] == "1"
+        assert refused_s < STALL_LIMIT_S and health_s < STALL_LIMIT_S, (refused_s, health_s)
+        after = store.get(1)                    # nothing of the refused append is held
+        assert after.items.tolist() == before.items.tolist()
+        assert after.version == before.version
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["history_store"] is False
+        assert str(path) in ready.json()["history_store_error"]
+        assert _failures((await client.get("/metrics")).text) == 1.0
+        assert (await client.get("/readyz")).status_code == 503      # its probe refused too
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        ready = await client.get("/readyz")     # the probe write succeeds: ready, no traffic
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["history_store_error"] is None
+        again = await client.post("/v1/events", json=events(6, T0 + 1))   # the retry
+        assert again.status_code == 200 and again.json()["num_events"] == before.num_events + 1
+        assert _failures((await client.get("/metrics")).text) == 1.0  # probes are not counted
+
+    run_with_client(service, body)
