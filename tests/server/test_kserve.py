@@ -5,7 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from relaygr.server.app import ENDPOINTS, create_app
 from tests.server.helpers import make_service, run_with_client
+from tests.server.test_api import samples
 from tests.tolerance import SCORE_TOL
 
 
@@ -130,3 +132,48 @@ def test_kserve_tensors_accept_exactly_what_v1_accepts() -> None:
     assert unchanged
     assert floats.status_code == 200, floats.text
     assert floats.json()["outputs"][0]["data"] == ints.json()["outputs"][0]["data"] == [5, 9]
+
+
+def test_kserve_requests_are_counted_and_timed_under_kserve_labels() -> None:
+    """KServe's requests are counted by route template (never ``other``, never a model's name)
+    and their latencies observed under KServe's own endpoint labels, not /v1's: per-endpoint
+    error rates and latencies come out of /metrics."""
+    service = make_service()
+    name = service.model_info.name
+    infer = f"/v2/models/{name}/infer"
+
+    async def body(client: httpx.AsyncClient) -> str:
+        ranked = {"inputs": [_tensor("user_id", [3]), _tensor("candidates", [5, 9])]}
+        assert (await client.post(infer, json=ranked)).status_code == 200
+        cascade = {"inputs": [_tensor("user_id", [4])]}
+        assert (await client.post(infer, json=cascade)).status_code == 200
+        refused = {"inputs": [{**_tensor("user_id", [4]), "datatype": "FP32"}]}
+        assert (await client.post(infer, json=refused)).status_code == 422
+        assert (await client.post("/v2/models/another/infer", json=ranked)).status_code == 404
+        assert (await client.get(f"/v2/models/{name}/ready")).status_code == 200
+        assert (await client.get("/v2/health/live")).status_code == 200
+        return (await client.get("/metrics")).text
+
+    got = samples(run_with_client(service, body))
+    requests: dict[str, dict[str, float]] = {}
+    for (metric, labels), value in got.items():
+        if metric == "relaygr_http_requests_total":
+            where = dict(labels)
+            requests.setdefault(where["endpoint"], {})[where["status"]] = value
+    assert requests == {"/v2/models/{name}/infer": {"200": 2.0, "422": 1.0, "404": 1.0},
+                        "/v2/models/{name}/ready": {"200": 1.0},
+                        "/v2/health/live": {"200": 1.0}}
+    timed = {(dict(labels)["endpoint"], dict(labels)["stage"]): value
+             for (metric, labels), value in got.items() if metric == "relaygr_stage_seconds_count"}
+    assert timed == {("kserve_rank", "ranking"): 1.0, ("kserve_rank", "request"): 1.0,
+                     ("kserve_recommend", "earlier_stages"): 1.0,
+                     ("kserve_recommend", "retrieval"): 1.0,
+                     ("kserve_recommend", "ranking"): 1.0, ("kserve_recommend", "request"): 1.0}
+
+
+def test_every_route_has_its_own_request_label() -> None:
+    """The counter's labels are the routes' declared paths (the documentation's aside)."""
+    app = create_app(make_service())
+    served = {getattr(route, "path", "") for route in app.routes}
+    docs = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    assert served - docs == ENDPOINTS

@@ -34,7 +34,7 @@ from relaygr.errors import (
     OverloadedError,
     UnknownUserError,
 )
-from relaygr.server.kserve import install_kserve_routes
+from relaygr.server.kserve import KSERVE_ENDPOINTS, install_kserve_routes
 from relaygr.server.middleware import BodyLimit, StatusCounter
 from relaygr.server.schemas import (
     ERROR_RESPONSES,
@@ -51,8 +51,10 @@ from relaygr.server.schemas import (
 )
 from relaygr.server.service import RelayService
 
+# The request counter's endpoint labels: every route's path, templates as declared (one label
+# for every model name); any other path is counted as ``other``.
 ENDPOINTS = frozenset({"/v1/recommend", "/v1/prefill", "/v1/rank", "/v1/events", "/healthz",
-                       "/readyz", "/metrics"})
+                       "/readyz", "/metrics"}) | KSERVE_ENDPOINTS
 RECOMMEND_DELAY_NOTE = (
     "Retrieval and pre-processing stand for other fleets: unless a trained retrieval stage "
     "serves (`relaygr serve --retrieval-run`), the request waits until the configured "

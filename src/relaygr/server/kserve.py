@@ -6,10 +6,11 @@ carries tensors by name: ``user_id`` (INT64, shape [1]) and, optionally, ``candi
 shape [N], the dataset's item ids): with candidates it ranks them (as ``/v1/rank``), without it
 runs the whole cascade (as ``/v1/recommend``). The answer holds ``candidates`` (INT64) and
 ``scores`` (FP32). It goes through the same ``RelayService`` operations, so admission,
-validation, id translation and metrics are the same as on ``/v1``; its bodies are ``/v1``'s kind
-(``StrictBody``) and its tensors hold ``/v1``'s id types, so a tensor accepts exactly what the
-``/v1`` field it stands for accepts (``true`` and ``"3"`` are not ids; ``3.0`` is), refused with
-the same 422.
+validation, id translation and metrics are the same as on ``/v1`` (counted and timed under
+KServe's own labels: the route's template, ``kserve_rank`` and ``kserve_recommend``); its
+bodies are ``/v1``'s kind (``StrictBody``) and its tensors hold ``/v1``'s id types, so a tensor
+accepts exactly what the ``/v1`` field it stands for accepts (``true`` and ``"3"`` are not ids;
+``3.0`` is), refused with the same 422.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from relaygr.server.schemas import (
 from relaygr.server.service import RelayService
 
 PLATFORM = "relaygr-hstu"
+# The routes, as the request counter labels them (``app.ENDPOINTS``: templates, never a name).
+INFER_PATH = "/v2/models/{name}/infer"
+KSERVE_ENDPOINTS = frozenset({"/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
+                              "/v2/models/{name}/ready", INFER_PATH})
 
 
 class UnknownModelError(InvalidInputError):
@@ -150,7 +155,7 @@ def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) 
         check(name)
         return ready_body()
 
-    @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=ERROR_RESPONSES,
+    @app.post(INFER_PATH, response_model=InferResponse, responses=ERROR_RESPONSES,
               summary="KServe v2: rank candidates for a user, or run the whole cascade")
     async def infer(name: str, body: InferRequest) -> InferResponse:
         check(name)
@@ -160,9 +165,9 @@ def install_kserve_routes(app: FastAPI, service: RelayService, info: ModelInfo) 
         request: RankRequest | RecommendRequest = (
             RankRequest(user_id=user, candidates=given["candidates"])
             if "candidates" in given else RecommendRequest(user_id=user))
-        answer: RecommendResponse = (await service.rank(request)
+        answer: RecommendResponse = (await service.rank(request, "kserve_rank")
                                      if isinstance(request, RankRequest)
-                                     else await service.recommend(request))
+                                     else await service.recommend(request, "kserve_recommend"))
         n = len(answer.candidates)
         return InferResponse(model_name=info.name, model_version=info.version, id=body.id,
                              outputs=[TensorOut(name="candidates", shape=[n], datatype="INT64",

@@ -27,6 +27,11 @@ from prometheus_client.registry import Collector
 from relaygr.cascade.request_path import Recommendation
 from relaygr.server.snapshot import ServingSnapshot
 
+# The ``endpoint`` label of the stage latencies: the ranking operations by the API that asked
+# (``/v1/recommend``, ``/v1/rank``, and KServe's infer with or without candidates). A fixed set,
+# so that the label set stays bounded.
+STAGE_ENDPOINTS = frozenset({"recommend", "rank", "kserve_recommend", "kserve_rank"})
+
 # Seconds: 1 ms to 10 s, denser where ranking SLOs sit (tens to hundreds of ms).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                      0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -195,12 +200,13 @@ class ServerMetrics:
         self._model_info.labels(name, version, digest).set(1)
 
     def observe(self, endpoint: str, rec: Recommendation, start_s: float, end_s: float) -> None:
-        """Record one answered ranking request (times are ``time.perf_counter()`` seconds)."""
+        """Record one answered ranking request under ``endpoint`` (one of ``STAGE_ENDPOINTS``;
+        times are ``time.perf_counter()`` seconds); the earlier stages where they ran."""
+        assert endpoint in STAGE_ENDPOINTS, f"stage endpoint {endpoint!r} is not a label"
         ranking_s = rec.ranking_done_s - rec.ranking_due_s
-        if endpoint == "recommend":
+        if rec.stages is not None:     # the whole cascade ran: retrieval and pre-processing
             self.stage_seconds.labels(endpoint, "earlier_stages").observe(
                 max(0.0, rec.ranking_due_s - start_s))
-        if rec.stages is not None:
             self.stage_seconds.labels(endpoint, "retrieval").observe(rec.stages.retrieval_s)
         self.stage_seconds.labels(endpoint, "ranking").observe(ranking_s)
         self.stage_seconds.labels(endpoint, "request").observe(end_s - start_s)

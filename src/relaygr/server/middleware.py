@@ -2,8 +2,10 @@
 
 ``BodyLimit`` reads the body before the app sees it and answers 413 as soon as it grows past the
 limit (or when ``Content-Length`` already says so), so an oversize body is never parsed and never
-reaches a handler. ``StatusCounter`` counts every response by endpoint and status code; paths the
-API does not define are counted under ``other`` so a scan cannot grow the label set.
+reaches a handler. ``StatusCounter`` counts every response by endpoint and status code: the
+endpoint is the route's path as declared, a template for a route with parameters
+(``/v2/models/{name}/infer`` whatever the name), and paths the API does not define are counted
+under ``other``, so neither a scan nor a client's names can grow the label set.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.routing import compile_path
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -75,20 +79,27 @@ class BodyLimit:
 
 
 class StatusCounter:
-    """Calls ``count(endpoint, status)`` once per HTTP response."""
+    """Calls ``count(endpoint, status)`` once per HTTP response; ``endpoints`` are the routes'
+    paths (templates such as ``/v2/models/{name}`` match any one path segment there)."""
 
     def __init__(self, app: ASGIApp, count: Callable[[str, int], None],
                  endpoints: frozenset[str]) -> None:
         self.app = app
         self.count = count
-        self.endpoints = endpoints
+        self.endpoints = frozenset(e for e in endpoints if "{" not in e)
+        self.templates = [(compile_path(e)[0], e) for e in sorted(endpoints) if "{" in e]
+
+    def endpoint_of(self, path: str) -> str:
+        """The label of ``path``: itself, the template it matches, or ``other``."""
+        if path in self.endpoints:
+            return path
+        return next((t for regex, t in self.templates if regex.match(path)), "other")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        endpoint = path if path in self.endpoints else "other"
+        endpoint = self.endpoint_of(scope.get("path", ""))
 
         started = False
 

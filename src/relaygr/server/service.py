@@ -105,16 +105,20 @@ class RelayService:
         return StateFingerprint.of(self.backend.store, self.backend.snapshot())
 
     # ---- operations --------------------------------------------------------------------------
-    async def recommend(self, request: RecommendRequest) -> RecommendResponse:
+    async def recommend(self, request: RecommendRequest,
+                        endpoint: str = "recommend") -> RecommendResponse:
+        """The whole cascade; its latencies observed under ``endpoint`` (the API that asked,
+        ``metrics.STAGE_ENDPOINTS``)."""
         start = time.perf_counter()
         request = self._dense_visit(request)
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.num_candidates(request.num_candidates)
             rec = await self.backend.recommend(_visit(request, request.num_candidates))
-        return self._answer("recommend", request.user_id, rec, start)
+        return self._answer(endpoint, request.user_id, rec, start, best_first=True)
 
-    async def rank(self, request: RankRequest) -> RecommendResponse:
+    async def rank(self, request: RankRequest, endpoint: str = "rank") -> RecommendResponse:
+        """Rank the given candidates (in their order); latencies observed under ``endpoint``."""
         start = time.perf_counter()
         if self.catalog.translates:
             request = self._dense_visit(request).model_copy(
@@ -124,7 +128,7 @@ class RelayService:
             self.validator.candidates(request.candidates)
             candidates = torch.tensor(request.candidates, dtype=torch.int64)
             rec = await self.backend.rank(_visit(request, len(request.candidates)), candidates)
-        return self._answer("rank", request.user_id, rec, start)
+        return self._answer(endpoint, request.user_id, rec, start, best_first=False)
 
     async def prefill(self, request: PrefillRequest) -> PreinferOut:
         async with self.admission.admit():
@@ -150,8 +154,8 @@ class RelayService:
         return request.model_copy(
             update={"recent_items": self.catalog.to_model(request.recent_items)})
 
-    def _answer(self, endpoint: str, user_id: int, rec: Recommendation,
-                start_s: float) -> RecommendResponse:
+    def _answer(self, endpoint: str, user_id: int, rec: Recommendation, start_s: float,
+                best_first: bool) -> RecommendResponse:
         end_s = time.perf_counter()
         self.metrics.observe(endpoint, rec, start_s, end_s)
         preinfer = None
@@ -160,7 +164,7 @@ class RelayService:
         ids, scores = rec.candidates.cpu(), rec.final_scores.float().cpu()
         ranker = rec.scores.float().cpu()
         stage = None if rec.stage_scores is None else rec.stage_scores.float().cpu()
-        if endpoint == "recommend":      # the recommendation: best first (ties: retrieval's order)
+        if best_first:                   # the recommendation: best first (ties: retrieval's order)
             order = torch.argsort(scores, descending=True, stable=True)
             ids, scores, ranker = ids[order], scores[order], ranker[order]
             stage = None if stage is None else stage[order]
