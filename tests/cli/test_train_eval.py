@@ -208,3 +208,36 @@ def test_a_stage_weight_is_not_chosen_on_validation_targets_the_stage_trained_on
         _run(["eval", "--checkpoint", str(ranker), "--dataset", "ml-100k", "--data-dir",
               str(ranker_data), "--no-progress", "--heads", "cascade", "--retrieval",
               str(stage), "--fit-stage-weight"])
+
+
+def test_a_ranker_is_not_trained_against_a_stage_that_trained_on_its_validation_targets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``train --stage``: a stage run of the same validation settings on other data (the same
+    log with a copy of user 1 as one more user) draws other validation users, so it trained on
+    some of the ranker's validation targets, which its hard negatives and the ranking phase's
+    head would be chosen on: refused, measured as eval --fit-stage-weight measures it. Where the
+    stage's data cannot be read, a warning says so and training goes on."""
+    (tmp_path / "ranker-data").mkdir()
+    data = write_cyclic_udata(tmp_path / "ranker-data" / "u.data", num_users=64)
+    lines = data.read_text().splitlines(keepends=True)
+    (tmp_path / "stage-data").mkdir()
+    (tmp_path / "stage-data" / "u.data").write_text("".join(
+        lines + [line.replace("1\t", "999\t", 1) for line in lines
+                 if line.split("\t")[0] == "1"]))
+    settings = [*TINY_SETTINGS, "valid_users=20", "valid_seed=0", "max_epochs=1",
+                "rank_phase_epochs=0"]
+    config = preset("quick").with_(**train_cli.parse_overrides(settings))
+    write_untrained_run(tmp_path / "stage", load_sequences("ml-100k", tmp_path / "stage-data"),
+                        config)
+    train = ["train", "--dataset", "ml-100k", "--data-dir", str(tmp_path / "ranker-data"),
+             "--preset", "quick", "--no-progress", "--stage", str(tmp_path / "stage"),
+             *[arg for s in settings for arg in ("--set", s)]]
+    with pytest.raises(ConfigError, match=r"the stage trained on \d+\.\d% of the validation "
+                       "targets the hard negatives and the ranking phase's head"):
+        _run([*train, "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+    (tmp_path / "stage-data" / "u.data").unlink()
+    capsys.readouterr()
+    assert _run([*train, "--out", str(tmp_path / "unverified")]) == 0
+    assert "warning: what the stage trained on of the validation targets could not be " \
+        "measured" in capsys.readouterr().out

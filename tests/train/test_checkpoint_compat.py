@@ -18,6 +18,7 @@ from relaygr.train import Trainer, load_trained, read_run_config
 from relaygr.train.checkpoint import (
     CONFIG_FILE,
     PROGRESS_FILE,
+    SCHEDULE_BEST_FILE,
     STATE_FILE,
     DatasetInfo,
     RunConfig,
@@ -200,3 +201,34 @@ def test_a_state_saved_without_its_progress_reads_the_progress_file(tmp_path: Pa
     (run / PROGRESS_FILE).unlink()
     with pytest.raises(CheckpointError, match="has no progress for its state"):
         load_train_state(run, trainer.model, trainer.optimizer, trainer.gen)
+
+
+def test_a_run_saved_before_the_schedule_file_starts_its_phase_from_its_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run saved before ``SCHEDULE_BEST_FILE`` and the progress's times existed, stopped
+    before its ranking phase: its model.safetensors is the schedule's best, the phase starts
+    from it, and the run ends as one never stopped."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    config = TINY.with_(rank_phase_epochs=2, rank_phase_users=16)
+    Trainer(config, seqs, tmp_path / "a", dataset="d", seed=3, progress_bar=False,
+            log=lambda _: None).fit()
+    run = tmp_path / "b"
+
+    def stopped(self: Trainer, progress: TrainProgress) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_rank_phase", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config, seqs, run, dataset="d", seed=3, progress_bar=False,
+                log=lambda _: None).fit()
+    monkeypatch.undo()
+    (run / SCHEDULE_BEST_FILE).unlink()
+    saved = json.loads((run / PROGRESS_FILE).read_text())
+    old = {k: v for k, v in saved.items() if k not in ("epoch_s", "rank_phase_s")}
+    _resave_state(run, {"relaygr.progress": json.dumps(old)})
+    result = Trainer(config, seqs, run, dataset="d", seed=3, progress_bar=False,
+                     log=lambda _: None).fit(resume=True)
+    assert result.progress.rank_phase_done and result.progress.epoch == 2
+    for (name, a), (_, b) in zip(load_trained(tmp_path / "a").model.state_dict().items(),
+                                 load_trained(run).model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name

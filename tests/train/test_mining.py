@@ -94,11 +94,12 @@ def test_rank_phase_trains_the_head_alone_and_keeps_the_best_validated_cascade(
     config = TINY.with_(rank_score="retrieval_residual", rank_hard_negatives=4, rank_mine_k=40,
                         rank_trains="head", similarity="cosine", temperature=0.05,
                         rank_weight=0.0)
-    plain = Trainer(config, seqs, tmp_path / "plain", dataset="d", seed=1, progress_bar=False,
+    # seed 2: a run whose phase finds a better head than the one it started from
+    plain = Trainer(config, seqs, tmp_path / "plain", dataset="d", seed=2, progress_bar=False,
                     log=lambda _: None)
     plain.fit()
     phased = Trainer(config.with_(rank_phase_epochs=4, rank_phase_users=16), seqs,
-                     tmp_path / "phased", dataset="d", seed=1, progress_bar=False,
+                     tmp_path / "phased", dataset="d", seed=2, progress_bar=False,
                      log=lambda _: None)
     result = phased.fit()
     assert result.progress.rank_phase_done
@@ -113,9 +114,9 @@ def test_rank_phase_trains_the_head_alone_and_keeps_the_best_validated_cascade(
     assert [r["rank_phase_epoch"] for r in phase] == [0, 1, 2, 3, 4]
     assert phase[0]["ranking"] is None
     # the saved head is the best validated one: re-validating it gives the best figure
-    phased.model.load_state_dict(after)
     best = max(r["valid_cascade_ndcg@10"] for r in phase)
-    assert phased._validate_cascade().ndcg[10] == pytest.approx(best, abs=1e-12)
+    saved = load_trained(tmp_path / "phased").model
+    assert phased._validate_cascade(saved).ndcg[10] == pytest.approx(best, abs=1e-12)
 
 
 def test_a_ranker_trained_against_a_stage_mines_the_stages_top_k(

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from relaygr.errors import CheckpointError, TrainingDivergedError
-from relaygr.train import Trainer, TrainProgress, load_trained
+from relaygr.model import HSTU
+from relaygr.train import Trainer, TrainProgress, checkpoint, load_trained
 from tests.train.helpers import TINY, cyclic_sequences
 
 
@@ -105,3 +106,138 @@ def straight_steps(trainer: Trainer) -> int:
 def straight_history(trainer: Trainer) -> list[dict[str, float]]:
     lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+PHASED = TINY.with_(rank_phase_epochs=1, rank_phase_users=16)
+
+
+def _records(run: Path) -> list[dict[str, object]]:
+    """``metrics.jsonl`` without the wall times (the rest is bit-for-bit reproducible)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in lines]
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    for (name, x), (_, y) in zip(load_trained(a).model.state_dict().items(),
+                                 load_trained(b).model.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_a_run_resumed_with_more_epochs_after_its_ranking_phase_ends_as_the_longer_run(
+        tmp_path: Path) -> None:
+    """The phase changes nothing the schedule goes on from: resumed with a larger max_epochs,
+    the run trains from its last epoch's state and runs the phase again after the new epochs,
+    ending as the longer run does (its weights and metrics.jsonl records)."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    straight = Trainer(PHASED.with_(max_epochs=3), seqs, tmp_path / "a", dataset="d", seed=3,
+                       progress_bar=False, log=lambda _: None)
+    straight.fit()
+    first = Trainer(PHASED, seqs, tmp_path / "b", dataset="d", seed=3, progress_bar=False,
+                    log=lambda _: None).fit()
+    assert first.progress.rank_phase_done and first.progress.epoch == 2
+    resumed = Trainer(PHASED.with_(max_epochs=3), seqs, tmp_path / "b", dataset="d", seed=3,
+                      progress_bar=False, log=lambda _: None)
+    result = resumed.fit(resume=True)
+    assert result.progress.epoch == 3 and result.progress.rank_phase_done
+    _same_weights(tmp_path / "a", tmp_path / "b")
+    for (name, x), (_, y) in zip(straight.model.state_dict().items(),
+                                 resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name        # the last epoch's, in the state
+    records = _records(tmp_path / "b")
+    assert records == _records(tmp_path / "a")
+    assert [r.get("epoch", "phase") for r in records] == [1, 2, 3, "phase", "phase"]
+
+
+class _Clock:
+    """A ``time`` whose ``perf_counter`` advances 1 s a call: a budget stops deterministically."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_run_its_time_budget_stopped_is_finished_until_its_schedule_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resumed with the same arguments, a run its budget stopped trains nothing (decided with
+    its last epoch's time, as when it stopped); a larger budget reopens it, and the ranking
+    phase follows the new epochs."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    config = PHASED.with_(max_epochs=10, time_budget_s=4.5)
+    run = tmp_path / "run"
+
+    def session(budget_s: float) -> tuple[TrainProgress, list[str]]:
+        monkeypatch.setattr("relaygr.train.trainer.time", _Clock())
+        logs: list[str] = []
+        result = Trainer(config.with_(time_budget_s=budget_s), seqs, run, dataset="d", seed=3,
+                         progress_bar=False, log=logs.append).fit(resume=run.exists())
+        return result.progress, logs
+
+    first, _ = session(4.5)
+    assert first.stopped.startswith("time budget") and first.rank_phase_done
+    records = (run / "metrics.jsonl").read_text()
+    again, logs = session(4.5)
+    assert again.epoch == first.epoch and again.stopped == first.stopped
+    assert f"run already finished: {first.stopped}" in logs
+    assert (run / "metrics.jsonl").read_text() == records
+    longer, _ = session(9.5)
+    assert longer.epoch > first.epoch and longer.rank_phase_done
+    kinds = [r.get("epoch", "phase") for r in _records(run)]
+    assert kinds == [*range(1, longer.epoch + 1), "phase", "phase"]
+
+
+def test_a_ranking_phase_stopped_before_its_state_is_saved_is_redone_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after the phase wrote its model and records but before the state recorded it,
+    the run resumed runs the phase again from the schedule's best weights (saved apart from
+    the model), ending as the run never stopped."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    Trainer(PHASED, seqs, tmp_path / "a", dataset="d", seed=3, progress_bar=False,
+            log=lambda _: None).fit()
+    save = checkpoint.save_train_state
+
+    def killed(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimizer,
+               progress: TrainProgress, gen: torch.Generator) -> None:
+        if progress.rank_phase_done:
+            raise KeyboardInterrupt
+        save(run_dir, model, optimizer, progress, gen)
+
+    monkeypatch.setattr("relaygr.train.trainer.save_train_state", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(PHASED, seqs, tmp_path / "b", dataset="d", seed=3, progress_bar=False,
+                log=lambda _: None).fit()
+    monkeypatch.undo()
+    result = Trainer(PHASED, seqs, tmp_path / "b", dataset="d", seed=3, progress_bar=False,
+                     log=lambda _: None).fit(resume=True)
+    assert result.progress.rank_phase_done
+    _same_weights(tmp_path / "a", tmp_path / "b")
+    assert _records(tmp_path / "b") == _records(tmp_path / "a")
+
+
+def test_an_epoch_stopped_before_its_state_is_saved_is_recorded_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epoch 2's validation record is written before its state; stopped between the two, the
+    resumed run trains epoch 2 again and metrics.jsonl holds its record once."""
+    seqs = cyclic_sequences(tmp_path, num_users=40)
+    Trainer(TINY, seqs, tmp_path / "a", dataset="d", seed=2, progress_bar=False,
+            log=lambda _: None).fit()
+    save = checkpoint.save_train_state
+
+    def killed(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimizer,
+               progress: TrainProgress, gen: torch.Generator) -> None:
+        if progress.epoch == 2:
+            raise KeyboardInterrupt
+        save(run_dir, model, optimizer, progress, gen)
+
+    monkeypatch.setattr("relaygr.train.trainer.save_train_state", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False,
+                log=lambda _: None).fit()
+    monkeypatch.undo()
+    assert [r["epoch"] for r in _records(tmp_path / "b")] == [1, 2]
+    Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False,
+            log=lambda _: None).fit(resume=True)
+    assert _records(tmp_path / "b") == _records(tmp_path / "a")
+

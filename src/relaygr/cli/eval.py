@@ -75,6 +75,7 @@ from relaygr.train.evaluate import (
 from relaygr.train.fusion import StageWeightFit, fit_stage_weight
 from relaygr.train.metrics import PairedDifference
 from relaygr.train.run_data import HeldOutCheck, check_held_out, training_split
+from relaygr.train.stage_runs import check_stage_held_out
 
 HEAD_CHOICES = HEADS
 
@@ -189,14 +190,10 @@ def _fit(args: argparse.Namespace, trained: TrainedModel, seqs: UserSequences,
                           "report it on --split test")
     valid = training_split(seqs, trained.run.train).valid
     if isinstance(cascade.stage, HstuRunStage):
-        # load_stage_run compared the two runs' validation settings; on other data the same
-        # seed draws other users, so measure what the stage trained on of these targets
-        held = cascade.stage.held_out(seqs, valid, parse_columns(args.columns))
-        if held.share:
-            raise ConfigError(
-                f"the stage trained on {held.share:.1%} of the validation targets the weight "
-                f"would be chosen on ({held.source}): choose it with a stage that holds out "
-                "the ranker's validation users, or give --stage-weight")
+        held = check_stage_held_out(
+            cascade.stage.run, seqs, valid, "the weight would be chosen on",
+            "choose it with a stage that holds out the ranker's validation users, or give "
+            "--stage-weight", parse_columns(args.columns))
         if held.share is None:
             print(f"warning: what the stage trained on of the validation targets could not be "
                   f"measured ({held.unverified}); the weight is chosen on them regardless")

@@ -7,7 +7,9 @@
 ``--stage RUN`` trains a ranker for the cascade whose retrieval stage is another run's retrieval
 head: the ranking head's hard negatives come from that stage's top K, and the ranking phase keeps
 the head that best orders the stage's proposals (``relaygr eval --retrieval RUN`` then measures
-the cascade).
+the cascade). Both are chosen on the ranker's validation users, so a stage that trained on any
+of their targets is refused (``stage_runs``: other validation settings, or the same on other
+data); where the stage's data cannot be read to tell, a warning says so.
 
 The run directory receives the best model (safetensors), its JSON config, the id map, per-epoch
 validation metrics and a resumable state (see ``relaygr.train.checkpoint``).
@@ -25,6 +27,7 @@ import torch
 
 from relaygr.cli.config import as_plain, device_name, positive_int
 from relaygr.data import DATASET_FILES, TableSpec, load_sequences
+from relaygr.data.sequences import UserSequences
 from relaygr.errors import CheckpointError, ConfigError
 from relaygr.retrieval.checkpoint import RUN_INFO_FILE
 from relaygr.train import (
@@ -37,7 +40,8 @@ from relaygr.train import (
     retrieval_ranks_padded,
 )
 from relaygr.train.evaluate import EXCLUSIONS
-from relaygr.train.stage_runs import load_stage_run
+from relaygr.train.run_data import training_split
+from relaygr.train.stage_runs import check_stage_held_out, load_stage_run
 from relaygr.train.trainer import StageRun
 
 
@@ -111,6 +115,21 @@ def effective_config(args: argparse.Namespace) -> dict[str, Any]:
                                                       "device", "stage", "out")})}
 
 
+def _stage(args: argparse.Namespace, seqs: UserSequences, config: TrainConfig,
+           spec: TableSpec | None) -> StageRun:
+    """``--stage``: the run, refused when it trained on any of the ranker's validation targets
+    (``check_stage_held_out``; a warning where that cannot be measured)."""
+    stage = load_stage_run(args.stage, args.device, seqs.id_map, config)
+    held = check_stage_held_out(
+        stage, seqs, training_split(seqs, config).valid,
+        "the hard negatives and the ranking phase's head would be chosen on",
+        "train the stage on this data with the ranker's valid_users and valid_seed", spec)
+    if not held.measured:
+        print(f"warning: what the stage trained on of the validation targets could not be "
+              f"measured ({held.unverified}); it is used regardless", flush=True)
+    return StageRun(stage.model, args.stage)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,12 +138,12 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(f"{args.out} holds a retrieval run (train-retrieval's "
                               f"{RUN_INFO_FILE}); train the ranker into another --out")
     started = time.perf_counter()
-    seqs = load_sequences(args.dataset, args.data_dir, parse_columns(args.columns))
+    spec = parse_columns(args.columns)
+    seqs = load_sequences(args.dataset, args.data_dir, spec)
     print(f"{seqs.source}: {seqs.num_users} users, {seqs.num_items} items, "
           f"{seqs.num_events} interactions ({int(seqs.timed.sum())} users timed); "
           f"time features {'on' if config.use_timestamps else 'off'}", flush=True)
-    stage = None if args.stage is None else StageRun(
-        load_stage_run(args.stage, args.device, seqs.id_map, config).model, args.stage)
+    stage = None if args.stage is None else _stage(args, seqs, config, spec)
     trainer = Trainer(config, seqs, args.out, dataset=args.dataset, preset=args.preset,
                       seed=args.seed, device=args.device, progress_bar=not args.no_progress,
                       stage=stage)
@@ -138,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
           f"removed: {test['history'].summary()}")
     print(f"test, only the {config.max_seq_len}-item window removed (the HSTU reference's "
           f"protocol): {test['window'].summary()}")
-    print(f"training time {result.progress.elapsed_s / 60:.1f} min over all sessions; "
+    train_s = result.progress.elapsed_s + result.progress.rank_phase_s
+    print(f"training time {train_s / 60:.1f} min over all sessions; "
           f"this command {wall_s / 60:.1f} min; run directory {args.out}")
     return 0

@@ -5,11 +5,15 @@ Layout of ``RUN_DIR``::
     config.json        RunConfig: model config, training config, dataset summary, seed
     model.safetensors  weights of the best validation epoch (what serving loads); written at
                        the first validation, so a run stopped before it holds none and
-                       ``load_trained`` refuses it
+                       ``load_trained`` refuses it; after a ranking phase, with the phase's head
+    schedule/best.safetensors  the best validation epoch's weights as the schedule left them,
+                       the ranking phase's starting point (written beside model.safetensors
+                       by a run with a phase; ``load_schedule_best``)
     id_map.json        original item id of every dense id (relaygr.data.IdMap)
-    metrics.jsonl      one line per validation (written by the trainer)
-    last/state.safetensors  weights, optimizer moments and RNG states after the last epoch,
-                            and its progress (in the file's metadata)
+    metrics.jsonl      one line per validation and per ranking-phase epoch (``metrics_log``)
+    last/state.safetensors  weights, optimizer moments and RNG states after the schedule's last
+                            epoch (a ranking phase changes none of them), and its progress (in
+                            the file's metadata)
     last/progress.json      that progress again, for people and scripts: epoch counters, best
                             score, patience, elapsed time
 
@@ -41,6 +45,7 @@ from relaygr.train.config import TrainConfig
 RUN_FORMAT = "relaygr-run/1"
 CONFIG_FILE, MODEL_FILE, ID_MAP_FILE = "config.json", "model.safetensors", "id_map.json"
 STATE_FILE, PROGRESS_FILE = "last/state.safetensors", "last/progress.json"
+SCHEDULE_BEST_FILE = "schedule/best.safetensors"
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,21 @@ def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> Non
     _write_atomic(Path(run_dir) / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
 
 
+def save_schedule_best(run_dir: Path, model: HSTU) -> None:
+    """Write ``model`` as the schedule's best weights, where the ranking phase starts."""
+    _write_atomic(Path(run_dir) / SCHEDULE_BEST_FILE,
+                  lambda p: save_file(_cpu_state(model), str(p)))
+
+
+def load_schedule_best(run_dir: Path, model: HSTU) -> None:
+    """Load the schedule's best weights into ``model``. A run saved before it wrote
+    ``SCHEDULE_BEST_FILE`` gives ``MODEL_FILE`` instead: the schedule's best while its phase has
+    not run, its layers with the phase's head after (the phase trains the head alone), until a
+    new best epoch writes the file."""
+    path = Path(run_dir) / SCHEDULE_BEST_FILE
+    _load_weights(model, path if path.is_file() else Path(run_dir) / MODEL_FILE)
+
+
 def has_weights(run_dir: Path) -> bool:
     """Whether the run has validated at least once (its best weights are written)."""
     return (Path(run_dir) / MODEL_FILE).is_file()
@@ -223,9 +243,13 @@ class TrainProgress:
     evals_since_best: int = 0
     evals_since_decay: int = 0   # validations since the best score or the last lr decay
     lr_scale: float = 1.0        # current learning rate / TrainConfig.learning_rate
-    elapsed_s: float = 0.0       # training wall time over all sessions of the run
+    elapsed_s: float = 0.0       # the schedule's wall time over all sessions of the run
+    # the last epoch's wall time, the time budget's estimate of the next one (a resumed run
+    # decides with it as the run did); None: saved before runs recorded it, the mean epoch's
+    epoch_s: float | None = None
     stopped: str = ""            # why the run ended ("" while it may continue)
     rank_phase_done: bool = False  # the ranking phase after the schedule has run (rank_phase)
+    rank_phase_s: float = 0.0    # that phase's wall time (0 while it has not run)
     history: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -8,8 +8,9 @@ positive against ``rank_negatives`` negatives, ``rank_hard_negatives`` of them f
 retrieval head's top ``rank_mine_k`` (``mining``). Only ``HSTU.rank_head`` has an optimizer.
 After each epoch the cascade (retrieval's top ``rank_mine_k`` ranked by the head, through the
 serving path) is validated; the head of the best validation NDCG@10, the head the phase started
-from included, is kept. The phase is one unit: interrupted, it reruns from the schedule's best
-weights and the sampling state the schedule ended with, so the result does not change.
+from included, is kept. The phase is one unit: ``Trainer`` starts it from the schedule's best
+weights as saved (``schedule/best.safetensors``), with its own generator and torch seed from the
+run's seed, so interrupted and run again it gives the same result.
 """
 
 from __future__ import annotations

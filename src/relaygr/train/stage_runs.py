@@ -6,6 +6,12 @@ One place for ``relaygr train --stage RUN``, ``relaygr eval --retrieval RUN`` an
 writes ``config.json``, a ``relaygr train-retrieval`` run ``run.json``), and a directory that is
 neither is refused with ``ConfigError``, as is an HSTU stage over other item ids or one that
 reads timestamps (``load_stage_run``).
+
+Where a choice is made on the ranker's validation users (``train --stage``: the hard negatives
+and the ranking phase's head; ``eval --fit-stage-weight``: the weight), the stage must not have
+trained on their targets: ``load_stage_run`` compares the two runs' validation settings, and
+``check_stage_held_out`` measures the share on the data (the same settings on other data draw
+other users).
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from pathlib import Path
 
 import torch
 
-from relaygr.data.sequences import IdMap
+from relaygr.data import TableSpec
+from relaygr.data.sequences import IdMap, UserSequences
+from relaygr.data.split import EvalCases
 from relaygr.errors import ConfigError
 from relaygr.retrieval.checkpoint import RUN_INFO_FILE
 from relaygr.train.checkpoint import CONFIG_FILE, TrainedModel, load_trained
 from relaygr.train.config import TrainConfig
+from relaygr.train.run_data import HeldOutCheck, check_held_out
 
 
 class StageRunKind(enum.Enum):
@@ -60,3 +69,18 @@ def load_stage_run(path: Path, device: torch.device | str, id_map: IdMap,
                           f"{theirs.valid_users}, valid_seed {theirs.valid_seed}): a choice on "
                           "the validation users would be made on items the stage trained on")
     return stage
+
+
+def check_stage_held_out(stage: TrainedModel, seqs: UserSequences, valid: EvalCases,
+                         chosen: str, remedy: str, spec: TableSpec | None = None
+                         ) -> HeldOutCheck:
+    """The ranker's validation targets ``valid`` of ``seqs`` against what ``stage`` trained on
+    (``run_data.check_held_out``, ``spec`` as the data was read): ``ConfigError`` when the stage
+    trained on any, saying what would be ``chosen`` on them and the ``remedy``; the check
+    otherwise, unmeasured (``share`` None) when the stage's data cannot be read, which the caller
+    must say."""
+    held = check_held_out(stage, seqs, valid, spec)
+    if held.share:
+        raise ConfigError(f"the stage trained on {held.share:.1%} of the validation targets "
+                          f"{chosen} ({held.source}): {remedy}")
+    return held

@@ -9,14 +9,22 @@ AdamW step at the scheduled learning rate (constant or cosine, times the plateau
 (NDCG@10 decides); a better score overwrites ``model.safetensors``, and ``patience`` validations
 without one stop the run. Every epoch ends with a resumable checkpoint
 (``checkpoint.save_train_state``), so ``resume`` continues bit-for-bit where the last completed
-epoch ended (same device and thread count). With ``rank_phase_epochs``, the ranking phase
-(``rank_phase``) follows the schedule: the ranking head alone, on the best weights, with hard
-negatives; the saved model then carries the head of the best validated cascade.
+epoch ended (same device and thread count). A resumed run decides whether it goes on as it did
+when it stopped (the saved last epoch's time included): with the same schedule a finished run
+trains nothing; a changed schedule (``SCHEDULE_FIELDS``) may reopen it.
+
+With ``rank_phase_epochs``, the ranking phase (``rank_phase``) follows the schedule: the ranking
+head alone, with hard negatives, on a copy of the schedule's best weights read from
+``schedule/best.safetensors``, with its own generator and torch seed from the run's seed; the
+saved model then carries the head of the best validated cascade. The phase changes nothing the
+schedule goes on from (the state keeps the last epoch's weights, optimizer and sampling state,
+and records only that the phase ran), so an interrupted phase redone gives the same result, and
+a run resumed with more epochs runs the phase again after them: it ends as the run of that many
+epochs without a stop would.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -39,11 +47,12 @@ from relaygr.train.checkpoint import (
     TrainProgress,
     has_train_state,
     has_weights,
-    load_checkpoint,
+    load_schedule_best,
     load_train_state,
     read_run_config,
     save_model,
     save_run_files,
+    save_schedule_best,
     save_train_state,
     write_run_config,
 )
@@ -51,6 +60,7 @@ from relaygr.train.config import TrainConfig
 from relaygr.train.evaluate import CascadeSpec, retrieval_ranks_padded, serving_ranks
 from relaygr.train.losses import ranking_loss, retrieval_loss
 from relaygr.train.metrics import CUTOFFS, RankingMetrics
+from relaygr.train.metrics_log import PHASE_KEY, MetricsLog
 from relaygr.train.mining import with_hard_negatives
 from relaygr.train.rank_phase import RankPhase
 from relaygr.train.run_data import training_split
@@ -177,23 +187,40 @@ class Trainer:
     # ---- the run -----------------------------------------------------------------------------
 
     def _start(self, resume: bool) -> TrainProgress:
-        if resume:
-            saved = read_run_config(self.run_dir)
-            self.run = replace(self.run, dataset=_as_recorded(self.run.dataset, saved.dataset))
-            if _resumable(saved) != _resumable(self.run):
-                raise CheckpointError(f"{self.run_dir} was trained with a different config, "
-                                      "dataset or seed; resume with the same arguments (only "
-                                      f"{', '.join(SCHEDULE_FIELDS)} may change)")
-            if not has_train_state(self.run_dir) and not has_weights(self.run_dir):
-                self.log("no epoch of this run finished: it starts from its first")
-                write_run_config(self.run_dir, self.run)
-                return TrainProgress()
-            progress = load_train_state(self.run_dir, self.model, self.optimizer, self.gen)
-            if saved != self.run:  # a new schedule: record it, keep the best weights
-                write_run_config(self.run_dir, self.run)
-            progress.stopped = self._stop_reason(progress, 0.0)
-            self._set_lr(progress)
-            return progress
+        """The progress the session starts from, and its ``metrics.jsonl`` writer."""
+        progress = self._resume() if resume else self._begin()
+        self.metrics = MetricsLog(self.run_dir, progress)
+        return progress
+
+    def _resume(self) -> TrainProgress:
+        """The saved run's progress, whether it goes on decided under the schedule given now
+        (module docstring); ``CheckpointError`` when its config, data or seed changed."""
+        saved = read_run_config(self.run_dir)
+        self.run = replace(self.run, dataset=_as_recorded(self.run.dataset, saved.dataset))
+        if _resumable(saved) != _resumable(self.run):
+            raise CheckpointError(f"{self.run_dir} was trained with a different config, "
+                                  "dataset or seed; resume with the same arguments (only "
+                                  f"{', '.join(SCHEDULE_FIELDS)} may change)")
+        if not has_train_state(self.run_dir) and not has_weights(self.run_dir):
+            self.log("no epoch of this run finished: it starts from its first")
+            write_run_config(self.run_dir, self.run)
+            return TrainProgress()
+        progress = load_train_state(self.run_dir, self.model, self.optimizer, self.gen)
+        if saved != self.run:  # a new schedule: record it, keep the best weights
+            write_run_config(self.run_dir, self.run)
+        # decided as the run decided after its last epoch, under the schedule given now
+        next_epoch_s = progress.epoch_s
+        if next_epoch_s is None:   # saved before runs recorded it: the mean epoch's
+            next_epoch_s = progress.elapsed_s / max(progress.epoch, 1)
+        progress.stopped = self._stop_reason(progress, next_epoch_s)
+        if not progress.stopped and progress.rank_phase_done:
+            # more epochs: the phase follows them again, on their best
+            progress.rank_phase_done, progress.rank_phase_s = False, 0.0
+        self._set_lr(progress)
+        return progress
+
+    def _begin(self) -> TrainProgress:
+        """A new run's progress, its files written; ``CheckpointError`` over another run."""
         if (self.run_dir / CONFIG_FILE).exists():
             raise CheckpointError(f"{self.run_dir} already holds a run; pass resume to continue "
                                   "it or choose another directory")
@@ -212,6 +239,8 @@ class Trainer:
         if ndcg > progress.best_ndcg:
             progress.best_ndcg, progress.best_epoch = ndcg, progress.epoch
             progress.evals_since_best = progress.evals_since_decay = 0
+            if self.cfg.rank_phase_epochs:
+                save_schedule_best(self.run_dir, self.model)
             save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
         else:
             progress.evals_since_best += 1
@@ -221,8 +250,7 @@ class Trainer:
                 progress.evals_since_decay = 0
                 self._set_lr(progress)
         progress.history.append(record)
-        with (self.run_dir / "metrics.jsonl").open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self.metrics.append([record])
 
     def _set_lr(self, progress: TrainProgress, total_steps: int | None = None) -> None:
         lr = self.cfg.learning_rate * progress.lr_scale
@@ -273,7 +301,7 @@ class Trainer:
                 line += f" | valid {metrics.summary()}"
             else:
                 progress.elapsed_s += time.perf_counter() - started
-            epoch_s = time.perf_counter() - started
+            epoch_s = progress.epoch_s = time.perf_counter() - started
             progress.stopped = self._stop_reason(progress, epoch_s)
             save_train_state(self.run_dir, self.model, self.optimizer, progress, self.gen)
             self.log(f"{line} | {epoch_s:.0f} s/epoch, {progress.elapsed_s / 60:.1f} min total")
@@ -285,35 +313,40 @@ class Trainer:
         best_metrics = None if best is None else _metrics_from_record(best)
         return TrainResult(self.run_dir, progress, best_metrics)
 
-
-    def _validate_cascade(self) -> RankingMetrics:
-        """The cascade on the validation items: retrieval's top ``rank_mine_k``, ranked."""
-        stage: RetrievalStage = (HeadRetrieval(self.model) if self.stage is None
+    def _validate_cascade(self, model: HSTU) -> RankingMetrics:
+        """The cascade of ``model`` on the validation items: the stage's (without one,
+        ``model``'s own retrieval head's) top ``rank_mine_k``, ranked by ``model``."""
+        stage: RetrievalStage = (HeadRetrieval(model) if self.stage is None
                                  else CheckpointRetrieval(self.miner))
         spec = CascadeSpec(stage, self.cfg.rank_mine_k)
-        ranks = serving_ranks(self.model, self.seqs, self.split.valid, self.cfg.max_seq_len,
+        ranks = serving_ranks(model, self.seqs, self.split.valid, self.cfg.max_seq_len,
                               self.cfg.use_timestamps, ("cascade",), cascade=spec)
         return RankingMetrics.from_ranks(ranks["cascade"])
 
     def _rank_phase(self, progress: TrainProgress) -> None:
-        """The ranking phase (``rank_phase``) on the schedule's best weights; saves the model
-        with the best validated head and records the phase in the progress."""
+        """The ranking phase (``rank_phase``) on a copy of the schedule's best weights, with
+        its own randomness; saves the model with the best validated head and records that the
+        phase ran in the progress (the state's weights, optimizer and generator stay the
+        schedule's)."""
         started = time.perf_counter()
-        best = load_checkpoint(self.run_dir, self.device)
-        self.model.load_state_dict(best.state_dict())
-        phase = RankPhase(self.cfg, self.model, self.data, self.gen, self._validate_cascade,
-                          self.miner)
-        epochs = phase.run(self.order, self.log)
-        save_model(self.run_dir, self.model, self.run, self.seqs.id_map)
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):     # the schedule's torch RNG state stays
+            torch.manual_seed(self.run.seed)
+            model = HSTU(self.model.cfg).to(self.device)
+            load_schedule_best(self.run_dir, model)
+            gen = torch.Generator().manual_seed(self.run.seed)
+            miner = model if self.stage is None else self.miner
+            phase = RankPhase(self.cfg, model, self.data, gen,
+                              lambda: self._validate_cascade(model), miner)
+            epochs = phase.run(self.order, self.log)
+        save_model(self.run_dir, model, self.run, self.seqs.id_map)
+        self.metrics.append([{PHASE_KEY: e.epoch, "ranking": e.loss,
+                              **{f"valid_cascade_{k}": v for k, v in e.valid.to_dict().items()}}
+                             for e in epochs])
         progress.rank_phase_done = True
-        progress.elapsed_s += time.perf_counter() - started
-        with (self.run_dir / "metrics.jsonl").open("a") as handle:
-            for e in epochs:
-                record = {"rank_phase_epoch": e.epoch, "ranking": e.loss,
-                          **{f"valid_cascade_{k}": v for k, v in e.valid.to_dict().items()}}
-                handle.write(json.dumps(record) + "\n")
+        progress.rank_phase_s = time.perf_counter() - started
         save_train_state(self.run_dir, self.model, self.optimizer, progress, self.gen)
-        self.log(f"ranking phase done in {(time.perf_counter() - started) / 60:.1f} min")
+        self.log(f"ranking phase done in {progress.rank_phase_s / 60:.1f} min")
 
 
 def cosine_factor(step: int, total_steps: int, min_ratio: float) -> float:
