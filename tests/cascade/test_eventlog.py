@@ -84,6 +84,30 @@ def test_an_append_the_log_refuses_is_neither_served_nor_doubled_by_a_retry(
         replayed.append(2 ** 53, [9])
 
 
+def test_a_closed_store_refuses_appends_rather_than_keeping_them_in_memory_only(
+        tmp_path: Path) -> None:
+    """``close`` lets the log go; an append after it (a request that outlived a timed-out drain)
+    could not be written there, so it is refused with the typed 503 and nothing is held: an
+    acknowledged append is one a restart replays."""
+    path = tmp_path / "events.sqlite"
+    store = _store()
+    store.persist_to(path)
+    store.append(1, [9])
+    store.close()
+    before = store.get(1)
+    with pytest.raises(HistoryStoreUnavailableError, match="closed"):
+        store.append(1, [10])
+    with pytest.raises(HistoryStoreUnavailableError, match="closed"):
+        store.append(4, [10])                              # nor is a new user made
+    assert store.get(1).items.tolist() == before.items.tolist() == [3, 4, 5, 9]
+    assert store.get(1).version == before.version and 4 not in store
+    assert "closed" in (store.unavailable() or "")
+    replayed = _store()
+    assert replayed.persist_to(path) == 1
+    assert replayed.get(1).items.tolist() == [3, 4, 5, 9]
+    replayed.close()
+
+
 def test_one_process_appends_to_a_log(tmp_path: Path) -> None:
     """A second server on the same log would serve its own events and a restart would replay
     both merged: it is refused until the first lets the log go."""

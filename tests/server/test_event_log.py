@@ -14,7 +14,7 @@ import httpx
 from relaygr.server import ServerConfig, build_embedded
 from relaygr.server.build import load_model
 from tests.engine.helpers import flops_cost_model
-from tests.server.helpers import SOURCE, run_with_client, system_config
+from tests.server.helpers import SOURCE, run_with_client, system_config, until
 
 T0 = 1_900_000_000          # after every synthetic event
 # Far above the log's busy timeout (eventlog.APPEND_BUSY_TIMEOUT_S) and a loaded box's
@@ -77,3 +77,29 @@ def test_a_refused_log_write_is_a_short_503_and_the_server_not_ready_until_one_s
         assert _failures((await client.get("/metrics")).text) == 1.0  # probes are not counted
 
     run_with_client(service, body)
+
+
+def test_an_append_that_outlives_a_timed_out_drain_is_refused_not_acknowledged(
+        tmp_path: Path) -> None:
+    """Shutdown closes the store (and its event log) once the drain times out; a request still
+    in flight then appends. It must be a 503, not a 200 for events a restart would not have."""
+    path = tmp_path / "events.sqlite"
+    source = replace(SOURCE, events=path)
+    cost = flops_cost_model(load_model(source).cfg)
+    service = build_embedded(source, system_config(), ServerConfig(drain_timeout_s=0.05), cost)
+
+    async def body(client: httpx.AsyncClient) -> httpx.Response:
+        async with service.users.hold(1):    # the append waits here, admitted, past the drain
+            late = asyncio.ensure_future(client.post(
+                "/v1/events", json={"user_id": 1, "items": [5], "timestamps": [T0]}))
+            await until(lambda: service.admission.in_flight == 1)
+            await service.stop()              # the drain times out: the store is closed
+        return await late
+
+    answer = run_with_client(service, body)
+    assert not service.lifecycle.drained_cleanly
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == "HistoryStoreUnavailableError"
+    restarted = build_embedded(source, system_config(), ServerConfig(), cost)
+    assert restarted.backend.store.num_events(1) == service.backend.store.num_events(1)
+    restarted.backend.store.close()

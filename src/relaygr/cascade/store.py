@@ -40,7 +40,12 @@ from relaygr.cascade.history_checks import (
     check_user,
 )
 from relaygr.engine.versions import event_hash_sums, version_of
-from relaygr.errors import ConfigError, InvalidInputError, UnknownUserError
+from relaygr.errors import (
+    ConfigError,
+    HistoryStoreUnavailableError,
+    InvalidInputError,
+    UnknownUserError,
+)
 from relaygr.settings import load
 
 _MASK64 = (1 << 64) - 1
@@ -110,7 +115,9 @@ class HistoryStore(ABC):
         return 0
 
     def close(self) -> None:  # noqa: B027 (a store with nothing to let go keeps this)
-        """Let go of what the store holds outside its memory (a file, connections)."""
+        """Let go of what the store holds outside its memory (a file, connections). An append
+        acknowledged after it must still be durable: a store that can no longer make it so
+        refuses it (``HistoryStoreUnavailableError``) rather than keep it in memory only."""
 
     @abstractmethod
     def __contains__(self, user_id: object) -> bool: ...
@@ -174,6 +181,7 @@ class InMemoryHistoryStore(HistoryStore):
         self.num_items = num_items
         self._logs: dict[int, _UserLog] = {}
         self._events: EventLog | None = None   # appends written to disk (persist_to)
+        self._closed = False                   # close() was called: appends are refused
 
     @classmethod
     def from_sequences(cls, sequences: Mapping[int, tuple[npt.ArrayLike, npt.ArrayLike | None]],
@@ -224,6 +232,8 @@ class InMemoryHistoryStore(HistoryStore):
     def append(self, user_id: int, items: npt.ArrayLike,
                timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
         check_user(user_id)
+        if self._closed:
+            raise HistoryStoreUnavailableError(self._closed_reason())
         ids = check_items(items, self.num_items)
         log = self._logs.get(user_id)
         last_ts = None
@@ -275,7 +285,10 @@ class InMemoryHistoryStore(HistoryStore):
 
     def unavailable(self) -> str | None:
         """The event log's refusal while its last write was refused (``EventLog.unavailable``:
-        until a write, or its probe, succeeds); None without a log."""
+        until a write, or its probe, succeeds); None without a log. A closed store takes no
+        appends."""
+        if self._closed:
+            return self._closed_reason()
         return None if self._events is None else self._events.unavailable()
 
     def log_write_failures(self) -> int:
@@ -292,10 +305,17 @@ class InMemoryHistoryStore(HistoryStore):
         return digest.hexdigest()
 
     def close(self) -> None:
-        """Close the event log, if any (appends after this are in memory only)."""
+        """Close the event log, if any. From then on every append is refused with
+        ``HistoryStoreUnavailableError`` and nothing is kept: one answered after the log is
+        gone (a request that outlived a timed-out drain) would be acknowledged but lost on
+        restart. Reads still answer."""
+        self._closed = True
         if self._events is not None:
             self._events.close()
             self._events = None
+
+    def _closed_reason(self) -> str:
+        return "the history store is closed (its event log let go): nothing appended"
 
     def __contains__(self, user_id: object) -> bool:
         return user_id in self._logs
