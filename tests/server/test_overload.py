@@ -138,3 +138,36 @@ def test_failed_instance_moves_its_users_and_answers_every_request() -> None:
             assert r.json()["instance"] == owners[user]        # ownership is deterministic
 
     run_with_client(service, body)
+
+
+def _door_refusals(metrics: str) -> dict[str, float]:
+    prefix = "relaygr_door_refusals_total{"
+    return {line[len(prefix):].split('"')[1]: float(line.split()[-1])
+            for line in metrics.splitlines() if line.startswith(prefix)}
+
+
+def test_door_refusals_are_counted_by_reason_in_the_metrics() -> None:
+    """A 503 at the door (the in-flight cap, draining) is told apart from a shed ranking leg, no
+    healthy instance or the store out of reach: its own counter, one bounded reason label."""
+    service = make_service(server=ServerConfig(max_in_flight=1))
+
+    async def body(client: httpx.AsyncClient) -> None:
+        assert _door_refusals((await client.get("/metrics")).text) == {
+            "draining": 0.0, "in_flight_limit": 0.0}
+        async with held_compute(service):
+            slow = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 1}))
+            await until(lambda: service.admission.in_flight == 1)
+            for user in (2, 3):
+                capped = await client.post("/v1/recommend", json={"user_id": user})
+                assert capped.status_code == 503
+            stopping = asyncio.ensure_future(service.stop())
+            await until(lambda: service.admission.draining)
+            late = await client.post("/v1/events", json={"user_id": 4, "items": [1],
+                                                         "timestamps": [1_900_000_000]})
+            assert late.status_code == 503
+            assert _door_refusals((await client.get("/metrics")).text) == {
+                "draining": 1.0, "in_flight_limit": 2.0}
+        assert (await slow).status_code == 200
+        await stopping
+
+    run_with_client(service, body)

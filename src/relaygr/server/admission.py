@@ -2,9 +2,12 @@
 
 ``Admission`` counts requests in flight. Past ``max_in_flight``, or once draining has begun, a
 new request is refused with ``OverloadedError`` (HTTP 503 + Retry-After) before any work;
-``drain()`` waits for the ones already admitted to finish. ``UserLocks`` serialises the requests
-of one user, so the history a request was validated against is the one it is served from (an
-event append cannot slip in between) and a visit's events are appended in order.
+``drain()`` waits for the ones already admitted to finish. Each refusal is counted by its
+``DoorRefusal`` reason (``relaygr_door_refusals_total{reason}``), so a 503 at the door is told
+apart from a shed ranking leg, no healthy instance or the history store out of reach.
+``UserLocks`` serialises the requests of one user, so the history a request was validated
+against is the one it is served from (an event append cannot slip in between) and a visit's
+events are appended in order.
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from enum import Enum
 
 from relaygr.errors import OverloadedError
+
+
+class DoorRefusal(str, Enum):
+    """Why ``Admission`` refused a request (the metric's ``reason`` label: a fixed set)."""
+
+    DRAINING = "draining"                  # shutdown has begun
+    IN_FLIGHT_LIMIT = "in_flight_limit"    # ``max_in_flight`` requests already admitted
 
 
 class Admission:
@@ -23,7 +34,7 @@ class Admission:
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
         self.in_flight = 0
-        self.refused = 0
+        self.refusals = dict.fromkeys(DoorRefusal, 0)
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -31,10 +42,10 @@ class Admission:
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
         if self.draining:
-            self.refused += 1
+            self.refusals[DoorRefusal.DRAINING] += 1
             raise OverloadedError("the server is shutting down", self.retry_after_s)
         if self.in_flight >= self.max_in_flight:
-            self.refused += 1
+            self.refusals[DoorRefusal.IN_FLIGHT_LIMIT] += 1
             raise OverloadedError(f"{self.in_flight} requests in flight (the limit)",
                                   self.retry_after_s)
         self.in_flight += 1
@@ -45,6 +56,11 @@ class Admission:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    @property
+    def refused(self) -> int:
+        """Requests refused at the door, for every reason."""
+        return sum(self.refusals.values())
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests and wait for admitted ones; False if some outlived the timeout."""

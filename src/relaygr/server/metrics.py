@@ -13,12 +13,13 @@ Two kinds:
   failovers (and those whose instance raised), instances taken out by their circuit breaker, and
   pre-infer signals lost with their instance; history windows: slides (a user's
   window moved, so its cache is computed afresh) and requests ranked from a window that no
-  longer starts at the first event; appends the history store's event log refused.
+  longer starts at the first event; appends the history store's event log refused; requests
+  refused at the server's door, by reason (draining, the in-flight limit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -164,6 +165,22 @@ class ReadCounter(Collector):
         yield family
 
 
+class ReadLabelledCounter(Collector):
+    """One counter with one label whose values are read at scrape time (kept by their owner);
+    ``read`` returns every label value, zeros included, so the series exist from the start."""
+
+    def __init__(self, name: str, documentation: str, label: str,
+                 read: Callable[[], Mapping[str, int]]) -> None:
+        self._name, self._documentation, self._label = name, documentation, label
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=[self._label])
+        for value, count in sorted(self._read().items()):
+            family.add_metric([value], count)
+        yield family
+
+
 def _events(counts: dict[str, int]) -> dict[str, int]:
     """``counts`` without its byte totals (``*_bytes``): what a counter of events holds."""
     return {k: v for k, v in counts.items() if not k.endswith("_bytes")}
@@ -173,8 +190,10 @@ class ServerMetrics:
     """The server's registry: per-request observations plus the snapshot collector."""
 
     def __init__(self, snapshot: Callable[[], ServingSnapshot],
-                 log_write_failures: Callable[[], int] = lambda: 0) -> None:
-        """``log_write_failures``: the history store's (``HistoryStore.log_write_failures``)."""
+                 log_write_failures: Callable[[], int] = lambda: 0,
+                 door_refusals: Callable[[], Mapping[str, int]] = dict) -> None:
+        """``log_write_failures``: the history store's (``HistoryStore.log_write_failures``);
+        ``door_refusals``: requests refused at the door by reason (``Admission.refusals``)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("relaygr_http_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
@@ -191,6 +210,10 @@ class ServerMetrics:
             "relaygr_event_log_write_failures", "Appends the event log refused (SQLite locked "
             "past its busy timeout, a full disk): nothing appended, the request answered 503",
             log_write_failures))
+        self.registry.register(ReadLabelledCounter(
+            "relaygr_door_refusals", "Requests refused at the server's door with a 503 before "
+            "any work, by reason: draining (shutting down) or in_flight_limit (max_in_flight "
+            "admitted)", "reason", door_refusals))
         self.in_flight = Gauge("relaygr_in_flight", "Requests admitted and not yet answered",
                                registry=self.registry)
         self._model_info = Gauge("relaygr_model_info", "The served model (value 1)",

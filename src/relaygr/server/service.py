@@ -62,10 +62,12 @@ class RelayService:
         self.model_info = model_info or ModelInfo("relaygr", __version__, "unknown")
         self.validator = RequestValidator(backend.model_config, backend.system_config,
                                           self.config, backend.store, timed)
-        self.metrics = ServerMetrics(backend.snapshot, backend.store.log_write_failures)
+        self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
+        self.metrics = ServerMetrics(
+            backend.snapshot, backend.store.log_write_failures,
+            lambda: {reason.value: n for reason, n in self.admission.refusals.items()})
         self.metrics.describe_model(self.model_info.name, self.model_info.version,
                                     self.model_info.digest)
-        self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
         self.metrics.in_flight.set_function(lambda: self.admission.in_flight)
         self.users = UserLocks()
         self.lifecycle = Lifecycle()
