@@ -89,6 +89,28 @@ def test_prefill_then_rank_lands_on_the_prefill_instance() -> None:
     run_with_client(service, body)
 
 
+def test_prefill_announces_as_many_candidates_as_rank_accepts() -> None:
+    """``/v1/prefill``'s ``num_candidates`` is the size of the ``/v1/rank`` that follows, so
+    its limit is rank's (``max_candidates``), not what retrieval returns (``retrieval_k``, 64
+    here: /v1/rank's candidates come from the caller's own stages)."""
+    service = make_service()
+    limit = service.config.max_candidates
+
+    async def body(client: httpx.AsyncClient) -> None:
+        candidates = list(range(1, 501)) * 4                  # 2,000: past retrieval_k
+        pre = await client.post("/v1/prefill", json={"user_id": 3,
+                                                     "num_candidates": len(candidates)})
+        assert pre.status_code == 200, pre.text
+        ranked = await client.post("/v1/rank", json={"user_id": 3, "candidates": candidates})
+        assert ranked.status_code == 200, ranked.text
+        assert ranked.json()["instance"] == pre.json()["instance"]
+        over = await client.post("/v1/prefill", json={"user_id": 3, "num_candidates": limit + 1})
+        assert over.status_code == 422, over.text
+        assert f"carries at most {limit} candidates" in over.json()["detail"]
+
+    run_with_client(service, body)
+
+
 def test_events_append_and_create_users() -> None:
     service = make_service()
     store = service.backend.store

@@ -75,6 +75,8 @@ def cases(user: int, last_ts: int) -> list[tuple[str, Any, int, str, str]]:
         ("/v1/prefill", {"user_id": user, "suffix_tokens": 600}, 422,   # past the window
          "SequenceTooLongError", "suffix_tokens holds 600 events; a visit adds at most 448"),
         ("/v1/prefill", {"user_id": 77_777}, 404, "UnknownUserError", "no history"),
+        ("/v1/prefill", {"user_id": user, "num_candidates": 9}, 422, "InvalidInputError",
+         "num_candidates is 9; a /v1/rank request carries at most 8 candidates"),
         ("/v1/events", {"user_id": 1, "items": []}, 422, "RequestValidationError",
          "at least 1 item"),
         ("/v1/events", {"user_id": 1, "items": [4]}, 422, "TimestampError", "timed"),

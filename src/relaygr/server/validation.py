@@ -62,6 +62,8 @@ class RequestValidator:
         return history
 
     def num_candidates(self, num_candidates: int | None) -> None:
+        """``/v1/recommend``'s: its candidates are what retrieval returns, so at most
+        ``retrieval_k`` of them (and ``max_candidates``)."""
         limit = min(self.system.stages.retrieval_k, self.server.max_candidates)
         if num_candidates is not None and num_candidates > limit:
             raise InvalidInputError(f"num_candidates is {num_candidates}; this server ranks at "
@@ -74,9 +76,16 @@ class RequestValidator:
         self._items("candidates", candidates)
 
     def prefill(self, request: PrefillRequest) -> None:
+        """``num_candidates`` announces the ``/v1/rank`` that follows (the trigger estimates its
+        ranking pass from it; it reserves nothing and runs no retrieval), whose candidates come
+        from the caller's own stages: so its limit is that request's, ``max_candidates``, not
+        ``retrieval_k``. A caller that may rank 2,000 candidates can announce them."""
         self.history(request.user_id)
         self.window.check_suffix(request.suffix_tokens, "suffix_tokens")
-        self.num_candidates(request.num_candidates)
+        limit = self.server.max_candidates
+        if request.num_candidates is not None and request.num_candidates > limit:
+            raise InvalidInputError(f"num_candidates is {request.num_candidates}; a /v1/rank "
+                                    f"request carries at most {limit} candidates")
 
     def events(self, request: EventsRequest) -> None:
         """Appends are kept whole at any history length (the model reads the newest window).
