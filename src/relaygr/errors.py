@@ -63,6 +63,18 @@ class HistoryStoreUnavailableError(RelayGRError):
     that fails this way may or may not have been kept (the store never holds part of one)."""
 
 
+class HistoryConflictError(RelayGRError):
+    """An append's precondition failed: the caller expected the user to have
+    ``expected_events`` events before it, the store holds ``num_events`` (a retry of an append
+    that was applied, or another writer's append in between). Nothing was appended (HTTP 409)."""
+
+    def __init__(self, user_id: int, expected_events: int, num_events: int) -> None:
+        super().__init__(f"user {user_id} has {num_events} events, not the {expected_events} "
+                         "this request expected (expected_events): nothing appended")
+        self.expected_events = expected_events
+        self.num_events = num_events
+
+
 class BenchProtocolError(RelayGRError):
     """A measured system broke the benchmark protocol (a malformed or inconsistent record)."""
 

@@ -20,6 +20,7 @@ from relaygr.cascade.store import HistoryStore, InMemoryHistoryStore
 from relaygr.errors import (
     ConfigError,
     EmptyInputError,
+    HistoryConflictError,
     HistoryStoreUnavailableError,
     InvalidInputError,
     ItemOutOfRangeError,
@@ -175,6 +176,35 @@ def test_an_append_that_loses_the_race_reads_again_and_lands_after_the_winner(
     store.check_integrity()
 
 
+def test_an_append_whose_expected_count_a_rival_changed_is_refused_whole(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expected_events`` is compared with the count the compare-and-set writes against: a
+    rival append landing between the read and the write makes the precondition false, and
+    nothing of ours is written (a retry of an append that did land finds it the same way)."""
+    store = RedisHistoryStore.connect(redis_url, num_items=100)
+    rival = RedisHistoryStore.connect(redis_url, num_items=100)
+    store.append(1, [1, 2], [10, 11])
+    read = store._sums
+
+    def read_then_rival_appends(user_id: int, *counts: int) -> Any:
+        state = read(user_id, *counts)
+        if counts == (-1,) and state.length == 2:
+            rival.append(1, [3], [12])                  # lands between our read and our write
+        return state
+
+    monkeypatch.setattr(store, "_sums", read_then_rival_appends)
+    with pytest.raises(HistoryConflictError, match="user 1 has 3 events, not the 2") as caught:
+        store.append(1, [4], [13], expected_events=2)
+    assert (caught.value.num_events, caught.value.expected_events) == (3, 2)
+    monkeypatch.undo()
+    assert store.get(1).items.tolist() == [1, 2, 3]
+    assert store.append(1, [4], [13], expected_events=3).items.tolist() == [1, 2, 3, 4]
+    with pytest.raises(HistoryConflictError):
+        store.append(1, [4], [13], expected_events=3)   # the retry: applied once
+    assert store.append(7, [5], expected_events=0).items.tolist() == [5]    # a new user
+    store.check_integrity()
+
+
 def _base(store: HistoryStore) -> HistoryStore:
     store.append(1, [3, 4], [10, 20])
     store.append(2, [5])
@@ -206,6 +236,12 @@ ERRORS: list[tuple[str, Callable[[HistoryStore], object], type[Exception]]] = [
     ("negative start", lambda s: s.version_at(1, 2, -1), InvalidInputError),
     ("after: untimed suffix", lambda s: s.version_after(1, 2, [1]), TimestampError),
     ("after: count past length", lambda s: s.version_after(2, 2, [1]), InvalidInputError),
+    ("expected count stale", lambda s: s.append(1, [1], [5], expected_events=1),
+     HistoryConflictError),                    # before the timestamps: a retry's are stale
+    ("expected count of a new user", lambda s: s.append(3, [1], expected_events=2),
+     HistoryConflictError),
+    ("expected count negative", lambda s: s.append(2, [1], expected_events=-1),
+     InvalidInputError),
 ]
 
 

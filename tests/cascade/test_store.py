@@ -17,6 +17,7 @@ from relaygr.cascade.store import (
 from relaygr.errors import (
     ConfigError,
     EmptyInputError,
+    HistoryConflictError,
     InvalidInputError,
     ItemOutOfRangeError,
     TimestampError,
@@ -121,6 +122,25 @@ def test_bad_input_is_a_typed_error_and_changes_nothing() -> None:
     assert before[2] == after[2] == 2 and 3 not in store
     for old, new in zip(before[:2], after[:2], strict=True):
         assert old.version == new.version and old.items.tolist() == new.items.tolist()
+
+
+def test_an_append_whose_expected_count_is_not_the_users_changes_nothing() -> None:
+    """``expected_events`` (the count the caller believes precedes its append) is checked with
+    the append, before its timestamps: a retry of an append that landed is a conflict naming
+    the count, not a time-order error, and the events are held once."""
+    store = InMemoryHistoryStore(num_items=100)
+    store.append(7, [3, 1], [10, 11], expected_events=0)
+    store.append(7, [4, 1], [12, 13], expected_events=2)
+    before = store.get(7)
+    with pytest.raises(HistoryConflictError, match="user 7 has 4 events, not the 2") as caught:
+        store.append(7, [4, 1], [12, 13], expected_events=2)
+    assert (caught.value.num_events, caught.value.expected_events) == (4, 2)
+    with pytest.raises(HistoryConflictError, match="user 8 has 0 events, not the 1"):
+        store.append(8, [4], [12], expected_events=1)
+    with pytest.raises(InvalidInputError, match="expected_events"):
+        store.append(7, [5], [14], expected_events=-1)
+    assert store.get(7).items.tolist() == [3, 1, 4, 1] and store.get(7).version == before.version
+    assert 8 not in store
 
 
 def test_synthetic_histories_are_seeded_bounded_and_popularity_skewed() -> None:

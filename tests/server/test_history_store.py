@@ -70,6 +70,24 @@ def test_servers_share_histories_and_a_restart_keeps_every_acknowledged_event(
     shared.check_integrity()  # type: ignore[attr-defined]
 
 
+def test_a_retried_append_with_its_precondition_is_refused_by_the_shared_store(
+        redis_url: str) -> None:
+    """The retry reaches another server over the same store: the store's count decides."""
+    first, second = _service(redis_url), _service(redis_url)
+    n = first.backend.store.num_events(1)
+    append = {**_events(1, [5, 6], T0), "expected_events": n}
+
+    async def send(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/v1/events", json=append)
+
+    assert run_with_client(first, send).status_code == 200
+    retry = run_with_client(second, send)
+    assert retry.status_code == 409, retry.text
+    assert retry.json()["error"] == "HistoryConflictError"
+    assert retry.json()["num_events"] == n + 2
+    assert second.backend.store.num_events(1) == n + 2
+
+
 def test_a_store_out_of_reach_answers_503_and_the_server_keeps_serving(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     service = _service(server.url)

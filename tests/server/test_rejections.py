@@ -165,7 +165,7 @@ def test_an_untimed_model_serves_untimed_users_only(tmp_path: Path) -> None:
 
 # ---- property: whatever arrives, no 5xx, and a rejection changes nothing -------------------
 FIELDS = ["user_id", "recent_items", "recent_timestamps", "request_ts", "num_candidates",
-          "candidates", "suffix_tokens", "items", "timestamps", "junk"]
+          "candidates", "suffix_tokens", "items", "timestamps", "expected_events", "junk"]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                     st.integers(0, 30), st.floats(allow_nan=False, allow_infinity=False),
                     st.text(max_size=4))

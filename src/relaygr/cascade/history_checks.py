@@ -15,7 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from relaygr.data.servable import MAX_TIMESTAMP_S, MAX_USER_ID
-from relaygr.errors import EmptyInputError, InvalidInputError, ItemOutOfRangeError, TimestampError
+from relaygr.errors import (
+    EmptyInputError,
+    HistoryConflictError,
+    InvalidInputError,
+    ItemOutOfRangeError,
+    TimestampError,
+)
 
 
 def check_user(user_id: int) -> None:
@@ -102,3 +108,17 @@ def check_suffix_timestamps(timed: bool, ids: np.ndarray,
     if ts is not None and ts.shape != ids.shape:
         raise TimestampError(f"{ids.size} items but {ts.size} timestamps")
     return ts
+
+
+def check_expected(user_id: int, expected_events: int | None, num_events: int) -> None:
+    """An append's precondition: ``HistoryConflictError`` unless the user has exactly
+    ``expected_events`` events (0 for a user the store does not hold); None checks nothing.
+    Checked before the timestamps, so that a retried append is told it was applied rather
+    than that its timestamps now go back in time."""
+    if expected_events is None:
+        return
+    if not isinstance(expected_events, (int, np.integer)) or isinstance(expected_events, bool) \
+            or expected_events < 0:
+        raise InvalidInputError(f"expected_events must be an int >= 0, got {expected_events!r}")
+    if expected_events != num_events:
+        raise HistoryConflictError(user_id, int(expected_events), num_events)

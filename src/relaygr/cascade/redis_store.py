@@ -13,14 +13,15 @@ Versions are derived from what the store holds: ``version_at(user, n, start)`` r
 ``n`` and ``start`` and applies ``engine.versions.version_of``, so it is O(1) and equal, for the
 same events, to ``InMemoryHistoryStore``'s in every process.
 
-Appends are atomic per user: the client reads the user's tail (length, newest sum and
-timestamp) in one script, checks the events and computes their sums from it, and one write
-script appends items, timestamps and sums only when the user's length is still the one read
-(compare-and-set; append-only means same length, same history); when another appender got there
-first nothing is written and the client reads again. A user is created by the same script
-(length 0), so two appenders never interleave, lose or duplicate events, and a reader sees an
-append whole or not at all. ``add_absent`` creates users that are absent and leaves present
-ones alone (what a second server starting on the same store needs).
+Appends are atomic per user: the client reads the user's tail (length, newest sum and timestamp)
+in one script, checks the events and computes their sums from it, and one write script appends
+items, timestamps and sums only when the user's length is still the one read (compare-and-set;
+append-only means same length, same history); when another appender got there first nothing is
+written and the client reads again. An append's ``expected_events`` is checked against the
+length read, so it holds at the write as the compare-and-set does. A user is created by the same
+script (length 0), so two appenders never interleave, lose or duplicate events, and a reader
+sees an append whole or not at all. ``add_absent`` creates users that are absent and leaves
+present ones alone (what a second server starting on the same store needs).
 
 Failures: the client does not retry by itself (a retried write could be applied twice), so a
 connection error, a timeout or a refusal (out of memory, read-only) is a
@@ -44,6 +45,7 @@ from redis.retry import Retry
 from relaygr.cascade.history_checks import (
     as_int_array,
     check_count,
+    check_expected,
     check_items,
     check_start,
     check_suffix_timestamps,
@@ -226,11 +228,16 @@ class RedisHistoryStore(HistoryStore):
                           state.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
+               timestamps: npt.ArrayLike | None = None,
+               expected_events: int | None = None) -> HistorySnapshot:
+        """``expected_events`` is checked against the length read, which the write script's
+        compare-and-set then requires: when another appender gets in between, the next round
+        reads its length and the precondition fails, so the check is atomic with the write."""
         check_user(user_id)
         ids = check_items(items, self.num_items)
         for _ in range(_MAX_TRIES):
             tail = self._sums(user_id, -1)
+            check_expected(user_id, expected_events, tail.length)
             timed = timestamps is not None if tail.length == 0 else tail.timed
             ts = check_timestamps(timed, tail.last_ts, ids, timestamps)
             sums = event_hash_sums(ids, ts, tail.length, tail.sums[0])

@@ -74,6 +74,9 @@ class Visit:
     recent_timestamps: tuple[int, ...] | None = None
     request_ts: int | None = None
     num_candidates: int | None = None     # None: the system's default
+    # the user's event count the caller expects before the visit's own events are appended
+    # (the append's precondition, ``HistoryStore.append``); None: no precondition
+    expected_events: int | None = None
 
 
 @dataclass(frozen=True)
@@ -213,10 +216,12 @@ class RequestPath:
         return await self._second_leg(leg, first, route, candidates.to(torch.int64))
 
     def append_events(self, user_id: int, items: Sequence[int],
-                      timestamps: Sequence[int] | None = None) -> int:
-        """Append behaviour events (the prefix version changes); returns the new length."""
+                      timestamps: Sequence[int] | None = None,
+                      expected_events: int | None = None) -> int:
+        """Append behaviour events (the prefix version changes); returns the new length.
+        ``expected_events``: the append's precondition (``HistoryConflictError``)."""
         before = self.store.num_events(user_id) if user_id in self.store else 0
-        after = self.store.append(user_id, items, timestamps).num_events
+        after = self.store.append(user_id, items, timestamps, expected_events).num_events
         self.counters.window_slides += int(before > 0 and self.window.slid(before, after))
         return after
 
@@ -291,7 +296,8 @@ class RequestPath:
         done = time.perf_counter()
         preinfer = await self._outcome(first)      # before the append: nothing can fail after
         if visit.recent_items:
-            self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps)
+            self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps,
+                               visit.expected_events)
         self.counters.requests += 1
         self.counters.windowed_requests += int(spec.window_start > 0)
         self.counters.paths[result.path.value] += 1

@@ -33,6 +33,7 @@ from relaygr.cascade.eventlog import EventLog
 from relaygr.cascade.history_checks import (
     as_int_array,
     check_count,
+    check_expected,
     check_items,
     check_start,
     check_suffix_timestamps,
@@ -82,8 +83,12 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
-        """Add events after the user's last one (creating the user); returns the new history."""
+               timestamps: npt.ArrayLike | None = None,
+               expected_events: int | None = None) -> HistorySnapshot:
+        """Add events after the user's last one (creating the user); returns the new history.
+        ``expected_events``: only when the user has exactly that many events now (0: a user the
+        store does not hold), else ``HistoryConflictError`` and nothing appended; checked
+        atomically with the append (``history_checks.check_expected``)."""
 
     @abstractmethod
     def version_after(self, user_id: int, num_events: int, items: npt.ArrayLike,
@@ -230,12 +235,14 @@ class InMemoryHistoryStore(HistoryStore):
         return version_of(hash_sum, n + ids.size - first, log.timed, first)
 
     def append(self, user_id: int, items: npt.ArrayLike,
-               timestamps: npt.ArrayLike | None = None) -> HistorySnapshot:
+               timestamps: npt.ArrayLike | None = None,
+               expected_events: int | None = None) -> HistorySnapshot:
         check_user(user_id)
         if self._closed:
             raise HistoryStoreUnavailableError(self._closed_reason())
         ids = check_items(items, self.num_items)
         log = self._logs.get(user_id)
+        check_expected(user_id, expected_events, 0 if log is None else log.length)
         last_ts = None
         if log is not None and log.timestamps is not None and log.length:
             last_ts = int(log.timestamps[log.length - 1])

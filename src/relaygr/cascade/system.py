@@ -97,9 +97,11 @@ class RelaySystem:
         return await self.path.rank_candidates(visit, candidates)
 
     def append_events(self, user_id: int, items: Sequence[int],
-                      timestamps: Sequence[int] | None = None) -> int:
-        """Append behaviour events (the prefix version changes); returns the new length."""
-        return self.path.append_events(user_id, items, timestamps)
+                      timestamps: Sequence[int] | None = None,
+                      expected_events: int | None = None) -> int:
+        """Append behaviour events (the prefix version changes); returns the new length.
+        ``expected_events``: the append's precondition (``HistoryStore.append``)."""
+        return self.path.append_events(user_id, items, timestamps, expected_events)
 
     # ---- fault injection ---------------------------------------------------------------------
     async def fail_instance(self, name: str) -> None:

@@ -234,8 +234,9 @@ class RayBackend:
         return await self.path.rank_candidates(visit, candidates)
 
     def append_events(self, user_id: int, items: Sequence[int],
-                      timestamps: Sequence[int] | None) -> int:
-        return self.path.append_events(user_id, items, timestamps)
+                      timestamps: Sequence[int] | None,
+                      expected_events: int | None = None) -> int:
+        return self.path.append_events(user_id, items, timestamps, expected_events)
 
     def snapshot(self) -> ServingSnapshot:
         c, snapshots = self.path.counters, self.fleet.snapshots

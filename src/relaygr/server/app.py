@@ -5,12 +5,14 @@ drive it with httpx's ASGI transport and ``relaygr serve`` runs it on uvicorn (t
 serves the same app). The lifespan starts the service and, on shutdown, drains in-flight
 requests before stopping the instances.
 
-Status codes: 200 answered; 400 a body that cannot be read as text; 404 unknown user (or
-path); 413 body over the limit; 422 malformed or invalid input (wrong types, unknown fields, ids
-outside the catalogue, sequences over the model's length, empty or oversize lists); 503
-overloaded, draining, no healthy instance or the shared history store out of reach, with
+Status codes: 200 answered; 400 a body that cannot be read as text; 404 unknown user (or path);
+409 an append's ``expected_events`` is not the user's event count (nothing appended; the body
+says the count); 413 body over the limit; 422 malformed or invalid input (wrong types, unknown
+fields, ids outside the catalogue, sequences over the model's length, empty or oversize lists);
+503 overloaded, draining, no healthy instance or the shared history store out of reach, with
 ``Retry-After``.
-Every error body is ``{"error": <type>, "detail": <what is wrong>}``.
+Every error body is ``{"error": <type>, "detail": <what is wrong>}`` (a 409's adds
+``num_events`` and ``expected_events``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relaygr import __version__
 from relaygr.errors import (
+    HistoryConflictError,
     HistoryStoreUnavailableError,
     InvalidInputError,
     NoHealthyInstanceError,
@@ -37,7 +40,9 @@ from relaygr.errors import (
 from relaygr.server.kserve import KSERVE_ENDPOINTS, install_kserve_routes
 from relaygr.server.middleware import BodyLimit, StatusCounter
 from relaygr.server.schemas import (
+    APPEND_RESPONSES,
     ERROR_RESPONSES,
+    ConflictResponse,
     ErrorResponse,
     EventsRequest,
     EventsResponse,
@@ -97,6 +102,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def invalid_input(_: Request, exc: InvalidInputError) -> JSONResponse:
         return _error(422, exc)
 
+    @app.exception_handler(HistoryConflictError)
+    async def conflict(_: Request, exc: HistoryConflictError) -> JSONResponse:
+        body = ConflictResponse(error=type(exc).__name__, detail=str(exc),
+                                num_events=exc.num_events, expected_events=exc.expected_events)
+        return JSONResponse(body.model_dump(), status_code=409)
+
     @app.exception_handler(OverloadedError)
     async def overloaded(_: Request, exc: OverloadedError) -> JSONResponse:
         retry_after = str(max(1, math.ceil(exc.retry_after_s)))
@@ -112,7 +123,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_routes(app: FastAPI, service: RelayService) -> None:
-    @app.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES,
+    @app.post("/v1/recommend", response_model=RecommendResponse, responses=APPEND_RESPONSES,
               summary="Run the whole cascade for a user: retrieval, pre-processing, ranking",
               description=RECOMMEND_DELAY_NOTE)
     async def recommend(body: RecommendRequest) -> RecommendResponse:
@@ -123,12 +134,12 @@ def _install_routes(app: FastAPI, service: RelayService) -> None:
     async def prefill(body: PrefillRequest) -> PreinferOut:
         return await service.prefill(body)
 
-    @app.post("/v1/rank", response_model=RecommendResponse, responses=ERROR_RESPONSES,
+    @app.post("/v1/rank", response_model=RecommendResponse, responses=APPEND_RESPONSES,
               summary="Rank given candidates, consuming the relayed prefix when present")
     async def rank(body: RankRequest) -> RecommendResponse:
         return await service.rank(body)
 
-    @app.post("/v1/events", response_model=EventsResponse, responses=ERROR_RESPONSES,
+    @app.post("/v1/events", response_model=EventsResponse, responses=APPEND_RESPONSES,
               summary="Append behaviour events to a user's history")
     async def events(body: EventsRequest) -> EventsResponse:
         return await service.events(body)

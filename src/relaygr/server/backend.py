@@ -59,7 +59,8 @@ class RelayBackend(Protocol):
     async def rank(self, visit: Visit, candidates: Tensor) -> Recommendation: ...
 
     def append_events(self, user_id: int, items: Sequence[int],
-                      timestamps: Sequence[int] | None) -> int: ...
+                      timestamps: Sequence[int] | None,
+                      expected_events: int | None = None) -> int: ...
 
     def snapshot(self) -> ServingSnapshot: ...
 
@@ -108,8 +109,9 @@ class EmbeddedBackend:
         return await self.system.rank_candidates(visit, candidates)
 
     def append_events(self, user_id: int, items: Sequence[int],
-                      timestamps: Sequence[int] | None) -> int:
-        return self.system.append_events(user_id, items, timestamps)
+                      timestamps: Sequence[int] | None,
+                      expected_events: int | None = None) -> int:
+        return self.system.append_events(user_id, items, timestamps, expected_events)
 
     def snapshot(self) -> ServingSnapshot:
         c = self.system.counters

@@ -40,6 +40,14 @@ ItemId = Annotated[int, Field(ge=1, le=MAX_JSON_INT, description="item id (1..nu
                    _INTEGER]
 Timestamp = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_S, description="unix seconds"), _INTEGER]
 Count = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS), _INTEGER]
+# An append's precondition (``expected_events``): a history has no length limit, so only JSON's
+# exact-integer bound.
+EventCount = Annotated[int, Field(ge=0, le=MAX_JSON_INT), _INTEGER]
+EXPECTED_EVENTS_NOTE = (
+    "the number of events the client believes the user has before this request's events are "
+    "appended (0: a user the server does not hold); when given and not the store's count, the "
+    "request is refused with 409 (HistoryConflictError, with the count) and nothing is "
+    "appended, so a retry after a timeout appends once")
 Length = Annotated[int, Field(ge=0, le=MAX_LIST_ITEMS), _INTEGER]
 ItemList = Annotated[list[ItemId], Field(max_length=MAX_LIST_ITEMS)]
 ItemIds = Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIST_ITEMS)]
@@ -62,6 +70,7 @@ class VisitFields(StrictBody):
         default=None, description="required for a timed user, one per recent item")
     request_ts: Timestamp | None = Field(
         default=None, description="the time candidates are scored at (timed users only)")
+    expected_events: EventCount | None = Field(default=None, description=EXPECTED_EVENTS_NOTE)
 
 
 class RecommendRequest(VisitFields):
@@ -92,6 +101,7 @@ class EventsRequest(StrictBody):
     user_id: UserId
     items: ItemIds
     timestamps: TimestampList | None = None
+    expected_events: EventCount | None = Field(default=None, description=EXPECTED_EVENTS_NOTE)
 
 
 class PreinferOut(BaseModel):
@@ -182,7 +192,18 @@ class ErrorResponse(BaseModel):
     detail: str
 
 
+class ConflictResponse(ErrorResponse):
+    """A 409's body: an append's ``expected_events`` was not the user's count; nothing was
+    appended. ``num_events`` is the count now (what a retry that was applied finds)."""
+
+    num_events: int
+    expected_events: int
+
+
 # The errors a route that serves requests may answer (bad input, unknown user or model,
 # oversize body, overload), for the OpenAPI schema: FastAPI's ``responses=``.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 503)}
+# ... and of the routes that append events (a failed ``expected_events``).
+APPEND_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES, 409: {"model": ConflictResponse}}

@@ -146,7 +146,7 @@ class RelayService:
         async with self.admission.admit(), self.users.hold(request.user_id):
             self.validator.events(request)
             count = self.backend.append_events(request.user_id, request.items,
-                                               request.timestamps)
+                                               request.timestamps, request.expected_events)
         return EventsResponse(user_id=request.user_id, num_events=count)
 
     def _dense_visit(self, request: _V) -> _V:
@@ -195,7 +195,8 @@ def _visit(request: VisitFields, num_candidates: int | None) -> Visit:
     timestamps = None
     if recent and request.recent_timestamps is not None:
         timestamps = tuple(request.recent_timestamps)
-    return Visit(request.user_id, recent, timestamps, request.request_ts, num_candidates)
+    return Visit(request.user_id, recent, timestamps, request.request_ts, num_candidates,
+                 request.expected_events)
 
 
 def _preinfer_out(outcome: PrefillOutcome) -> PreinferOut:

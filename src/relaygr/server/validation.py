@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from relaygr.cascade.config import SystemConfig
+from relaygr.cascade.history_checks import check_expected
 from relaygr.cascade.store import HistorySnapshot, HistoryStore
 from relaygr.cascade.window import HistoryWindow
 from relaygr.errors import (
@@ -48,8 +49,11 @@ class RequestValidator:
 
     # ---- per endpoint ------------------------------------------------------------------------
     def visit(self, request: VisitFields) -> HistorySnapshot:
-        """A visit's user, recent events and request time; returns the user's history."""
+        """A visit's user, its ``expected_events`` (409 before anything is ranked; the store
+        checks it again with the append), recent events and request time; returns the user's
+        history."""
         history = self.history(request.user_id)
+        check_expected(request.user_id, request.expected_events, history.num_events)
         self._count("recent_items", request.recent_items, self.server.max_events_per_request)
         self._items("recent_items", request.recent_items)
         if request.recent_items or request.recent_timestamps:
@@ -89,13 +93,16 @@ class RequestValidator:
 
     def events(self, request: EventsRequest) -> None:
         """Appends are kept whole at any history length (the model reads the newest window).
-        A user the request creates is timed exactly when the model is."""
+        A user the request creates is timed exactly when the model is. ``expected_events``
+        is checked before the timestamps (a retry's are stale once its append was applied)."""
         self._count("items", request.items, self.server.max_events_per_request)
         self._items("items", request.items)
         if request.user_id not in self.store:
+            check_expected(request.user_id, request.expected_events, 0)
             self._new_user_timestamps(request.items, request.timestamps)
             return
         history = self.store.get(request.user_id)
+        check_expected(request.user_id, request.expected_events, history.num_events)
         self._timestamps(history, "items", request.items, "timestamps", request.timestamps)
 
     # ---- shared checks -----------------------------------------------------------------------
