@@ -59,6 +59,29 @@ def test_after_the_cool_down_one_probe_at_a_time_decides() -> None:
     assert breaker.errors == 0 and breaker.routable(21.0)
 
 
+def test_a_first_leg_reserves_the_probe_for_its_ranking_leg_until_it_lapses() -> None:
+    breaker = CircuitBreaker(BreakerConfig(errors_to_open=1, cool_down_s=10.0))
+    assert breaker.raised(breaker.send(0.0), 0.0, BOOM)
+    assert not breaker.reserve(9.0, "r1", 2.0)            # open: nothing to reserve
+    assert breaker.reserve(10.0, "r1", 2.0)
+    assert not breaker.reserve(10.0, "r2", 2.0)           # one reservation at a time
+    assert breaker.routable(11.0, "r1") and not breaker.routable(11.0, "r2")
+    assert not breaker.routable(11.0)                    # nor any other first leg
+    assert not breaker.send(11.0, "r2")                   # a leg sent anyway is no probe
+    probe = breaker.send(11.0, "r1")                      # the holder's ranking leg
+    assert probe and not breaker.routable(11.0, "r1")    # the probe is out
+    assert breaker.raised(probe, 11.5, BOOM) and breaker.state(21.0) is BreakerState.OPEN
+    # a reservation whose ranking leg never comes lapses after hold_s
+    assert breaker.reserve(21.5, "r3", 2.0)
+    assert not breaker.routable(23.4) and breaker.routable(23.5)
+    assert breaker.reserve(23.5, "r4", 2.0) and not breaker.send(23.6, "r3")
+    # a holder whose ranking leg goes elsewhere gives the probe to the next request
+    breaker.release("r4")
+    assert breaker.routable(23.6) and breaker.answered(breaker.send(23.6, "r5"))
+    assert breaker.state(23.6) is BreakerState.CLOSED and breaker.routable(23.6, "r4")
+    assert not breaker.reserve(23.6, "r6", 2.0)           # closed: nothing to reserve
+
+
 def test_the_breakers_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="errors_to_open must be a positive int, got 0"):
         BreakerConfig(errors_to_open=0)

@@ -13,9 +13,11 @@ import torch
 
 from relaygr.bench.protocol import RunClock
 from relaygr.bench.systems import CascadeUnderTest
+from relaygr.cascade.breaker import BreakerState
 from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.engine.types import RankPath
 from relaygr.errors import NoHealthyInstanceError, SequenceTooLongError
 from relaygr.routing import rendezvous_order
 from tests.cascade.test_system import (
@@ -176,3 +178,106 @@ def test_the_breakers_never_take_the_whole_fleet_out() -> None:
     assert answered.instance == probe.instance == "rank-1"
     torch.testing.assert_close(answered.scores, want[0].scores, atol=SCORE_TOL, rtol=SCORE_TOL)
     assert system.counters.instance_errors == 6 and system.fleet.breaker_opens == 2
+
+
+def test_a_half_open_instance_is_probed_by_the_request_whose_first_leg_reserved_it() -> None:
+    """At the end of the cool-down, four of rank-1's users arrive at once. The first one's
+    pre-infer goes to rank-1 and reserves the probe, so its ranking leg follows it there and
+    closes the breaker; the others pre-infer on their next choice, and their ranking legs follow
+    them there. No ranking leg is moved off the prefix it pre-inferred (none recomputes it),
+    nothing counts as a failover, and every score is the full pass's."""
+    plan, seen = [], set()
+    for visit in owned_by("rank-1", 20):
+        if visit.user_id not in seen:
+            plan.append(visit)
+            seen.add(visit.user_id)
+    plan = plan[:4]
+    assert len(plan) == 4
+    want, _ = serve("baseline", plan)
+    system, clock = system_on_a_clock()
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            breaker = system.fleet.breakers["rank-1"]
+            for _ in range(3):                                 # three errors: open at 0
+                breaker.raised(breaker.send(0.0), 0.0, DEVICE_ERROR)
+            clock.now_s = COOL_DOWN_S                          # half-open, no probe out
+            assert health(system) == {"rank-0": True, "rank-1": True}
+            out = await asyncio.gather(*(system.recommend(v) for v in plan))
+            await system.wait_idle()
+            return list(out)
+        finally:
+            await system.stop()
+
+    out = asyncio.run(main())
+    assert [r.preinfer_instance for r in out] == ["rank-1"] + ["rank-0"] * 3
+    assert [r.instance for r in out] == [r.preinfer_instance for r in out]
+    assert all(r.path is not RankPath.FULL for r in out), [r.path for r in out]
+    assert system.fleet.breakers["rank-1"].state(clock.now_s) is BreakerState.CLOSED
+    assert system.counters.failovers == system.counters.lost_preinfer == 0
+    for got, expected in zip(out, want, strict=True):
+        assert torch.equal(got.candidates, expected.candidates)
+        torch.testing.assert_close(got.scores, expected.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+
+
+def test_a_prefill_alone_reserves_the_probe_for_its_rank_and_lapses_without_it() -> None:
+    """``/v1/prefill`` then ``/v1/rank`` are one request: a prefill routed to a half-open
+    instance reserves its probe for the rank that follows it (another user's visit meanwhile
+    goes to its next choice), and that rank closes the breaker from the relayed prefix. A
+    prefill whose rank never comes holds the probe only for the pre-infer's lease."""
+    users = sorted({v.user_id for v in owned_by("rank-1", 20)})
+    assert len(users) >= 3
+    candidates = torch.arange(1, 25)
+    want = baseline_ranks([(users[0], candidates)])
+    system, clock = system_on_a_clock()
+    lease_s = system.config.instance.lease_s
+
+    async def main() -> tuple[Recommendation, str, str]:
+        await system.start()
+        try:
+            breaker = system.fleet.breakers["rank-1"]
+            for _ in range(3):
+                breaker.raised(breaker.send(0.0), 0.0, DEVICE_ERROR)
+            clock.now_s = COOL_DOWN_S
+            first, _ = await system.prefill(users[0])
+            other, _ = await system.prefill(users[1])         # its rank never comes
+            ranked = await system.rank_candidates(Visit(users[0]), candidates)
+            assert breaker.state(clock.now_s) is BreakerState.CLOSED
+            # open again; the next half-open probe is reserved by a prefill that never ranks
+            for _ in range(3):
+                breaker.raised(breaker.send(clock.now_s), clock.now_s, DEVICE_ERROR)
+            clock.now_s += COOL_DOWN_S
+            assert (await system.prefill(users[1]))[0] == "rank-1"
+            assert (await system.prefill(users[2]))[0] == "rank-0"     # reserved
+            clock.now_s += lease_s                                     # the reservation lapses
+            assert (await system.prefill(users[2]))[0] == "rank-1"
+            await system.wait_idle()
+            return ranked, first, other
+        finally:
+            await system.stop()
+
+    ranked, first, other = asyncio.run(main())
+    assert (first, other) == ("rank-1", "rank-0")
+    assert ranked.instance == "rank-1" and ranked.path is not RankPath.FULL
+    assert system.counters.failovers == system.counters.lost_preinfer == 0
+    assert torch.equal(ranked.candidates, want[0].candidates)
+    torch.testing.assert_close(ranked.scores, want[0].scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+
+
+def baseline_ranks(requests: list[tuple[int, torch.Tensor]]) -> list[Recommendation]:
+    """The full pass's ranking of each (user, candidates), in order, by the baseline."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config("baseline"), model, store, flops_cost_model(model.cfg))
+
+    async def main() -> list[Recommendation]:
+        await system.start()
+        try:
+            return [await system.rank_candidates(Visit(u), c) for u, c in requests]
+        finally:
+            await system.stop()
+
+    out = asyncio.run(main())
+    assert all(r.path is RankPath.FULL for r in out)
+    return out

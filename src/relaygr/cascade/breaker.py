@@ -10,10 +10,16 @@ per instance:
   answer in between starts the count again.
 * open: not routed (its users go to their next choice, which computes their prefixes) until
   ``cool_down_s`` after it opened.
-* half-open (the cool-down is over): routed for one ranking leg, the probe, and not routed while
-  the probe is out. The probe's answer closes the breaker; its error opens it for another
-  cool-down; a probe that proves nothing either way (the request's own error, the instance
-  gone, the leg cancelled) leaves the probe to the next leg.
+* half-open (the cool-down is over): routed for one request, the probe, and not routed while
+  the probe is out. A request's first leg (its pre-infer signal) routed there reserves the probe
+  for its request (``reserve``), so its ranking leg, which follows the first leg, is the probe;
+  meanwhile other requests' legs go to their next choice, and their ranking legs follow them
+  there (none is moved off the prefix it pre-inferred). Without a reservation, the first ranking
+  leg routed there is the probe. A reservation whose ranking leg does not come within
+  ``hold_s`` (a pre-infer signal alone, a request that failed before ranking) lapses. The
+  probe's answer closes the breaker; its error opens it for another cool-down; a probe that
+  proves nothing either way (the request's own error, the instance gone, the leg cancelled or
+  shed, or sent elsewhere) leaves the probe to the next request.
 
 A Ray replica keeps one over its own instance (``distributed.health``) and no leg is ever its
 probe: once open it stays open, the replica's health check fails, and Ray Serve replaces the
@@ -61,7 +67,10 @@ class BreakerState(enum.Enum):
 
 
 class CircuitBreaker:
-    """One instance's breaker (see the module docstring). One event loop drives it."""
+    """One instance's breaker (see the module docstring). One event loop drives it.
+
+    ``holder``: the request (its id) that a first leg reserved the probe for; the breaker is
+    routable to that request's ranking leg while the reservation stands."""
 
     def __init__(self, config: BreakerConfig) -> None:
         self.config = config
@@ -69,7 +78,9 @@ class CircuitBreaker:
         self.opened = 0             # times it opened (a failed probe opens it again)
         self._open = False
         self._probe_at = 0.0        # while open: when the cool-down ends
-        self._probing = False       # while half-open: the probe is out
+        self._probing = False       # while half-open: the probe is out (a ranking leg sent)
+        self._holder: str | None = None     # while half-open: the request that reserved it
+        self._hold_until = 0.0      # ... until then
         self._why = ""
 
     def state(self, now: float) -> BreakerState:
@@ -83,25 +94,55 @@ class CircuitBreaker:
         until a probe has answered."""
         return self._why if self._open else None
 
-    def routable(self, now: float) -> bool:
-        """Whether a leg may be routed to the instance now: closed, or half-open with no probe
-        out."""
+    def routable(self, now: float, holder: str | None = None) -> bool:
+        """Whether a leg of request ``holder`` (None: a request that holds nothing, such as a
+        first leg) may be routed to the instance now: closed, or half-open with no probe out
+        or reserved for another request."""
         state = self.state(now)
-        return state is BreakerState.CLOSED or (state is BreakerState.HALF_OPEN
-                                                and not self._probing)
-
-    def send(self, now: float) -> bool:
-        """A ranking leg goes to the instance now; whether it is the probe. Its outcome is
-        then reported once: ``answered``, ``raised`` or ``proved_nothing``."""
-        if self.state(now) is BreakerState.HALF_OPEN and not self._probing:
-            self._probing = True
+        if state is BreakerState.CLOSED:
             return True
-        return False
+        if state is BreakerState.OPEN or self._probing:
+            return False
+        return self._reserved_by(now) in (None, holder)
+
+    def reserve(self, now: float, holder: str, hold_s: float) -> bool:
+        """A first leg of request ``holder`` goes to the instance now; whether it reserved the
+        probe (half-open, no probe out nor reserved) for that request's ranking leg, for at
+        most ``hold_s``."""
+        if self.state(now) is not BreakerState.HALF_OPEN or self._probing \
+                or self._reserved_by(now) is not None:
+            return False
+        self._holder, self._hold_until = holder, now + hold_s
+        return True
+
+    def release(self, holder: str) -> None:
+        """Request ``holder``'s ranking leg will not be the probe (it went elsewhere, or was
+        shed): its reservation, if it holds one, passes to the next request."""
+        if self._holder == holder:
+            self._holder = None
+
+    def send(self, now: float, holder: str | None = None) -> bool:
+        """A ranking leg (of request ``holder``) goes to the instance now; whether it is the
+        probe: the leg whose request reserved it, or the first leg sent while it is half-open
+        with no probe out nor reserved. Its outcome is then reported once: ``answered``,
+        ``raised`` or ``proved_nothing``."""
+        if self.state(now) is not BreakerState.HALF_OPEN or self._probing:
+            return False
+        reserved = self._reserved_by(now)
+        if reserved is not None and reserved != holder:
+            return False
+        self._probing, self._holder = True, None
+        return True
+
+    def _reserved_by(self, now: float) -> str | None:
+        """The request the probe is reserved for now (None: not reserved, or it lapsed)."""
+        return self._holder if self._holder is not None and now < self._hold_until else None
 
     def answered(self, probe: bool) -> bool:
         """The leg was answered; whether that closed the breaker (the probe answered)."""
         if probe:
             self._probing = self._open = False
+            self._holder = None
             self.errors = 0
             return True
         if not self._open:
@@ -131,6 +172,7 @@ class CircuitBreaker:
 
     def _trip(self, now: float, why: str) -> None:
         self._open = True
+        self._holder = None
         self._probe_at = now + self.config.cool_down_s
         self.errors = 0
         self.opened += 1

@@ -26,9 +26,12 @@ later); either way the path awaits the ``FirstLeg`` only when it needs it.
 
 ``InstanceFleet`` keeps a circuit breaker per instance (``cascade.breaker``): an instance whose
 ranking calls keep raising is left out of the router's views, and its snapshot reports it
-unhealthy with the reason, until a probe answers. The breakers never take the whole fleet out:
-when no instance that is up would be routable, they are ignored (each request then fails over,
-or fails, on its own).
+unhealthy with the reason, until a probe answers. A first leg routed to a half-open instance
+reserves its probe for the request (for the pre-infer's lease, ``InstanceConfig.lease_s``: a
+ranking leg that has not come by then finds no relayed prefix anyway), so the ranking leg that
+follows it is the probe, and the instance is out of the other requests' views meanwhile. The
+breakers never take the whole fleet out: when no instance that is up would be routable, they
+are ignored (each request then fails over, or fails, on its own).
 
 The shed rules are written here once (``sheds_preinfer``, ``rank_shed``): pre-infer is shed
 first (at ``shed_preinfer_queue_depth`` ranking requests queued), then ranking answers 503 (at
@@ -177,13 +180,15 @@ class InstanceFleet:
     def _now(self) -> float:
         return asyncio.get_running_loop().time() if self.clock is None else self.clock()
 
-    def views(self, avoid: tuple[str, ...] = ()) -> list[InstanceView]:
+    def views(self, avoid: tuple[str, ...] = (), holder: str | None = None
+              ) -> list[InstanceView]:
         """What the router sees: each instance's queue depth, and its health: up, not in
-        ``avoid``, and its breaker routable (the breakers are ignored where they would leave no
-        instance that is up routable: see the module docstring)."""
+        ``avoid``, and its breaker routable to request ``holder``'s legs (the breakers are
+        ignored where they would leave no instance that is up routable: see the module
+        docstring)."""
         now = self._now()
         up = [i.healthy for i in self.instances]
-        routable = [u and self.breakers[i.name].routable(now)
+        routable = [u and self.breakers[i.name].routable(now, holder)
                     for i, u in zip(self.instances, up, strict=True)]
         if not any(routable):
             routable = up
@@ -205,6 +210,10 @@ class InstanceFleet:
         if not send:
             return FirstLeg(decision)
         instance = self.by_name[decision.instance_id]
+        if self.breakers[instance.name].reserve(self._now(), request_id,
+                                                self.config.instance.lease_s):
+            log.info("%s is half-open: request %s's ranking leg is its probe", instance.name,
+                     request_id)
         if sheds_preinfer(instance.rank_queue_depth, self.config):
             return FirstLeg(decision, instance.name, SKIPPED, shed=True)
         try:
@@ -219,15 +228,19 @@ class InstanceFleet:
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
                    job: RankJob, avoid: tuple[str, ...]) -> RankResult:
-        views = self.views(avoid)
+        views = self.views(avoid, holder=request_id)
         decision = self.router.route(user_id, views) if first is None else \
             self.router.follow(first, views)
         instance = self.by_name[decision.instance_id]
+        for name, other in self.breakers.items():
+            if name != instance.name:       # a probe reserved there will not be taken
+                other.release(request_id)
+        breaker = self.breakers[instance.name]
         shed = rank_shed(instance.name, instance.rank_queue_depth, self.config)
         if shed is not None:
+            breaker.release(request_id)
             raise shed
-        breaker = self.breakers[instance.name]
-        probe = breaker.send(self._now())
+        probe = breaker.send(self._now(), request_id)
         try:
             result = await instance.rank(job)
         except BaseException as exc:

@@ -136,6 +136,15 @@ class _Suffix:
     grown: PrefixId | None
 
 
+@dataclass(frozen=True)
+class _Prefilled:
+    """A pre-infer signal sent alone (``RequestPath.prefill``), remembered until its ranking
+    leg comes: that leg is the same request (``request_id``) and follows ``first``."""
+
+    request_id: str
+    first: FirstLeg
+
+
 @dataclass
 class _Leg:
     """A request between its two legs: the routed prefix, the first leg as sent, and the
@@ -162,8 +171,8 @@ class RequestPath:
         self.stages = stages
         self.preinfers = spec_for(Mode.parse(config.mode)).preinfer
         self.counters = SystemCounters()
-        # prefill signal -> the decision its ranking leg follows (bounded: oldest dropped)
-        self._decisions: OrderedDict[int, RouteDecision] = OrderedDict()
+        # user -> its prefill signal, which its ranking leg follows (bounded: oldest dropped)
+        self._decisions: OrderedDict[int, _Prefilled] = OrderedDict()
 
     @property
     def remembered_prefills(self) -> int:
@@ -199,7 +208,7 @@ class RequestPath:
                               suffix_tokens=suffix_tokens)
         first = await self._first(leg)
         if first.route is not None:
-            self._decisions[user_id] = first.route
+            self._decisions[user_id] = _Prefilled(leg.request_id, first)
             self._decisions.move_to_end(user_id)
             while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
                 self._decisions.popitem(last=False)
@@ -210,9 +219,11 @@ class RequestPath:
 
     async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
         """Rank given candidates for a visit, consuming the relayed prefix when present."""
-        leg = self._first_leg(visit, send=False)
+        prefilled = self._decisions.pop(visit.user_id, None)
+        leg = self._first_leg(visit, send=False,
+                              request_id=None if prefilled is None else prefilled.request_id)
         first = await self._first(leg)
-        route = self._decisions.pop(visit.user_id, first.route)
+        route = first.route if prefilled is None else prefilled.first.route
         return await self._second_leg(leg, first, route, candidates.to(torch.int64))
 
     def append_events(self, user_id: int, items: Sequence[int],
@@ -236,11 +247,14 @@ class RequestPath:
                           lambda n: self.store.version_at(user_id, start + n, start), start)
         return spec, self.store.get(user_id).items
 
-    def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None) -> _Leg:
+    def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None,
+                   request_id: str | None = None) -> _Leg:
+        """The request's first leg (``request_id``: the request's, when it began with a
+        ``prefill``)."""
         s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
         spec, history_items = self._prefix_spec(visit.user_id, s)
         n_cand = visit.num_candidates or self.config.stages.num_candidates
-        request_id = uuid.uuid4().hex
+        request_id = request_id or uuid.uuid4().hex
         sent = self.fleet.preinfer(request_id, visit.user_id, spec, s, n_cand,
                                    send and self.preinfers)
         if isinstance(sent, FirstLeg):      # decided at once (counted now, as it was shed now)
