@@ -20,6 +20,7 @@ from relaygr.cascade.system import RelaySystem
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.types import RankPath
 from relaygr.errors import CacheStateError, ConfigError, NoCandidatesError
+from relaygr.routing import rendezvous_order
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
@@ -391,3 +392,45 @@ def test_a_preinfer_that_raises_is_lost_and_the_visit_ranks_in_full_once(reporte
     assert store.num_events(plan[0].user_id) == before + 3
     reference, _ = serve("baseline", plan)
     torch.testing.assert_close(out.scores, reference[0].scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+
+
+def test_queued_preinfers_do_not_spill_the_owners_users() -> None:
+    """The spill reads the ranking queue only: an owner with no ranking work but more queued
+    pre-infer jobs than ``spill_queue_depth`` keeps its users, whose next visit reloads its host
+    copy there instead of being pre-inferred again on their second choice."""
+    model = make_model(0, num_items=NUM_ITEMS)
+    store = InMemoryHistoryStore.from_sequences(histories(), num_items=NUM_ITEMS)
+    system = RelaySystem(config("relay"), model, store, flops_cost_model(model.cfg))
+    users = sorted(store)
+    user = next(u for u in users if rendezvous_order(u, ["rank-0", "rank-1"])[0] == "rank-0")
+    others = [u for u in users if u != user][:system.config.affinity.spill_queue_depth + 1]
+    timestamps = store.get(user).timestamps
+    assert timestamps is not None
+    last = int(timestamps[-1])
+    plan = [Visit(user, (1, 2, 3), (last + 1, last + 2, last + 3), last + 4, 24),
+            Visit(user, (4, 5, 6), (last + 5, last + 6, last + 7), last + 8, 24)]
+    want, _ = serve("baseline", plan)
+    owner = system.by_name["rank-0"]
+    assert isinstance(owner, RankingInstance)
+
+    async def main() -> tuple[Recommendation, int, int]:
+        await system.start()
+        try:
+            await system.recommend(plan[0])        # the owner's host tier keeps the prefix
+            await system.wait_idle()
+            for other in others:                   # other users' pre-infers queue on it
+                spec, _ = system.path._prefix_spec(other, 0)
+                owner.preinfer(spec, 0, 24)
+            queued = (owner.rank_queue_depth, owner.scheduler.prefill_queue_depth)
+            out = await system.recommend(plan[1])
+            await system.wait_idle()
+            return out, *queued
+        finally:
+            await system.stop()
+
+    out, rank_queued, preinfers_queued = asyncio.run(main())
+    assert rank_queued == 0 and preinfers_queued > system.config.affinity.spill_queue_depth
+    assert out.preinfer_instance == out.instance == "rank-0"
+    assert out.path is RankPath.HOST_HIT
+    assert torch.equal(out.candidates, want[1].candidates)
+    torch.testing.assert_close(out.scores, want[1].scores, atol=SCORE_TOL, rtol=SCORE_TOL)

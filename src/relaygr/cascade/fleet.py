@@ -5,7 +5,8 @@ from its instances, wherever they run:
 
 * ``InstanceFleet`` (here): K ``InstanceHandle``s behind the mode's router; a handle is a
   ``RankingInstance`` in this process or a ``ProcessInstance`` in a worker process of its own
-  (``engine.transport.processes``). The router runs here, over the handles' health and queue depths,
+  (``engine.transport.processes``). The router runs here, over the handles' health and ranking
+  queue depths,
   and the shed rules are checked here, on the queue depths this process sees.
 * ``ReplicaFleet`` (``distributed.ingress``): Ray Serve replicas; Serve's request router routes
   each leg with the same ``Router`` (``distributed.router``), and each replica checks the same
@@ -182,7 +183,8 @@ class InstanceFleet:
 
     def views(self, avoid: tuple[str, ...] = (), holder: str | None = None
               ) -> list[InstanceView]:
-        """What the router sees: each instance's queue depth, and its health: up, not in
+        """What the router sees: each instance's ranking queue depth (its load signal: queued
+        pre-infer work is not load, ``routing.types.InstanceView``), and its health: up, not in
         ``avoid``, and its breaker routable to request ``holder``'s legs (the breakers are
         ignored where they would leave no instance that is up routable: see the module
         docstring)."""
@@ -192,7 +194,7 @@ class InstanceFleet:
                     for i, u in zip(self.instances, up, strict=True)]
         if not any(routable):
             routable = up
-        return [InstanceView(i.name, r and i.name not in avoid, i.queue_depth)
+        return [InstanceView(i.name, r and i.name not in avoid, i.rank_queue_depth)
                 for i, r in zip(self.instances, routable, strict=True)]
 
     def snapshots(self) -> tuple[InstanceSnapshot, ...]:

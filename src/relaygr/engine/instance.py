@@ -176,6 +176,8 @@ class RankingInstance:
 
     @property
     def queue_depth(self) -> int:
+        """All queued work, ranking and pre-infer (what ``idle`` waits out). Not the router's
+        load signal: that is ``rank_queue_depth``."""
         return self.scheduler.rank_queue_depth + self.scheduler.prefill_queue_depth
 
     @property

@@ -23,8 +23,9 @@ from relaygr.routing.types import InstanceView, RouteDecision, RouteReason, chec
 class AffinityConfig:
     """Spill settings. ``max_spill_hops = 0`` disables spilling (pure user-id routing)."""
 
-    # A queue deeper than this means the owner is several ranking batches behind: waiting there
-    # costs more tail latency than computing the prefix on a less loaded instance.
+    # A ranking queue deeper than this means the owner is several ranking batches behind:
+    # waiting there costs more tail latency than computing the prefix on a less loaded
+    # instance. Queued pre-infer work is not load (``InstanceView.queue_depth``).
     spill_queue_depth: int = 8
     # One hop: a spilled user's cache is on at most two instances, and a hot owner sheds load
     # to a different instance for each of its users (their second choices differ).

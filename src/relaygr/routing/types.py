@@ -14,7 +14,11 @@ class InstanceView:
     """A router's snapshot of one ranking instance.
 
     ``instance_id`` is the instance's stable name (the hash key, so it must not change while the
-    instance lives); ``queue_depth`` is its load signal: requests queued or running on it.
+    instance lives); ``queue_depth`` is its load signal: ranking requests queued or running on
+    it. Queued pre-infer work is not load: a ranking request waits behind at most one of its
+    chunks (``engine.scheduler``), and a spill it caused would move the user off the instance
+    that holds its cache, to be pre-inferred again elsewhere. Under Ray Serve it is the replica's
+    ongoing calls, in which a pre-infer call counts only until it is answered (at once).
     """
 
     instance_id: str

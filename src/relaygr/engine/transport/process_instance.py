@@ -43,8 +43,7 @@ class ProcessInstance:
     """The parent's handle for one instance in a host process (``InstanceHandle``).
 
     ``rank_queue_depth`` counts the ranking requests sent and not yet answered (the one being
-    computed included), which is what the parent can know without asking; ``queue_depth`` adds
-    the host's last reported pre-infer queue.
+    computed included), which is what the parent can know without asking.
     """
 
     def __init__(self, link: HostLink, iid: int, config: Any, name: str,
@@ -70,10 +69,6 @@ class ProcessInstance:
     @property
     def rank_queue_depth(self) -> int:
         return self._ranks
-
-    @property
-    def queue_depth(self) -> int:
-        return self._ranks + self.last.prefill_queue_depth   # read per request: no copy
 
     def snapshot(self) -> InstanceSnapshot:
         """The host's last report, with health as the parent sees it now (a host that died
