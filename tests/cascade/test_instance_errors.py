@@ -281,3 +281,39 @@ def baseline_ranks(requests: list[tuple[int, torch.Tensor]]) -> list[Recommendat
     out = asyncio.run(main())
     assert all(r.path is RankPath.FULL for r in out)
     return out
+
+
+@pytest.mark.parametrize("why", ["down", "breaker_open"])
+def test_a_ranking_leg_moved_off_its_prefills_instance_counts_a_failover_and_a_lost_preinfer(
+        why: str) -> None:
+    """The instance a prefill went to is down, or out of routing (its breaker opened), when
+    the rank comes: ``follow`` sends the rank to the user's next choice without an error. That
+    is a failover (counted once) and the prefill's pre-infer did nothing (lost); the scores are
+    the full pass's."""
+    user = next(v.user_id for v in owned_by("rank-1", 1))
+    candidates = torch.arange(1, 25)
+    want = baseline_ranks([(user, candidates)])
+    system, clock = system_on_a_clock()
+
+    async def main() -> tuple[str, Recommendation]:
+        await system.start()
+        try:
+            prefilled, _ = await system.prefill(user)
+            if why == "down":
+                await system.fail_instance(prefilled)
+            else:
+                breaker = system.fleet.breakers[prefilled]
+                for _ in range(3):
+                    breaker.raised(breaker.send(clock.now_s), clock.now_s, DEVICE_ERROR)
+            ranked = await system.rank_candidates(Visit(user), candidates)
+            await system.wait_idle()
+            return prefilled, ranked
+        finally:
+            await system.stop()
+
+    prefilled, ranked = asyncio.run(main())
+    assert (prefilled, ranked.instance, ranked.path) == ("rank-1", "rank-0", RankPath.FULL)
+    counters = system.counters
+    assert (counters.failovers, counters.lost_preinfer, counters.instance_errors) == (1, 1, 0)
+    assert torch.equal(ranked.candidates, want[0].candidates)
+    torch.testing.assert_close(ranked.scores, want[0].scores, atol=SCORE_TOL, rtol=SCORE_TOL)

@@ -19,6 +19,7 @@ from relaygr.cascade.fleet import (
     FirstLeg,
     InstanceFailed,
     InstanceLost,
+    RankedLeg,
     rank_shed,
     sheds_preinfer,
 )
@@ -46,7 +47,8 @@ DONE = PreinferResult(PreinferAction.PREFILL, None, 7)
 
 class ScriptedFleet:
     """A fleet whose rank answers are scripted per attempt: ``"lost"``, ``"raised"`` (the
-    instance's own error), ``"shed"`` or a name.
+    instance's own error), ``"shed"`` or a name (the instance that answers; a leg answered by
+    another instance than the one it follows was moved: reason FAILOVER, as ``follow`` gives).
     ``deferred``: the first leg is answered later (as across Ray)."""
 
     def __init__(self, answers: list[str], deferred: bool = False, shed_first: bool = False
@@ -77,7 +79,7 @@ class ScriptedFleet:
         return asyncio.ensure_future(later())
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
-                   job: RankJob, avoid: tuple[str, ...]) -> RankResult:
+                   job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
         self.ranked.append((request_id, first, avoid))
         answer = self.answers.pop(0)
         lost = first.instance_id if first and not avoid else f"x{len(avoid)}"
@@ -88,7 +90,10 @@ class ScriptedFleet:
         if answer == "shed":
             depth_9 = SystemConfig(overload=OverloadConfig(max_rank_queue_depth=9))
             raise rank_shed(answer, 9, depth_9) or AssertionError
-        return RankResult(torch.zeros(job.candidates.shape[0]), RankPath.FULL, answer)
+        reason = RouteReason.OWNER if first is None else RouteReason.FOLLOWED \
+            if answer == first.instance_id else RouteReason.FAILOVER
+        return RankedLeg(RankResult(torch.zeros(job.candidates.shape[0]), RankPath.FULL, answer),
+                         RouteDecision(user_id, answer, 0, False, reason))
 
 
 def make_path(fleet: ScriptedFleet, mode: str = "relay") -> RequestPath:
@@ -122,7 +127,7 @@ def test_failover_avoids_each_lost_instance_then_gives_up() -> None:
     path = make_path(fleet)
     assert asyncio.run(path.recommend(VISIT)).instance == "b"
     assert [avoid for _, _, avoid in fleet.ranked] == [(), ("a",)]
-    assert path.counters.failovers == 1
+    assert path.counters.failovers == path.counters.lost_preinfer == 1
 
     fleet = ScriptedFleet(["lost"] * 3)
     path = make_path(fleet)
@@ -130,6 +135,26 @@ def test_failover_avoids_each_lost_instance_then_gives_up() -> None:
         asyncio.run(path.recommend(VISIT))
     assert path.counters.failovers == 3 and path.counters.requests == 0
     assert path.counters.instance_errors == 0
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_leg_moved_off_its_first_legs_instance_is_one_failover_and_its_preinfer_lost(
+        deferred: bool) -> None:
+    """``follow`` moves a ranking leg without an error when its first leg's instance is down or
+    out of routing as it comes: one failover, and the pre-infer delivered there did nothing.
+    After an error the move is that error's failover, not another one; a shed pre-infer was
+    never delivered, and a leg that stayed lost nothing."""
+    def counted(answers: list[str], shed_first: bool = False) -> tuple[int, int, int, int]:
+        path = make_path(ScriptedFleet(answers, deferred=deferred, shed_first=shed_first))
+        asyncio.run(path.recommend(VISIT))
+        c = path.counters
+        return c.failovers, c.instance_errors, c.lost_preinfer, c.shed_preinfer
+
+    assert counted(["b"]) == (1, 0, 1, 0)
+    assert counted(["raised", "b"]) == (1, 1, 1, 0)
+    assert counted(["lost", "raised", "c"]) == (2, 1, 1, 0)
+    assert counted(["b"], shed_first=True) == (1, 0, 0, 1)
+    assert counted(["a"]) == (0, 0, 0, 0)
 
 
 def test_an_instance_that_raised_is_failed_over_and_counted_apart() -> None:

@@ -13,10 +13,13 @@ from its instances, wherever they run:
   shed rules on its own queue (the ingress cannot see it).
 
 Contract of ``rank``: it follows ``first`` (the first leg's decision) unless that instance is in
-``avoid``; it raises ``OverloadedError`` when (and only when) the shed rule refuses the leg,
-and ``InstanceLost`` when the instance it went to is gone, or ``InstanceFailed`` (an
-``InstanceLost``) when it raised for its own reasons (the path then fails over: it adds that
-instance to ``avoid`` and sends the leg again). Which errors are whose is written here once
+``avoid``, and answers a ``RankedLeg``: the result, and the decision that sent the leg (reason
+``FAILOVER`` when the router's ``follow`` moved it off ``first``'s instance, which was down or
+out of routing when the leg came: no error is raised then, and the path counts it). It raises
+``OverloadedError`` when (and only when) the shed rule refuses the leg, and ``InstanceLost``
+when the instance it went to is gone, or ``InstanceFailed`` (an ``InstanceLost``) when it
+raised for its own reasons (the path then fails over: it adds that instance to ``avoid`` and
+sends the leg again). Which errors are whose is written here once
 (``failover_for``): the request's own (``REQUEST_FAULTS``: its input is invalid, its leg was
 shed, the history store every instance reads is out of reach) propagate as they are, since
 another instance would refuse the request the same way; anything else a ranking call raises is
@@ -129,7 +132,8 @@ class FirstLeg:
     ``route``: the decision the second leg follows (None: the second leg is routed when sent).
     ``instance``: the instance that got the pre-infer signal (None: no signal was sent).
     ``result``: its outcome (an awaitable when it comes from another process). ``shed``: skipped
-    by ``sheds_preinfer``; ``lost``: the instance was gone (the signal did nothing).
+    by ``sheds_preinfer``; ``lost``: the signal did nothing, its instance gone or its pre-infer
+    raised (counted once, in ``lost_preinfer``).
     """
 
     route: RouteDecision | None
@@ -137,6 +141,16 @@ class FirstLeg:
     result: PreinferResult | Awaitable[PreinferResult] | None = None
     shed: bool = False
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class RankedLeg:
+    """A ranking leg's answer (``result``, whose ``instance`` answered it) and the decision that
+    sent it there (``route``: its reason is ``FAILOVER`` when ``follow`` moved the leg off its
+    first leg's instance)."""
+
+    result: RankResult
+    route: RouteDecision
 
 
 class Fleet(Protocol):
@@ -151,7 +165,7 @@ class Fleet(Protocol):
         """Route the first leg and, when ``send``, signal it (shed by ``sheds_preinfer``)."""
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
-                   job: RankJob, avoid: tuple[str, ...]) -> RankResult:
+                   job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
         """Rank ``job`` where ``first`` went (see the module docstring for the errors)."""
 
 
@@ -229,7 +243,7 @@ class InstanceFleet:
         return FirstLeg(decision, instance.name, result)
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
-                   job: RankJob, avoid: tuple[str, ...]) -> RankResult:
+                   job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
         views = self.views(avoid, holder=request_id)
         decision = self.router.route(user_id, views) if first is None else \
             self.router.follow(first, views)
@@ -257,4 +271,4 @@ class InstanceFleet:
             raise failover from exc
         if breaker.answered(probe):
             log.info("%s answered its probe: its circuit breaker is closed", instance.name)
-        return result
+        return RankedLeg(result, decision)

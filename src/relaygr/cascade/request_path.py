@@ -15,8 +15,13 @@ behind Serve); they differ only in the ``Fleet`` (``cascade.fleet``) they hand i
 ranking leg whose instance is gone, or raised for its own reasons (``cascade.fleet.failover_for``;
 counted in ``instance_errors`` too), goes to the user's next choice (which recomputes), up to
 the fleet's ``max_attempts``, so only latency suffers; the request's own errors (invalid input)
-propagate at once. Shedding: a shed pre-infer signal costs only the relay; a shed ranking leg
-raises ``OverloadedError`` (HTTP 503).
+propagate at once. A ranking leg that the router moved off its first leg's instance without an
+error (down, or out of routing, when the leg came: route reason ``FAILOVER``) is a failover
+too. Each failover counts once in ``failovers``: each error, or the move when no error came
+before it; and a request whose delivered pre-infer signal was on the instance it failed over
+from counts it once in ``lost_preinfer`` (the relay did nothing for it). Shedding: a shed
+pre-infer signal costs only the relay; a shed ranking leg raises ``OverloadedError`` (HTTP
+503).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from relaygr.engine.types import (
 )
 from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
 from relaygr.kvcache import PrefixId
-from relaygr.routing import RouteDecision
+from relaygr.routing import RouteDecision, RouteReason
 from relaygr.train.stages import fused_scores
 
 # Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
@@ -116,10 +121,11 @@ class Recommendation:
 @dataclass
 class SystemCounters:
     requests: int = 0
-    failovers: int = 0
+    failovers: int = 0           # ranking legs answered elsewhere: instance gone, raised, or out
     shed_preinfer: int = 0
     shed_rank: int = 0
-    lost_preinfer: int = 0       # pre-infer signals that did nothing: instance gone, or raised
+    # pre-infer signals that did nothing: instance gone, raised, or its ranking leg failed over
+    lost_preinfer: int = 0
     instance_errors: int = 0     # failovers whose instance raised (its fault, not the request's)
     paths: Counter[str] = field(default_factory=Counter)
     window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
@@ -193,7 +199,7 @@ class RequestPath:
             earlier = await self.stages.run(seen, leg.num_candidates, visit.user_id, arrived)
         finally:
             first = await self._first(leg)
-        return await self._second_leg(leg, first, first.route, earlier.candidates,
+        return await self._second_leg(leg, first, first, earlier.candidates,
                                       earlier.timing, earlier.scores)
 
     async def prefill(self, user_id: int, suffix_tokens: int = 0,
@@ -223,8 +229,8 @@ class RequestPath:
         leg = self._first_leg(visit, send=False,
                               request_id=None if prefilled is None else prefilled.request_id)
         first = await self._first(leg)
-        route = first.route if prefilled is None else prefilled.first.route
-        return await self._second_leg(leg, first, route, candidates.to(torch.int64))
+        relayed = first if prefilled is None else prefilled.first
+        return await self._second_leg(leg, first, relayed, candidates.to(torch.int64))
 
     def append_events(self, user_id: int, items: Sequence[int],
                       timestamps: Sequence[int] | None = None,
@@ -286,7 +292,7 @@ class RequestPath:
             except Exception:
                 self.counters.lost_preinfer += 1
                 self._log_lost(None)
-                first.result = FAILED
+                first.result, first.lost = FAILED, True
         return first.result
 
     def _log_lost(self, user_id: int | None) -> None:
@@ -298,17 +304,20 @@ class RequestPath:
         self.counters.shed_preinfer += int(first.shed)
         self.counters.lost_preinfer += int(first.lost)
 
-    async def _second_leg(self, leg: _Leg, first: FirstLeg, route: RouteDecision | None,
+    async def _second_leg(self, leg: _Leg, first: FirstLeg, relayed: FirstLeg,
                           candidates: Tensor, stages: StageTiming | None = None,
                           stage_scores: Tensor | None = None) -> Recommendation:
+        """The ranking leg, following ``relayed`` (the first leg whose pre-infer it relays:
+        ``first``, or the ``prefill`` that began the request)."""
         visit, spec = leg.visit, leg.spec
         suffix = leg.suffix or self._suffix(leg)
         job = RankJob(spec, candidates, suffix.items, suffix.timestamps, visit.request_ts,
                       suffix.grown)
         due = time.perf_counter()
-        result = await self._rank(leg, route, job)
+        result, failed_over = await self._rank(leg, relayed.route, job)
         done = time.perf_counter()
         preinfer = await self._outcome(first)      # before the append: nothing can fail after
+        self._count_relay_lost(relayed, failed_over, result.instance)
         if visit.recent_items:
             self.append_events(visit.user_id, visit.recent_items, visit.recent_timestamps,
                                visit.expected_events)
@@ -334,13 +343,16 @@ class RequestPath:
                                   visit.recent_timestamps)
         return _Suffix(torch.tensor(visit.recent_items, dtype=torch.int64), timestamps, grown)
 
-    async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob) -> RankResult:
+    async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob
+                    ) -> tuple[RankResult, bool]:
+        """The ranking leg's result, and whether it failed over (an instance lost or raised, or
+        the router moved it off its first leg's instance: each counted once)."""
         avoid: tuple[str, ...] = ()
         last: InstanceLost | None = None
         for _ in range(self.fleet.max_attempts):
             try:
-                return await self.fleet.rank(leg.request_id, leg.visit.user_id, route, job,
-                                             avoid)
+                ranked = await self.fleet.rank(leg.request_id, leg.visit.user_id, route, job,
+                                               avoid)
             except OverloadedError:           # the fleet's shed rule refused the leg
                 self.counters.shed_rank += 1
                 raise
@@ -351,8 +363,20 @@ class RequestPath:
                     self._count_error(lost)
                 if lost.instance is not None:
                     avoid += (lost.instance,)
+                continue
+            moved = ranked.route.reason is RouteReason.FAILOVER
+            if moved and last is None:        # moved without an error, which counted it
+                self.counters.failovers += 1
+            return ranked.result, moved or last is not None
         raise NoHealthyInstanceError(
             f"ranking failed on {self.fleet.max_attempts} instances in turn") from last
+
+    def _count_relay_lost(self, relayed: FirstLeg, failed_over: bool, answered_by: str) -> None:
+        """A ranking leg that failed over from the instance its pre-infer signal was delivered
+        to lost that signal (one already lost or shed was counted as such)."""
+        delivered = relayed.instance is not None and not (relayed.shed or relayed.lost)
+        if failed_over and delivered and answered_by != relayed.instance:
+            self.counters.lost_preinfer += 1
 
     def _count_error(self, failed: InstanceFailed) -> None:
         self.counters.instance_errors += 1

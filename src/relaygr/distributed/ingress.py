@@ -49,7 +49,7 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.fleet import FirstLeg, InstanceLost, failover_for
+from relaygr.cascade.fleet import FirstLeg, InstanceLost, RankedLeg, failover_for
 from relaygr.cascade.proposals import RetrievalStage
 from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
 from relaygr.cascade.stages import EarlierStages
@@ -80,6 +80,15 @@ REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
 
 def _decision(user_id: int, note: RouteNote) -> RouteDecision:
     return RouteDecision(user_id, note.instance_id, 0, note.spilled, RouteReason(note.reason))
+
+
+def _route_of(call: RankCall, user_id: int, instance: str) -> RouteDecision:
+    """The decision that sent ``call`` to ``instance``, as the request router noted it (its
+    reason ``failover`` when ``follow`` moved the leg off its first leg's replica)."""
+    if call.note is None:       # not noted: a leg that was not moved
+        reason = RouteReason.FOLLOWED if call.follow is not None else RouteReason.OWNER
+        return RouteDecision(user_id, instance, 0, False, reason)
+    return RouteDecision(user_id, instance, 0, call.note.spilled, RouteReason(call.note.reason))
 
 
 def _routed_to(call: RankCall) -> str | None:
@@ -124,7 +133,7 @@ class ReplicaFleet:
         return FirstLeg(route, reply.instance, reply.result, shed=reply.shed)
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
-                   job: RankJob, avoid: tuple[str, ...]) -> RankResult:
+                   job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
         follow = None if first is None or avoid else \
             RouteNote(first.instance_id, first.reason.value, first.spilled)
         # A followed replica that has turned unhealthy since: the router moves the leg on.
@@ -148,7 +157,8 @@ class ReplicaFleet:
         if reply.overloaded_retry_s is not None:
             raise OverloadedError(reply.detail, reply.overloaded_retry_s)
         assert reply.path is not None
-        return RankResult(reply.tensor(), reply.path, reply.instance, reply.timing)
+        return RankedLeg(RankResult(reply.tensor(), reply.path, reply.instance, reply.timing),
+                         _route_of(call, user_id, reply.instance))
 
     async def refresh(self, method: str = "state") -> list[ReplicaState]:
         """Ask every replica known so far (or any one, before the first answer) for its state."""

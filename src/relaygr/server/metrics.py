@@ -118,7 +118,9 @@ class SnapshotCollector(Collector):
         shed.add_metric(["rank"], snap.counters.shed_rank)
         yield shed
         failovers = CounterMetricFamily("relaygr_failovers",
-                                        "Ranking legs answered by another instance")
+                                        "Ranking legs answered by another instance than "
+                                        "their first leg's: it was gone, raised, or was out "
+                                        "of routing when the leg came")
         failovers.add_metric([], snap.counters.failovers)
         errors = CounterMetricFamily("relaygr_instance_errors",
                                      "Failovers whose instance raised (the instance's fault, "
@@ -127,7 +129,8 @@ class SnapshotCollector(Collector):
         yield from (failovers, errors)
         lost = CounterMetricFamily("relaygr_lost_preinfer",
                                    "Pre-infer signals that did nothing: their instance "
-                                   "was gone, or the pre-infer raised")
+                                   "was gone, the pre-infer raised, or its ranking leg "
+                                   "failed over to another instance")
         lost.add_metric([], snap.counters.lost_preinfer)
         yield lost
         lifecycle = CounterMetricFamily(

@@ -33,7 +33,8 @@ class ServingCounters:
     window_slides: int = 0          # appends that moved a user's history window (cascade.window)
     windowed_requests: int = 0      # ranked from a window that starts after the first event
     instance_hangs: int = 0         # instance processes killed by the supervisor for not answering
-    lost_preinfer: int = 0          # pre-infer signals that did nothing: instance gone, or raised
+    # pre-infer signals that did nothing: instance gone, raised, or its ranking leg failed over
+    lost_preinfer: int = 0
     instance_failed_restarts: int = 0  # restarts that failed (no process, or its build raised)
     instance_errors: int = 0        # failovers whose instance raised (its fault, not the request's)
     breaker_opens: int = 0          # instances taken out of routing by their circuit breaker
