@@ -134,3 +134,39 @@ def test_a_snapshot_counts_only_live_leases() -> None:
         assert over.used_bytes == leased.used_bytes     # kept, evictable now
 
     run(scenario, inst)
+
+
+def test_a_lease_granted_while_the_entry_is_pinned_outlives_that_pin() -> None:
+    """A request's second pre-infer signal (the same prefix: a visit with no new events) finds
+    the entry still pinned by the previous ranking, whose demotion to the host is copying. The
+    new lease is the new ranking leg's: the demotion's unpin must not end it, so another user's
+    pre-infer evicts an idle entry, not this one, and the leg is a device hit, exact."""
+    inst = _instance(26, "preinfer-all", host_bytes=16 * MiB)   # two 200-token prefixes fit
+    store = store_with({1: 200, 2: 200, 3: 200})
+
+    async def scenario(inst: RankingInstance) -> None:
+        res = inst.residency
+        assert res is not None
+        a, b, c = (spec_from_store(store, u) for u in (1, 2, 3))
+        for spec in (a, b):
+            assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
+        await idle(inst)
+        assert (await inst.rank(RankJob(a, CANDIDATES))).path is RankPath.DEVICE_HIT
+        # A is still pinned: its demotion (spawned by the ranking) has not run yet
+        held = res.pool.lookup(1)
+        assert held is not None and held.pins == 1
+        assert inst.preinfer(a, 0, 40).action is PreinferAction.ON_DEVICE       # leased again
+        assert (await inst.rank(RankJob(b, CANDIDATES))).path is RankPath.DEVICE_HIT
+        await idle(inst)                                # both demoted and released, A first
+        assert res.resident(a.pid) is EntryState.READY  # its second lease is live
+        assert res.resident(b.pid) is EntryState.IDLE
+        assert inst.preinfer(c, 0, 40).action is PreinferAction.PREFILL   # evicts B, not A
+        assert res.resident(a.pid) is EntryState.READY and res.resident(b.pid) is None
+        ranked = await inst.rank(RankJob(a, CANDIDATES))
+        assert ranked.path is RankPath.DEVICE_HIT
+        assert_close(ranked.scores, full_scores(inst.model, a))
+        await idle(inst)
+        assert res.resident(a.pid) is EntryState.IDLE   # that leg consumed it
+        res.pool.check_integrity()
+
+    run(scenario, inst)

@@ -204,7 +204,8 @@ class DeviceKVPool:
 
     def release(self, pid: PrefixId) -> None:
         """Unpin after ranking: the last release turns READY into IDLE (lease consumed) and makes
-        the entry the most recently used."""
+        the entry the most recently used, unless a lease was granted since the entry was pinned
+        (``lease``: another ranking leg is coming), which keeps it READY (``CacheIndex.unpin``)."""
         self.store.index.unpin(self.store.in_use_entry(pid))
 
     def discard(self, pid: PrefixId) -> bool:

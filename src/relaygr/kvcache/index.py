@@ -7,11 +7,15 @@ States and transitions::
 
     admit -> PENDING --mark_ready(deadline)--> READY --last unpin / lease expiry--> IDLE
     IDLE --lease(deadline)--> READY (a pre-infer signal found it complete: its ranking comes)
+    READY --lease(deadline)--> READY (again: a later deadline, and a lease no pin held so far)
     PENDING --mark_idle (a tier without leases)--> IDLE
     PENDING --remove (abort)--> gone;   IDLE, not pinned --admit of another entry--> evicted
 
 - PENDING: pages reserved, being written; never evicted, never pinned.
 - READY: complete and leased until ``lease_deadline_s``; never evicted. Pinned while in use.
+  A pin consumes the leases granted before it: the last unpin turns the entry IDLE only when
+  no lease was granted after the pins it ends were taken (one that was is another ranking
+  leg's, which has yet to come: it stays READY until consumed or over).
 - IDLE: complete, not leased; evictable exactly when not pinned (``pins == 0``).
 The LRU holds exactly the evictable entries, least recently used first (an entry enters at the
 back when it becomes evictable: last unpin, lease expiry, host commit).
@@ -89,6 +93,8 @@ class Entry:
     pins: int = 0                     # ranking requests (or copies) currently reading it
     lease_deadline_s: float | None = None
     written_tokens: int = 0           # tokens 0..written_tokens-1 hold data (PENDING only)
+    leases: int = 0                   # leases granted (mark_ready, lease)
+    leases_pinned: int = 0            # of those, granted before a pin taken since: consumed
 
     @property
     def evictable(self) -> bool:
@@ -203,6 +209,7 @@ class CacheIndex:
         self._complete(entry)
         entry.state = EntryState.READY
         entry.lease_deadline_s = lease_deadline_s
+        entry.leases += 1
         self._ready[entry.pid.user_id] = entry
 
     def mark_idle(self, entry: Entry) -> None:
@@ -227,22 +234,28 @@ class CacheIndex:
             self._ready[entry.pid.user_id] = entry
         entry.lease_deadline_s = max(entry.lease_deadline_s or lease_deadline_s,
                                      lease_deadline_s)
+        entry.leases += 1
 
     def pin(self, entry: Entry) -> None:
-        """Mark ``entry`` in use: not evictable until every pin is released."""
+        """Mark ``entry`` in use: not evictable until every pin is released. The pin consumes
+        the leases granted so far (its release ends them)."""
         assert entry.state is not EntryState.PENDING, "a PENDING entry cannot be pinned"
         self._lru_drop(entry)
         entry.pins += 1
+        entry.leases_pinned = entry.leases
 
     def unpin(self, entry: Entry) -> None:
-        """Release one pin; the last one consumes a lease (READY -> IDLE) and the entry becomes
-        the most recently used."""
+        """Release one pin; the last one consumes the leases the pins held (READY -> IDLE) and
+        the entry becomes the most recently used. A lease granted while it was pinned (a later
+        pre-infer signal: its ranking leg has yet to come) keeps it READY until that leg
+        consumes it or the lease is over (``expire_leases``)."""
         assert entry.pins > 0, "unpin without pin"
         entry.pins -= 1
         if entry.pins:
             return
         if entry.state is EntryState.READY:
-            self.mark_idle(entry)
+            if entry.leases_pinned == entry.leases:
+                self.mark_idle(entry)
         else:
             self._lru_add(entry)
 
@@ -300,6 +313,8 @@ class CacheIndex:
             else:
                 require(entry.written_tokens == entry.pid.num_tokens,
                         f"{entry.pid} is {entry.state.value} but partly written")
+            require(0 <= entry.leases_pinned <= entry.leases,
+                    f"{entry.pid} pinned {entry.leases_pinned} of {entry.leases} leases")
             require((entry.lease_deadline_s is not None) == (entry.state is EntryState.READY),
                     f"{entry.pid} lease {entry.lease_deadline_s} in state {entry.state.value}")
         lru = {id(e) for e in self._lru.values()}
