@@ -238,3 +238,65 @@ def test_the_earlier_stages_run_from_the_requests_arrival_beside_the_signal() ->
     assert run_virtual(waited(0.050)) == pytest.approx(0.020, abs=1e-9)
     assert run_virtual(waited(0.100)) == pytest.approx(0.0, abs=1e-9)   # already past it
     stages.shutdown()
+
+
+class RoutedFleet(ScriptedFleet):
+    """A ``ScriptedFleet`` whose first legs go where ``routes`` say, in turn (a spill to "b",
+    say), and whose ranking legs answer where they follow (or "a", routed afresh)."""
+
+    def __init__(self, routes: list[str]) -> None:
+        super().__init__([])
+        self.routes = list(routes)
+
+    def preinfer(self, request_id: str, user_id: int, spec: PrefixSpec, suffix_tokens: int,
+                 candidates: int, send: bool) -> FirstLeg | Awaitable[FirstLeg]:
+        self.sent.append((request_id, send))
+        name = self.routes.pop(0)
+        route = RouteDecision(user_id, name, 0, name != "a",
+                              RouteReason.OWNER if name == "a" else RouteReason.SPILLED)
+        return FirstLeg(route, name, DONE) if send else FirstLeg(route)
+
+    async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
+                   job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
+        self.answers.append("a" if first is None else first.instance_id)
+        return await super().rank(request_id, user_id, first, job, avoid)
+
+
+def test_a_newer_first_leg_of_the_user_replaces_a_remembered_prefill() -> None:
+    """A ``prefill`` (spilled to "b") followed by a ``recommend`` of the same user (its own first
+    leg, to "a", and its ranking leg there): a later ``rank_candidates`` is not that prefill's
+    ranking leg any more, and goes where its own first leg goes, not to the old spill."""
+    fleet = RoutedFleet(["b", "a", "a"])
+    path = make_path(fleet)
+
+    async def main() -> None:
+        await path.prefill(3, 2, 8)
+        prefill_id = fleet.sent[0][0]
+        assert (await path.recommend(VISIT)).instance == "a"
+        rec = await path.rank_candidates(Visit(3, num_candidates=8), torch.arange(1, 9))
+        assert rec.instance == "a"
+        (rid, first, _), = fleet.ranked[-1:]
+        assert rid != prefill_id and first is not None and first.instance_id == "a"
+        assert path.remembered_prefills == 0
+    asyncio.run(main())
+
+
+def test_a_remembered_prefill_expires_with_its_lease() -> None:
+    """A ``prefill`` whose ranking leg has not come within the pre-infer's lease is forgotten: its
+    prefix is no longer kept for it, so a later ``rank_candidates`` is routed afresh (not to the
+    old spill), and prefills never followed by a ranking leg are not kept."""
+    fleet = RoutedFleet(["b", "a", "b", "b", "b"])
+    path = make_path(fleet)
+    lease_s = path.config.instance.lease_s
+
+    async def main() -> None:
+        await path.prefill(3, 2, 8)
+        await asyncio.sleep(lease_s)
+        rec = await path.rank_candidates(Visit(3, num_candidates=8), torch.arange(1, 9))
+        assert rec.instance == "a"
+        for user in (4, 5):
+            await path.prefill(user, 0, 8)
+        await asyncio.sleep(lease_s)
+        await path.prefill(6, 0, 8)
+        assert path.remembered_prefills == 1          # users 4 and 5's have expired
+    run_virtual(main())

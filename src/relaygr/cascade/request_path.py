@@ -59,7 +59,8 @@ from relaygr.kvcache import PrefixId
 from relaygr.routing import RouteDecision, RouteReason
 from relaygr.train.stages import fused_scores
 
-# Prefill signals whose ranking leg has not come yet; a caller that never ranks costs this much.
+# Prefill signals whose ranking leg has not come yet (within their lease); a caller that never
+# ranks costs at most this much.
 _MAX_REMEMBERED_DECISIONS = 100_000
 # Pre-infer signals that raised, logged with their traceback; the rest are counted only.
 _LOGGED_LOST_PREINFERS = 5
@@ -145,10 +146,13 @@ class _Suffix:
 @dataclass(frozen=True)
 class _Prefilled:
     """A pre-infer signal sent alone (``RequestPath.prefill``), remembered until its ranking
-    leg comes: that leg is the same request (``request_id``) and follows ``first``."""
+    leg comes: that leg is the same request (``request_id``) and follows ``first``. Until
+    ``expires_s`` (the event loop's time) only: the pre-infer's lease, after which its prefix is
+    no longer kept for that leg (and a breaker's probe reserved for it has lapsed)."""
 
     request_id: str
     first: FirstLeg
+    expires_s: float
 
 
 @dataclass
@@ -177,12 +181,15 @@ class RequestPath:
         self.stages = stages
         self.preinfers = spec_for(Mode.parse(config.mode)).preinfer
         self.counters = SystemCounters()
-        # user -> its prefill signal, which its ranking leg follows (bounded: oldest dropped)
+        # user -> its prefill signal, which its ranking leg follows, oldest first: dropped when
+        # that leg comes, when the user's next first leg is sent, or once its lease is over
+        # (bounded too: oldest dropped)
         self._decisions: OrderedDict[int, _Prefilled] = OrderedDict()
 
     @property
     def remembered_prefills(self) -> int:
-        """Pre-infer signals (``prefill``) whose ranking leg has not come yet."""
+        """Pre-infer signals (``prefill``) whose ranking leg has not come yet, as of the latest
+        request (expired ones are dropped as each request begins, and never followed)."""
         return len(self._decisions)
 
     async def recommend(self, visit: Visit) -> Recommendation:
@@ -214,7 +221,8 @@ class RequestPath:
                               suffix_tokens=suffix_tokens)
         first = await self._first(leg)
         if first.route is not None:
-            self._decisions[user_id] = _Prefilled(leg.request_id, first)
+            expires_s = asyncio.get_running_loop().time() + self.config.instance.lease_s
+            self._decisions[user_id] = _Prefilled(leg.request_id, first, expires_s)
             self._decisions.move_to_end(user_id)
             while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
                 self._decisions.popitem(last=False)
@@ -224,8 +232,11 @@ class RequestPath:
         return first.instance, result
 
     async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
-        """Rank given candidates for a visit, consuming the relayed prefix when present."""
+        """Rank given candidates for a visit, consuming the relayed prefix when present: the
+        user's ``prefill``, if its lease is not over (else the leg is routed afresh)."""
         prefilled = self._decisions.pop(visit.user_id, None)
+        if prefilled is not None and prefilled.expires_s <= asyncio.get_running_loop().time():
+            prefilled = None
         leg = self._first_leg(visit, send=False,
                               request_id=None if prefilled is None else prefilled.request_id)
         first = await self._first(leg)
@@ -257,6 +268,9 @@ class RequestPath:
                    request_id: str | None = None) -> _Leg:
         """The request's first leg (``request_id``: the request's, when it began with a
         ``prefill``)."""
+        # a newer first leg of the user: a prefill remembered before is no longer followed
+        self._decisions.pop(visit.user_id, None)
+        self._forget_expired(asyncio.get_running_loop().time())
         s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
         spec, history_items = self._prefix_spec(visit.user_id, s)
         n_cand = visit.num_candidates or self.config.stages.num_candidates
@@ -266,6 +280,14 @@ class RequestPath:
         if isinstance(sent, FirstLeg):      # decided at once (counted now, as it was shed now)
             self._count_first(sent)
         return _Leg(visit, request_id, spec, history_items, n_cand, sent)
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop remembered prefills whose lease is over (the oldest first: in expiry order)."""
+        while self._decisions:
+            user, oldest = next(iter(self._decisions.items()))
+            if oldest.expires_s > now:
+                return
+            del self._decisions[user]
 
     async def _first(self, leg: _Leg) -> FirstLeg:
         """The first leg's outcome (awaited once: across Ray it comes with the reply). The
