@@ -7,6 +7,7 @@ contract with the ``Fleet`` (``cascade.fleet``) so that either transport can be 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 
 import numpy as np
@@ -37,6 +38,7 @@ from relaygr.engine.types import (
     RankResult,
 )
 from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
+from relaygr.kvcache import PrefixId
 from relaygr.routing import RouteDecision, RouteReason
 from tests.cascade.test_system import NUM_ITEMS, config, histories
 from tests.model.helpers import make_model
@@ -58,6 +60,7 @@ class ScriptedFleet:
         self.shed_first = shed_first
         self.ranked: list[tuple[str, RouteDecision | None, tuple[str, ...]]] = []
         self.sent: list[tuple[str, bool]] = []
+        self.abandoned: list[tuple[str, str | None]] = []     # (request, instance)
 
     @property
     def max_attempts(self) -> int:
@@ -77,6 +80,9 @@ class ScriptedFleet:
         async def later() -> FirstLeg:
             return first
         return asyncio.ensure_future(later())
+
+    def abandon(self, request_id: str, first: FirstLeg, pid: PrefixId) -> None:
+        self.abandoned.append((request_id, first.instance))
 
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
                    job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
@@ -300,3 +306,23 @@ def test_a_remembered_prefill_expires_with_its_lease() -> None:
         await path.prefill(6, 0, 8)
         assert path.remembered_prefills == 1          # users 4 and 5's have expired
     run_virtual(main())
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_preinfer_whose_ranking_leg_will_not_come_is_abandoned_where_it_went(
+        deferred: bool) -> None:
+    """Its instance is told (``Fleet.abandon``) when the ranking leg fails over, is shed or
+    fails everywhere; not when the leg ranks where the signal went, nor for a shed signal."""
+    def abandoned(answers: list[str], shed_first: bool = False) -> list[tuple[str, str | None]]:
+        fleet = ScriptedFleet(answers, deferred=deferred, shed_first=shed_first)
+        with contextlib.suppress(OverloadedError, NoHealthyInstanceError):
+            asyncio.run(make_path(fleet).recommend(VISIT))
+        assert all(rid == fleet.sent[0][0] for rid, _ in fleet.abandoned)
+        return fleet.abandoned
+
+    assert [i for _, i in abandoned(["a"])] == []
+    assert [i for _, i in abandoned(["b"])] == ["a"]            # moved off it
+    assert [i for _, i in abandoned(["raised", "b"])] == ["a"]
+    assert [i for _, i in abandoned(["shed"])] == ["a"]
+    assert [i for _, i in abandoned(["lost"] * 3)] == ["a"]
+    assert abandoned(["shed"], shed_first=True) == []         # it never ran there

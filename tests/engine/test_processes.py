@@ -24,7 +24,7 @@ from relaygr.engine.transport.host import HostSpec
 from relaygr.engine.transport.host_link import HostLink
 from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
 from relaygr.engine.transport.supervisor import SupervisorPolicy
-from relaygr.engine.types import RankPath
+from relaygr.engine.types import PreinferAction, RankPath
 from relaygr.errors import ConfigError
 from relaygr.routing import rendezvous_order
 from tests.cascade.test_system import NUM_ITEMS, config, histories, serve, visits
@@ -372,3 +372,33 @@ def _children() -> set[int]:
         if int(fields[1]) == me:
             found.add(int(stat.parent.name))
     return found
+
+
+
+def test_an_abandon_reaches_the_instance_in_its_process() -> None:
+    """``AbandonCall`` crosses the process boundary: a pre-infer whose ranking leg will not come
+    is cancelled or kept unleased there, and holds no footprint after."""
+    processes = _processes()
+
+    async def main() -> tuple[bool, bool, dict[str, int], int]:
+        system = _system("relay", processes)
+        await system.start()
+        try:
+            rank_0 = system.instances[0]
+            assert isinstance(rank_0, ProcessInstance)
+            spec, _ = system.path._prefix_spec(3, 0)
+            result = await rank_0.preinfer(spec, 0, 24)
+            assert result.action is PreinferAction.PREFILL
+            first = await rank_0.abandon(spec.pid)
+            again = await rank_0.abandon(spec.pid)     # nothing left to free
+            await rank_0.idle()
+            snap = await rank_0.refresh()
+            assert snap.device is not None
+            return first, again, snap.residency, snap.device.unevictable_bytes
+        finally:
+            await system.stop()
+
+    first, again, residency, unevictable = _run(processes, main)
+    assert first and not again
+    assert residency["preinfers_cancelled"] + residency["preinfers_unleased"] == 1
+    assert unevictable == 0

@@ -25,6 +25,10 @@ shed, the history store every instance reads is out of reach) propagate as they 
 another instance would refuse the request the same way; anything else a ranking call raises is
 the instance's (a device error, a corrupted cache, a bug), and another instance answers.
 Assertions propagate too: a broken invariant is a bug to see, not to route around.
+``abandon`` tells the instance a delivered pre-infer signal went to that its ranking leg will
+not come (it was shed, failed over, or its request failed), so the pre-infer's footprint is freed
+there at once rather than when its lease ends.
+
 ``preinfer`` decides the route (in-process, at once) or asks for it (across Ray, answered
 later); either way the path awaits the ``FirstLeg`` only when it needs it.
 
@@ -64,6 +68,7 @@ from relaygr.engine.types import (
     RankResult,
 )
 from relaygr.errors import HistoryStoreUnavailableError, InvalidInputError, OverloadedError
+from relaygr.kvcache import PrefixId
 from relaygr.routing import InstanceView, RouteDecision, Router
 
 log = logging.getLogger("relaygr.cascade.fleet")
@@ -167,6 +172,11 @@ class Fleet(Protocol):
     async def rank(self, request_id: str, user_id: int, first: RouteDecision | None,
                    job: RankJob, avoid: tuple[str, ...]) -> RankedLeg:
         """Rank ``job`` where ``first`` went (see the module docstring for the errors)."""
+
+    def abandon(self, request_id: str, first: FirstLeg, pid: PrefixId) -> None:
+        """``first``'s pre-infer of ``pid`` will see no ranking leg (shed, failed over): its
+        instance frees the footprint (``RankingInstance.abandon``). Advisory: raises nothing
+        (a lease still ends on its own), and does nothing for a signal not delivered."""
 
 
 class InstanceFleet:
@@ -272,3 +282,23 @@ class InstanceFleet:
         if breaker.answered(probe):
             log.info("%s answered its probe: its circuit breaker is closed", instance.name)
         return RankedLeg(result, decision)
+
+    def abandon(self, request_id: str, first: FirstLeg, pid: PrefixId) -> None:
+        instance = None if first.instance is None else self.by_name.get(first.instance)
+        if instance is None or first.shed or first.lost or not instance.healthy:
+            return
+        try:
+            sent = instance.abandon(pid)
+        except AssertionError:
+            raise
+        except Exception:       # advisory: the lease still ends on its own
+            log.warning("abandoning user %d's pre-infer on %s raised", pid.user_id,
+                        instance.name, exc_info=True)
+            return
+        if not isinstance(sent, bool):       # from another process: answered later
+            asyncio.ensure_future(sent).add_done_callback(_ignore_outcome)
+
+
+def _ignore_outcome(done: asyncio.Future[bool]) -> None:
+    if not done.cancelled():
+        done.exception()        # retrieved: a stopped instance's reply is no error here

@@ -336,8 +336,14 @@ class RequestPath:
         job = RankJob(spec, candidates, suffix.items, suffix.timestamps, visit.request_ts,
                       suffix.grown)
         due = time.perf_counter()
-        result, failed_over = await self._rank(leg, relayed.route, job)
+        try:
+            result, failed_over = await self._rank(leg, relayed.route, job)
+        except BaseException:         # shed, or no instance answered: no leg comes
+            await self._abandon(leg, relayed, None)
+            raise
         done = time.perf_counter()
+        if failed_over:
+            await self._abandon(leg, relayed, result.instance)
         preinfer = await self._outcome(first)      # before the append: nothing can fail after
         self._count_relay_lost(relayed, failed_over, result.instance)
         if visit.recent_items:
@@ -392,6 +398,15 @@ class RequestPath:
             return ranked.result, moved or last is not None
         raise NoHealthyInstanceError(
             f"ranking failed on {self.fleet.max_attempts} instances in turn") from last
+
+    async def _abandon(self, leg: _Leg, relayed: FirstLeg, answered_by: str | None) -> None:
+        """The pre-infer ``relayed`` delivered sees no ranking leg where it went (the leg was
+        shed, failed, or answered by ``answered_by``, elsewhere): its instance frees it."""
+        if relayed.instance is None or relayed.instance == answered_by:
+            return
+        await self._outcome(relayed)      # (from another process) it reached the instance
+        if not (relayed.shed or relayed.lost):
+            self.fleet.abandon(leg.request_id, relayed, leg.spec.pid)
 
     def _count_relay_lost(self, relayed: FirstLeg, failed_over: bool, answered_by: str) -> None:
         """A ranking leg that failed over from the instance its pre-infer signal was delivered

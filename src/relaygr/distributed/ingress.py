@@ -56,6 +56,7 @@ from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.transport.messages import (
+    AbandonCall,
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -67,6 +68,7 @@ from relaygr.engine.transport.messages import (
 from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import PrefixSpec, RankJob, RankResult
 from relaygr.errors import OverloadedError
+from relaygr.kvcache import PrefixId
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.routing import RouteDecision, RouteReason
 from relaygr.server.backend import PrefillOutcome
@@ -106,10 +108,27 @@ class ReplicaFleet:
         self.ranker = ranker        # a DeploymentHandle of RankingReplica
         self._max_attempts = max_attempts
         self.snapshots: dict[str, InstanceSnapshot] = {}
+        self._abandoning: set[asyncio.Future[None]] = set()
 
     @property
     def max_attempts(self) -> int:
         return self._max_attempts
+
+    def abandon(self, request_id: str, first: FirstLeg, pid: PrefixId) -> None:
+        """Sent to the replica that got the signal (``target``; one that left is answered by
+        another, which holds nothing of ``pid``); its answer is not awaited."""
+        if first.instance is None or first.shed or first.lost:
+            return
+        task = asyncio.ensure_future(self._abandon(AbandonCall(
+            request_id=request_id, user_id=pid.user_id, pid=pid, target=first.instance)))
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoning.discard)
+
+    async def _abandon(self, call: AbandonCall) -> None:
+        try:
+            await self.ranker.abandon.remote(call)
+        except Exception:      # advisory: the lease still ends on its own
+            log.debug("abandoning %s on %s raised", call.pid, call.target, exc_info=True)
 
     def unhealthy(self) -> tuple[str, ...]:
         """The replicas whose last snapshot says they are not healthy: legs avoid them."""

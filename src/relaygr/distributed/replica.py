@@ -42,6 +42,7 @@ from relaygr.distributed.ledger import LegLedger
 from relaygr.engine.hostmem import tune_host_allocator
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.transport.messages import (
+    AbandonCall,
     ControlCall,
     PreinferCall,
     PreinferReply,
@@ -116,6 +117,11 @@ class RankingReplica:
         reply = self.end.preinfer(call)
         self._record(call, "preinfer", "shed" if reply.shed else reply.result.action.value)
         return reply
+
+    async def abandon(self, call: AbandonCall) -> bool:
+        """The pre-infer of ``call.pid`` will see no ranking leg here (``InstanceEnd.abandon``)."""
+        await self._start()
+        return self.end.abandon(call)
 
     async def rank(self, call: RankCall) -> RankReply:
         await self._start()

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.types import PrefixSpec, PreinferResult, RankJob, RankResult
+from relaygr.kvcache import PrefixId
 
 
 class InstanceHandle(Protocol):
@@ -31,6 +32,10 @@ class InstanceHandle(Protocol):
 
     def preinfer(self, spec: PrefixSpec, suffix_tokens: int, candidates: int
                  ) -> PreinferResult | Awaitable[PreinferResult]: ...
+
+    def abandon(self, pid: PrefixId) -> bool | Awaitable[bool]:
+        """``pid``'s pre-infer signal will see no ranking leg here: free its footprint (in
+        another process: sent now, done there later)."""
 
     async def rank(self, job: RankJob) -> RankResult: ...
 

@@ -6,6 +6,8 @@ instance):
 * ``preinfer(spec, ...)`` (first leg, while retrieval and pre-processing run elsewhere): asks the
   trigger whether this prefix is worth pre-inferring and, if so, starts a chunked pre-infer job
   or a reload from the host tier. Returns at once; the work proceeds in the background.
+* ``abandon(pid)``: that pre-infer's ranking leg will not come here (it was shed or failed
+  over): its job is cancelled if not started, its lease ended, so its footprint is free.
 * ``rank(job)`` (second leg, the critical path): ranks against the resident prefix (waiting for
   it if it is still being computed, reloading it if only the host has it) or, on a miss, with a
   full pass (or the configured truncation). Every request gets an answer; the path is recorded.
@@ -281,6 +283,13 @@ class RankingInstance:
             self.trigger.withdraw(request)
             return PreinferResult(PreinferAction.REFUSED, decision.reason, 0)
         return PreinferResult(PreinferAction.PREFILL, decision.reason, spec.num_tokens)
+
+    def abandon(self, pid: PrefixId) -> bool:
+        """The ranking leg of ``pid``'s pre-infer will not come here (shed, failed over): free
+        its footprint now (``Residency.abandon``: a job not started is cancelled, a started or
+        complete one is kept unleased). Whether anything changed."""
+        res = self.residency
+        return self.healthy and res is not None and res.abandon(pid)
 
     def _reload(self, res: Residency, spec: PrefixSpec, base: PrefixId,
                 reason: TriggerReason) -> PreinferResult:

@@ -13,6 +13,9 @@ requests rather than cache operations:
 * ``start_prefill(spec)``: reserve the entry and queue a chunked pre-infer job on the scheduler;
   a job that cannot even be built (an input the model refuses, no memory for its tensors)
   aborts the entry it reserved before the error goes up, so nothing waits on it.
+* ``abandon(pid)``: the pre-infer's ranking leg will not come here (shed, failed over): a job
+  not started yet is cancelled and its entry freed; one started finishes as an IDLE entry, and
+  a complete one's lease ends, so neither counts against the footprint any more.
 * ``finish(...)``: after ranking, release the entry and demote prefix + ranked suffix to host;
   after a full pass, keep what it computed (cache fill at ranking time).
 
@@ -64,6 +67,10 @@ class ResidencyCounters:
     waits: int = 0
     reloads_failed: int = 0      # reloads (or their extensions) a ranking request met failing
     host_checks_failed: int = 0  # host copies left unused: checking their events raised
+    # pre-infers whose ranking leg will not come (``abandon``): cancelled before their first
+    # round (entry freed), or kept unleased (started or done: IDLE, evictable, once complete)
+    preinfers_cancelled: int = 0
+    preinfers_unleased: int = 0
     paths: dict[str, int] = field(default_factory=dict)
 
 
@@ -85,6 +92,10 @@ class Residency:
         # user -> ranking requests waiting on a reload whose extension job is not queued yet
         # (the host copy still copying): the job counts them as its waiters once queued
         self._waiting: dict[int, int] = {}
+        # user -> the entry its pre-infer job writes, until the job settles
+        self._reserved: dict[int, PendingEntry] = {}
+        # users whose pre-infer job was abandoned after it started: committed without a lease
+        self._unleased: set[int] = set()
         # user -> the device entry reloaded from the host, until it is ranked from or the
         # user's entry is computed here instead (its ranking is then no host hit)
         self._from_host: dict[int, PrefixId] = {}
@@ -159,6 +170,7 @@ class Residency:
             self.pool.abort(pending)
             raise
         self._inflight[spec.pid.user_id] = work
+        self._reserved[spec.pid.user_id] = pending
         self.counters.prefills_started += 1
         self.spawn(self._settle(spec.pid.user_id, work, pending))
         return True
@@ -167,20 +179,54 @@ class Residency:
         try:
             await work.future
         except BaseException:
+            if work.future.cancelled():       # abandoned: ``abandon`` freed the entry
+                return
             self.counters.prefills_failed += 1
             self.pool.abort(pending)
             return
         finally:
             if self._inflight.get(user) is work:
                 del self._inflight[user]
+            if self._reserved.get(user) is pending:
+                del self._reserved[user]
+            leased = user not in self._unleased    # abandoned once started: no lease
+            self._unleased.discard(user)
         try:
-            self.pool.commit(pending)
+            self.pool.commit(pending, lease=leased)
         except AssertionError:    # a broken cache: goes up (counted as a background failure)
             raise
         except Exception:     # written but not committed: never left PENDING for waiters
             self.pool.abort(pending)
             self._failed("prefills_failed", "user %d's pre-inferred prefix could not be "
                          "committed", user)
+
+    def abandon(self, pid: PrefixId) -> bool:
+        """The ranking leg of ``pid``'s pre-infer will not come here (shed, failed over, its
+        request failed): its footprint is freed now. A job not started (and waited on by no
+        ranking request) is cancelled, its PENDING entry freed: nothing was spent on it. A
+        started one finishes (its rounds are spent; the user's retry, sent here by affinity,
+        or next visit may use it) and commits unleased: IDLE, evictable. A complete entry not
+        in use loses its lease. Returns whether anything changed (counted)."""
+        user = pid.user_id
+        info = self.pool.lookup(user)
+        if info is None or info.pid != pid:
+            return False                      # gone, replaced, or a reload (a short copy)
+        if info.state is EntryState.PENDING:
+            work = self._inflight.get(user)
+            if work is None or work.waiters or user not in self._reserved \
+                    or user in self._unleased:
+                return False           # waited on, a reload's extension, or abandoned already
+            if work.rounds == 0 and self.scheduler.cancel_prefill(work):
+                self.counters.preinfers_cancelled += 1
+                self.pool.abort(self._reserved.pop(user))    # ``_settle`` finds it done
+                return True
+            self._unleased.add(user)
+            self.counters.preinfers_unleased += 1
+            return True
+        if info.state is EntryState.READY and not info.in_use and self.pool.end_lease(pid):
+            self.counters.preinfers_unleased += 1
+            return True
+        return False
 
     def start_reload(self, spec: PrefixSpec, base: PrefixId) -> bool:
         """Start reloading ``base`` from the host into the device as ``spec`` (the copy and

@@ -176,6 +176,7 @@ class InstanceScheduler:
         self.rank_busy = BusyMeter(clock=executor.clock)
         self._rank_queue: deque[RankWork] = deque()
         self._prefills: list[PrefillWork] = []
+        self._running_prefill: PrefillWork | None = None    # its round is on the worker now
         self._seq = itertools.count()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -322,6 +323,7 @@ class InstanceScheduler:
 
     async def _run_prefill_round(self) -> None:
         work = self._next_prefill()
+        self._running_prefill = work
 
         def one_round() -> tuple[bool, Any]:
             work.step()
@@ -332,10 +334,12 @@ class InstanceScheduler:
         try:
             (finished, result), seconds = await self.executor.run_timed(one_round)
         except Exception as exc:
+            self._running_prefill = None
             self._prefills.remove(work)
             if not work.future.done():
                 work.future.set_exception(exc)
             return
+        self._running_prefill = None
         work.rounds += 1
         self.stats.prefill_compute_s += seconds
         self.stats.prefill_rounds += 1
@@ -346,8 +350,9 @@ class InstanceScheduler:
                 work.future.set_result(result)
 
     def cancel_prefill(self, work: PrefillWork) -> bool:
-        """Drop a queued pre-infer job (its future is cancelled); False if it already ended."""
-        if work in self._prefills:
+        """Drop a queued pre-infer job (its future is cancelled); False if it already ended or
+        one of its rounds is running now."""
+        if work is not self._running_prefill and any(w is work for w in self._prefills):
             self._prefills.remove(work)
             work.future.cancel()
             return True

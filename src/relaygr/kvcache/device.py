@@ -198,6 +198,17 @@ class DeviceKVPool:
         self.store.index.lease(entry, self.clock() + self.lease_s)
         return True
 
+    def end_lease(self, pid: PrefixId) -> bool:
+        """End the lease of exactly ``pid`` now (READY -> IDLE, evictable): its ranking leg will
+        not come. False, changing nothing, if it is absent, not READY, another version or in
+        use (its ranking is under way)."""
+        entry = self.store.index.get(pid.user_id)
+        if entry is None or entry.pid != pid or entry.state is not EntryState.READY \
+                or entry.pins:
+            return False
+        self.store.index.mark_idle(entry)
+        return True
+
     def view_in_use(self, pid: PrefixId) -> PrefixKV:
         """The view of an entry the caller holds (``acquire``d, not yet released)."""
         return self.store.view(self.store.in_use_entry(pid))

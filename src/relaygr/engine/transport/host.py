@@ -39,6 +39,7 @@ from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.transport.instance_end import InstanceEnd
 from relaygr.engine.transport.messages import (
+    AbandonCall,
     ControlCall,
     Heartbeat,
     Open,
@@ -204,6 +205,8 @@ class _Host:
             self.answer(seq, lambda: self.preinfer(msg))
         elif isinstance(msg, RankCall):
             self.spawn(self.answer_later(seq, self.rank(msg)))
+        elif isinstance(msg, AbandonCall):
+            self.answer(seq, lambda: self.abandon(msg))
         elif isinstance(msg, Open):
             self.spawn(self.answer_later(seq, self.open(msg), snapshot_of=msg.iid))
         elif isinstance(msg, ControlCall):
@@ -225,6 +228,10 @@ class _Host:
     def preinfer(self, msg: PreinferCall) -> PreinferReply:
         end = self.ends.get(msg.iid)
         return PreinferReply("", SKIPPED) if end is None else end.preinfer(msg)
+
+    def abandon(self, msg: AbandonCall) -> bool:
+        end = self.ends.get(msg.iid)
+        return False if end is None else end.abandon(msg)
 
     async def rank(self, msg: RankCall) -> RankReply:
         self.instance(msg.iid)          # raises if it is not open

@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from relaygr.engine.instance import RankingInstance
-from relaygr.engine.transport.messages import PreinferCall, PreinferReply, RankCall, RankReply
+from relaygr.engine.transport.messages import (
+    AbandonCall,
+    PreinferCall,
+    PreinferReply,
+    RankCall,
+    RankReply,
+)
 from relaygr.engine.types import PrefixSpec
 from relaygr.kvcache import PrefixId
 
@@ -41,6 +47,12 @@ class InstanceEnd:
             self._specs.popitem(last=False)
         return PreinferReply(inst.name, inst.preinfer(spec, call.suffix_tokens, call.candidates),
                              False, call.note)
+
+    def abandon(self, call: AbandonCall) -> bool:
+        """The pre-infer of ``call.pid`` will see no ranking leg here (``RankingInstance.abandon``);
+        its kept spec is dropped."""
+        self._specs.pop(call.pid, None)
+        return self.instance.abandon(call.pid)
 
     async def rank(self, call: RankCall, with_snapshot: bool = False) -> RankReply:
         """The second leg: the instance ranks (consuming the relayed prefix when it is here).

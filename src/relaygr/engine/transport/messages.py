@@ -94,6 +94,14 @@ class PreinferCall(RoutedCall):
     candidates: int
 
 
+@dataclass(kw_only=True)
+class AbandonCall(RoutedCall):
+    """``pid``'s pre-infer signal will see no ranking leg on this instance (shed, failed over):
+    ``RankingInstance.abandon``."""
+
+    pid: PrefixId
+
+
 def _array(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else t.numpy()
 

@@ -22,6 +22,7 @@ from relaygr.engine.snapshot import InstanceSnapshot
 from relaygr.engine.transport.host_link import HostLink
 from relaygr.engine.transport.liveness import LivenessPolicy
 from relaygr.engine.transport.messages import (
+    AbandonCall,
     ControlCall,
     Open,
     PreinferCall,
@@ -32,6 +33,7 @@ from relaygr.engine.transport.messages import (
 )
 from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import PrefixSpec, PreinferAction, PreinferResult, RankJob, RankResult
+from relaygr.kvcache import PrefixId
 
 log = logging.getLogger("relaygr.engine.transport")
 # How long a host may take to answer an instance's stop (the instance fails its queued work and
@@ -187,6 +189,23 @@ class ProcessInstance:
             return PreinferResult(PreinferAction.SKIPPED, None, 0)
         assert isinstance(reply, PreinferReply)
         return reply.result
+
+    def abandon(self, pid: PrefixId) -> Awaitable[bool]:
+        """Sends it now (``RankingInstance.abandon`` in the host); the task resolves with whether
+        anything changed there (False when this instance is down or went down meanwhile)."""
+        loop = asyncio.get_running_loop()
+        if not self.healthy:
+            done: asyncio.Future[bool] = loop.create_future()
+            done.set_result(False)
+            return done
+        return loop.create_task(self._abandoned(self.link.call(AbandonCall(iid=self.iid,
+                                                                           pid=pid))))
+
+    async def _abandoned(self, sent: asyncio.Future[Reply]) -> bool:
+        try:
+            return bool(self._value(await sent))
+        except InstanceStoppedError:
+            return False
 
     async def rank(self, job: RankJob) -> RankResult:
         if not self.healthy:
