@@ -38,6 +38,25 @@ def held_prefills(instance: RankingInstance) -> asyncio.Event:
     return gate
 
 
+def first_prefill_round_then_held(instance: RankingInstance
+                                  ) -> tuple[asyncio.Event, asyncio.Event]:
+    """Let ``instance`` run one pre-infer round, then hold the rest until the second returned
+    gate is set; the first is set once that round is done (a job started, not finished,
+    however fast the machine)."""
+    sched = instance.scheduler
+    original = sched._run_prefill_round
+    first, gate = asyncio.Event(), asyncio.Event()
+
+    async def one_then_held() -> None:
+        if first.is_set():
+            await gate.wait()
+        if sched.prefill_queue_depth:
+            await original()
+            first.set()
+    sched._run_prefill_round = one_then_held      # type: ignore[method-assign]
+    return first, gate
+
+
 def test_a_failed_over_legs_queued_preinfer_is_cancelled_and_its_entry_freed() -> None:
     """The owner raises at ranking: the leg fails over and is answered elsewhere with the full
     pass's scores, and the pre-infer it left queued on the owner is cancelled at once: no
@@ -123,15 +142,14 @@ def test_a_started_abandoned_preinfer_finishes_unleased() -> None:
     async def scenario(inst: RankingInstance) -> None:
         res = inst.residency
         assert res is not None
+        first, gate = first_prefill_round_then_held(inst)
         assert inst.preinfer(spec, 0, 40).action is PreinferAction.PREFILL
         work = res._inflight[2]
-        for _ in range(10_000):
-            if work.rounds:
-                break
-            await asyncio.sleep(0.001)
+        await first.wait()
         assert work.rounds > 0 and not work.future.done()     # started, many rounds to go
         assert inst.abandon(spec.pid) and res.counters.preinfers_unleased == 1
         assert res.resident(spec.pid) is EntryState.PENDING
+        gate.set()
         await idle(inst)
         assert res.resident(spec.pid) is EntryState.IDLE
         assert res.pool.unevictable_bytes == 0 and res.counters.preinfers_cancelled == 0
