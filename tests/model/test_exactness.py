@@ -1,12 +1,15 @@
-"""The relay's correctness contract: ranking from a cached prefix equals the full pass."""
+"""The relay's correctness contract: ranking from a cached prefix equals the full pass, in
+either layer style (``HSTUConfig.layer_style``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relaygr.model import RankInput, concat_prefix
+from relaygr.model.config import LAYER_STYLES
 from tests.model.helpers import assert_close, make_model, random_history
 
 configs = st.fixed_dictionaries({
@@ -24,12 +27,14 @@ configs = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.parametrize("layer_style", LAYER_STYLES)
 @settings(max_examples=30, deadline=None)
 @given(cfg=configs, prefix_len=st.integers(1, 2048), suffix_len=st.integers(0, 40),
        num_candidates=st.integers(1, 80), timed=st.booleans(), seed=st.integers(0, 2**16))
-def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: int,
-                                      num_candidates: int, timed: bool, seed: int) -> None:
-    model = make_model(seed, **cfg)
+def test_cached_rank_equals_full_pass(layer_style: str, cfg: dict, prefix_len: int,
+                                      suffix_len: int, num_candidates: int, timed: bool,
+                                      seed: int) -> None:
+    model = make_model(seed, layer_style=layer_style, **cfg)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, prefix_len + suffix_len, 500, timed)
     cands = torch.randint(1, 501, (num_candidates,), generator=gen)
@@ -47,18 +52,19 @@ def test_cached_rank_equals_full_pass(cfg: dict, prefix_len: int, suffix_len: in
     assert_close(cached, full)
 
 
+@pytest.mark.parametrize("layer_style", LAYER_STYLES)
 @settings(max_examples=15, deadline=None)
 @given(length=st.integers(1, 300), num_candidates=st.integers(1, 30), timed=st.booleans(),
        final_norm=st.booleans(), rank_score=st.sampled_from(["state", "retrieval_residual"]),
        tile_elems=st.sampled_from([64, 1 << 19]), seed=st.integers(0, 2**16))
-def test_serving_path_equals_dense_reference(length: int, num_candidates: int, timed: bool,
-                                             final_norm: bool, rank_score: str, tile_elems: int,
-                                             seed: int) -> None:
+def test_serving_path_equals_dense_reference(layer_style: str, length: int, num_candidates: int,
+                                             timed: bool, final_norm: bool, rank_score: str,
+                                             tile_elems: int, seed: int) -> None:
     """The chunked serving pass computes the paper's masked dense attention, and the ranking
     head (with or without the retrieval logit) reads the same states in both paths."""
     model = make_model(seed, query_block=32, final_norm=final_norm, rank_score=rank_score,
                        retrieval_similarity="cosine", retrieval_temperature=0.05,
-                       attention_tile_elems=tile_elems)
+                       attention_tile_elems=tile_elems, layer_style=layer_style)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, length, 500, timed)
     cands = torch.randint(1, 501, (num_candidates,), generator=gen)
@@ -72,12 +78,14 @@ def test_serving_path_equals_dense_reference(length: int, num_candidates: int, t
     assert_close(model.prefill(items, ts).last_hidden, hidden[-1])
 
 
+@pytest.mark.parametrize("layer_style", LAYER_STYLES)
 @settings(max_examples=25, deadline=None)
 @given(first=st.integers(1, 700), second=st.integers(1, 400), timed=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_prefill_extension_equals_prefill_of_concatenation(first: int, second: int, timed: bool,
+def test_prefill_extension_equals_prefill_of_concatenation(layer_style: str, first: int,
+                                                           second: int, timed: bool,
                                                            seed: int) -> None:
-    model = make_model(seed)
+    model = make_model(seed, layer_style=layer_style)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, first + second, 500, timed)
     head_ts = None if ts is None else ts[:first]
@@ -109,13 +117,15 @@ def test_time_bias_changes_scores_but_not_exactness() -> None:
                                    query_timestamp=int(ts[-1]) + 10_000_000))
 
 
+@pytest.mark.parametrize("layer_style", LAYER_STYLES)
 @settings(max_examples=10, deadline=None)
 @given(prefix_len=st.integers(1, 500), suffix_len=st.integers(1, 50), timed=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_ranking_returns_the_suffix_kv_of_the_next_prefix(prefix_len: int, suffix_len: int,
-                                                          timed: bool, seed: int) -> None:
+def test_ranking_returns_the_suffix_kv_of_the_next_prefix(layer_style: str, prefix_len: int,
+                                                          suffix_len: int, timed: bool,
+                                                          seed: int) -> None:
     """prefix K/V + the suffix K/V a ranking pass computed == prefill of prefix + suffix."""
-    model = make_model(seed)
+    model = make_model(seed, layer_style=layer_style)
     gen = torch.Generator().manual_seed(seed)
     items, ts = random_history(gen, prefix_len + suffix_len, 500, timed)
     kv = model.prefill(items[:prefix_len], None if ts is None else ts[:prefix_len])

@@ -27,8 +27,8 @@ from relaygr.train.checkpoint import (
 )
 from tests.train.helpers import TINY, cyclic_sequences, write_tied_udata
 
-NEW_MODEL_KEYS = ("rank_score",)
-NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k")
+NEW_MODEL_KEYS = ("rank_score", "layer_style")
+NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k", "layer_style")
 
 
 def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -> None:
@@ -45,6 +45,7 @@ def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -
     path.write_text(json.dumps(config))
     old = load_trained(tmp_path / "run")
     assert old.model.cfg.rank_score == "state"
+    assert old.model.cfg.layer_style == "ours" and old.run.train.layer_style == "ours"
     saved = trainer.model.eval()        # one epoch: the best epoch is the last one
     history = torch.from_numpy(seqs.sequence(0)[:10])
     kv = old.model.prefill(history)

@@ -11,6 +11,7 @@ from relaygr.settings import changed, load, require_positive_ints
 RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
 ATTENTION_KERNELS = ("fused", "eager")
+LAYER_STYLES = ("ours", "reference")
 # Time buckets a model may have: bucket b starts at a gap of ceil(1.5^b - 1) seconds, and the
 # last start must stay within 2^61 (model.inputs.MAX_ABS_TIMESTAMP: gaps and timestamps less a
 # start then fit int64).
@@ -76,6 +77,15 @@ class HSTUConfig:
     # depart from it. "state" is the default because every checkpoint saved before this field
     # existed was trained so (its config has no such key and must load as what it was).
     rank_score: str = "state"
+    # How each HSTU layer is parameterised and initialised (HSTULayer, HSTU._init_weights).
+    # "ours": f1 with a bias, both LayerNorms affine (eps 1e-5), f1 and f2 xavier-uniform with
+    # zero biases, the position embedding N(0, 0.02), the relative bias tables zero.
+    # "reference": as Meta's open-source HSTU initialises its layers: f1 without a bias,
+    # N(0, 0.02); both LayerNorms without affine parameters, eps 1e-6; the position embedding
+    # xavier-normal; the relative bias tables N(0, 0.02); f2's bias PyTorch's default
+    # U(+-1/sqrt(dim)). "ours" is the default: every checkpoint saved before this field existed
+    # was trained so, and a "reference" state dict lacks the biases and norm weights it holds.
+    layer_style: str = "ours"
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "num_items", "dim", "num_layers", "num_heads", "max_seq_len",
@@ -107,6 +117,9 @@ class HSTUConfig:
         if self.rank_score not in RANK_SCORES:
             raise ConfigError(f"HSTUConfig.rank_score must be one of {RANK_SCORES}, got "
                               f"{self.rank_score!r}")
+        if self.layer_style not in LAYER_STYLES:
+            raise ConfigError(f"HSTUConfig.layer_style must be one of {LAYER_STYLES}, got "
+                              f"{self.layer_style!r}")
 
     @property
     def head_dim(self) -> int:
@@ -119,6 +132,10 @@ class HSTUConfig:
     @property
     def rank_adds_retrieval(self) -> bool:
         return self.rank_score == "retrieval_residual"
+
+    @property
+    def reference_layers(self) -> bool:
+        return self.layer_style == "reference"
 
     @property
     def normalizer(self) -> float:

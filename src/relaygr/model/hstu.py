@@ -86,13 +86,14 @@ class HSTU(nn.Module):
         nn.init.normal_(self.item_emb.weight, std=0.02)
         with torch.no_grad():
             self.item_emb.weight[0].zero_()
-        nn.init.normal_(self.pos_emb.weight, std=0.02)
+        if self.cfg.reference_layers:
+            # the open-source HSTU's reset_params re-initialises its position table so
+            nn.init.xavier_normal_(self.pos_emb.weight)
+        else:
+            nn.init.normal_(self.pos_emb.weight, std=0.02)
         nn.init.normal_(self.candidate_type, std=0.02)
         for layer in self.blocks:
-            nn.init.xavier_uniform_(layer.f1.weight)
-            nn.init.xavier_uniform_(layer.f2.weight)
-            nn.init.zeros_(layer.f1.bias)
-            nn.init.zeros_(layer.f2.bias)
+            layer.init_weights()
 
     # ---- building blocks -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ heads); it does not own keys or values, which the caller passes in and keeps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -25,19 +26,53 @@ from relaygr.model.config import HSTUConfig
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
+# The LayerNorm epsilon of the "reference" layer style: the open-source HSTU's default.
+_REFERENCE_NORM_EPS = 1e-6
+# The std of the reference's uvqk projection and relative bias tables at initialisation.
+_REFERENCE_INIT_STD = 0.02
+
+
+def _layer_norm(cfg: HSTUConfig) -> nn.LayerNorm:
+    """A Norm of the layer: affine under ``layer_style="ours"``; under ``"reference"`` a plain
+    standardisation (no weight, no bias, eps 1e-6), as the open-source HSTU normalises."""
+    if cfg.reference_layers:
+        return nn.LayerNorm(cfg.dim, eps=_REFERENCE_NORM_EPS, elementwise_affine=False)
+    return nn.LayerNorm(cfg.dim)
+
+
 class HSTULayer(nn.Module):
     def __init__(self, cfg: HSTUConfig) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.dim
-        self.norm_in = nn.LayerNorm(d)
-        self.f1 = nn.Linear(d, 4 * d)                     # → U, V, Q, K
-        self.norm_attn = nn.LayerNorm(d)
+        self.norm_in = _layer_norm(cfg)
+        self.f1 = nn.Linear(d, 4 * d, bias=not cfg.reference_layers)   # → U, V, Q, K
+        self.norm_attn = _layer_norm(cfg)
         self.f2 = nn.Linear(d, d)
         self.dropout = nn.Dropout(cfg.dropout)
         # rab^p: one weight per causal distance 0..max_seq_len; rab^t: one per time bucket.
         self.pos_w = nn.Parameter(torch.zeros(cfg.max_seq_len + 1))
         self.time_w = nn.Parameter(torch.zeros(cfg.num_time_buckets))
+
+    def init_weights(self) -> None:
+        """Initialise the projections and bias tables as ``cfg.layer_style`` says (config.py).
+
+        "reference" keeps the open-source HSTU's scale: its residual branch starts small beside
+        the token it adds to, where xavier-uniform f1 (std ~4.5x larger) lets it dominate.
+        """
+        if not self.cfg.reference_layers:
+            nn.init.xavier_uniform_(self.f1.weight)
+            nn.init.xavier_uniform_(self.f2.weight)
+            assert self.f1.bias is not None
+            nn.init.zeros_(self.f1.bias)
+            nn.init.zeros_(self.f2.bias)
+            return
+        nn.init.normal_(self.f1.weight, std=_REFERENCE_INIT_STD)
+        nn.init.xavier_uniform_(self.f2.weight)
+        bound = 1.0 / math.sqrt(self.cfg.dim)             # nn.Linear's default bias, fan_in d
+        nn.init.uniform_(self.f2.bias, -bound, bound)
+        nn.init.normal_(self.pos_w, std=_REFERENCE_INIT_STD)
+        nn.init.normal_(self.time_w, std=_REFERENCE_INIT_STD)
 
     def forward(self, x: Tensor, attend: Attend) -> Tensor:
         """``Y = X + f2(Norm(attend(Q, K, V)) * U)`` for tokens ``x [..., d]``: the layer of the

@@ -109,6 +109,9 @@ class TrainConfig:
     valid_seed: int = 0
     # time: off for ML-1M, whose shared table has no timestamps for users 3000-6040
     use_timestamps: bool = False
+    # How the HSTU layers are parameterised and initialised (HSTUConfig.layer_style): "ours"
+    # (what runs saved before this field trained) or "reference", the open-source HSTU's.
+    layer_style: str = "ours"
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
@@ -150,7 +153,7 @@ class TrainConfig:
             raise ConfigError("TrainConfig.adam_beta2 must be in [0, 1)")
         if self.batch_order not in BATCH_ORDERS:
             raise ConfigError(f"TrainConfig.batch_order must be one of {BATCH_ORDERS}")
-        self.model_config(1)  # dim/heads/dropout/final_norm/similarity: validated by the model
+        self.model_config(1)  # dim/heads/dropout/final_norm/similarity/layer_style: the model's
 
     def model_config(self, num_items: int) -> HSTUConfig:
         """The model this run trains, over a catalogue of ``num_items``."""
@@ -159,7 +162,7 @@ class TrainConfig:
                           dropout=self.dropout, final_norm=self.final_norm,
                           retrieval_similarity=self.similarity,
                           retrieval_temperature=self.temperature,
-                          rank_score=self.rank_score)
+                          rank_score=self.rank_score, layer_style=self.layer_style)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
