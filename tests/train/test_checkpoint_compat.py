@@ -27,8 +27,9 @@ from relaygr.train.checkpoint import (
 )
 from tests.train.helpers import TINY, cyclic_sequences, write_tied_udata
 
-NEW_MODEL_KEYS = ("rank_score", "layer_style")
-NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k", "layer_style")
+NEW_MODEL_KEYS = ("rank_score", "layer_style", "time_query")
+NEW_TRAIN_KEYS = ("rank_score", "rank_hard_negatives", "rank_mine_k", "layer_style",
+                  "time_query")
 
 
 def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -> None:
@@ -46,6 +47,7 @@ def test_a_config_without_the_new_keys_loads_as_the_state_head(tmp_path: Path) -
     old = load_trained(tmp_path / "run")
     assert old.model.cfg.rank_score == "state"
     assert old.model.cfg.layer_style == "ours" and old.run.train.layer_style == "ours"
+    assert old.model.cfg.time_query == "own" and old.run.train.time_query == "own"
     saved = trainer.model.eval()        # one epoch: the best epoch is the last one
     history = torch.from_numpy(seqs.sequence(0)[:10])
     kv = old.model.prefill(history)

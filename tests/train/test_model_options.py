@@ -1,14 +1,17 @@
-"""The model options a run trains with (``TrainConfig.layer_style``): set from the command
-line's overrides, recorded in the run, reloaded, and served by every path."""
+"""The model options a run trains with: ``layer_style`` set from the command line's overrides,
+recorded in the run, reloaded and served by every path; ``time_query="next"`` trained and
+evaluated densely with the targets' times as the queries', and refused by every serving loader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from relaygr.cli.train import parse_overrides
+from relaygr.data import leave_one_out
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU, RankInput
 from relaygr.server.build import load_model
@@ -21,6 +24,8 @@ from relaygr.train import (
     retrieval_ranks_padded,
     serving_ranks,
 )
+from relaygr.train.batches import TrainingData
+from relaygr.train.evaluate import case_windows
 from tests.train.helpers import TINY, cyclic_sequences
 
 
@@ -64,3 +69,74 @@ def _assert_serving_paths_agree(model: HSTU, sequence: object, num_items: int) -
 def test_a_bad_layer_style_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="layer_style must be one of"):
         TrainConfig(layer_style="meta")
+
+
+NEXT = TINY.with_(use_timestamps=True, time_query="next", rank_weight=0.0)
+
+
+def test_next_needs_timestamps_and_no_ranking_head() -> None:
+    assert NEXT.model_config(10).time_query == "next" and TINY.time_query == "own"
+    with pytest.raises(ConfigError, match="needs use_timestamps=true"):
+        TINY.with_(time_query="next", rank_weight=0.0)
+    with pytest.raises(ConfigError, match="set rank_weight=0 and rank_phase_epochs=0"):
+        NEXT.with_(rank_weight=0.3)
+    with pytest.raises(ConfigError, match="set rank_weight=0 and rank_phase_epochs=0"):
+        NEXT.with_(rank_phase_epochs=1)
+    with pytest.raises(ConfigError, match="time_query must be one of"):
+        NEXT.with_(time_query="previous")
+
+
+def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_items(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=20)
+    split = leave_one_out(seqs)
+    data = TrainingData(split, max_seq_len=6, use_timestamps=True, target_times=True)
+    assert TrainingData(split, 6, True).target_timestamps is None      # "own" reads none
+    assert data.timestamps is not None and data.target_timestamps is not None
+    users = np.flatnonzero(split.train_lengths >= 2)
+    for row, user in enumerate(users):
+        n = int(data.lengths[row])
+        end = seqs.offsets[user] + split.train_lengths[user]
+        assert data.target_timestamps[row, :n].tolist() == seqs.timestamps[end - n:end].tolist()
+        assert data.timestamps[row, :n].tolist() == seqs.timestamps[end - n - 1:end - 1].tolist()
+    batch = data.batch(torch.arange(4))
+    assert batch.target_timestamps is not None
+    assert batch.target_timestamps.shape == batch.inputs.shape
+    # evaluation: the window's times one event later, the last the target's (the request's)
+    cases = split.test
+    rows = np.arange(len(cases))
+    w = case_windows(seqs, cases, rows, 6, True, next_times=True)
+    assert w.timestamps is not None and w.next_timestamps is not None
+    assert case_windows(seqs, cases, rows, 6, True).next_timestamps is None
+    for j, (user, length) in enumerate(zip(cases.users, cases.history_lengths, strict=True)):
+        n = int(w.lengths[j])
+        target_time = seqs.timestamps[seqs.offsets[user] + length]
+        assert w.next_timestamps[j, :n - 1].tolist() == w.timestamps[j, 1:n].tolist()
+        assert int(w.next_timestamps[j, n - 1]) == target_time
+        assert int(w.targets[j]) == seqs.items[seqs.offsets[user] + length]
+
+
+def test_a_next_run_trains_and_evaluates_densely_and_is_refused_for_serving(
+        tmp_path: Path) -> None:
+    seqs = cyclic_sequences(tmp_path, num_users=24)
+    config = NEXT.with_(max_epochs=1)
+    trainer = Trainer(config, seqs, tmp_path / "run", dataset="ml-100k", progress_bar=False,
+                      log=lambda _: None)
+    result = trainer.fit()
+    assert result.best_valid is not None
+    assert result.best_valid.num_cases == len(trainer.split.valid)
+    trained = load_trained(tmp_path / "run")
+    assert trained.model.cfg.time_query == "next" and trained.uses_timestamps
+    ranks = retrieval_ranks_padded(trained.model, seqs, trainer.split.test, config.max_seq_len,
+                                   True)
+    assert len(ranks) == len(trainer.split.test) and (ranks >= 0).all()
+    # the same weights read at their own times rank otherwise: the request time is used
+    own = HSTU(trained.model.cfg.with_(time_query="own")).eval()
+    own.load_state_dict(trained.model.state_dict())
+    own_ranks = retrieval_ranks_padded(own, seqs, trainer.split.test, config.max_seq_len, True)
+    assert not torch.equal(ranks, own_ranks)
+    with pytest.raises(ConfigError, match="cannot be served"):
+        load_model(ModelSource(checkpoint=tmp_path / "run"))
+    with pytest.raises(ConfigError, match="cannot be served"):
+        serving_ranks(trained.model, seqs, trainer.split.test, config.max_seq_len, True,
+                      heads=("retrieval",))

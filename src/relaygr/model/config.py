@@ -12,6 +12,7 @@ RETRIEVAL_SIMILARITIES = ("dot", "cosine")
 RANK_SCORES = ("state", "retrieval_residual")
 ATTENTION_KERNELS = ("fused", "eager")
 LAYER_STYLES = ("ours", "reference")
+TIME_QUERIES = ("own", "next")
 # Time buckets a model may have: bucket b starts at a gap of ceil(1.5^b - 1) seconds, and the
 # last start must stay within 2^61 (model.inputs.MAX_ABS_TIMESTAMP: gaps and timestamps less a
 # start then fit int64).
@@ -86,6 +87,14 @@ class HSTUConfig:
     # U(+-1/sqrt(dim)). "ours" is the default: every checkpoint saved before this field existed
     # was trained so, and a "reference" state dict lacks the biases and norm weights it holds.
     layer_style: str = "ours"
+    # Whose time a query's time bias measures gaps from. "own": the query token's own timestamp
+    # (a token attending to itself is at gap 0). "next": the timestamp of the item the position
+    # predicts (the next event's; at the last position the request's), as the open-source HSTU
+    # does: the model then knows how long after each history event the prediction is made.
+    # "next" is for the retrieval head's dense path only (HSTU.encode_padded): the serving
+    # passes and the ranking head refuse it (check_servable). "own" is the default: every
+    # checkpoint saved before this field existed was trained so.
+    time_query: str = "own"
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "num_items", "dim", "num_layers", "num_heads", "max_seq_len",
@@ -120,6 +129,9 @@ class HSTUConfig:
         if self.layer_style not in LAYER_STYLES:
             raise ConfigError(f"HSTUConfig.layer_style must be one of {LAYER_STYLES}, got "
                               f"{self.layer_style!r}")
+        if self.time_query not in TIME_QUERIES:
+            raise ConfigError(f"HSTUConfig.time_query must be one of {TIME_QUERIES}, got "
+                              f"{self.time_query!r}")
 
     @property
     def head_dim(self) -> int:
@@ -136,6 +148,24 @@ class HSTUConfig:
     @property
     def reference_layers(self) -> bool:
         return self.layer_style == "reference"
+
+    @property
+    def next_time_query(self) -> bool:
+        return self.time_query == "next"
+
+    def check_servable(self) -> None:
+        """``ConfigError`` unless the serving passes (prefill, cached and full ranking) and the
+        ranking head can compute this model exactly: not under ``time_query="next"``, where a
+        token's keys, values and state depend on the time of the event after it (for the last
+        history token, the request's), which a prefix cached before the request cannot know."""
+        if self.next_time_query:
+            raise ConfigError(
+                "a model with time_query='next' cannot be served or rank candidates: each "
+                "history token's time bias is measured from the time of the event after it, so "
+                "the last token's keys, values and state depend on the request time, which a "
+                "prefix cached before the request does not know; its retrieval head is "
+                "evaluated densely (relaygr train's test figures), and a servable model is "
+                "trained with time_query='own'")
 
     @property
     def normalizer(self) -> float:

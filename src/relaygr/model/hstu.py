@@ -209,6 +209,7 @@ class HSTU(nn.Module):
         return self._prefill_pass(requests, round_scores=self.cfg.score_block_elems)
 
     def _prefill_pass(self, requests: Sequence[PrefillInput], round_scores: int | None) -> Pass:
+        self.cfg.check_servable()
         histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
         return Pass(self, [Track(h) for h in histories], round_scores)
 
@@ -231,6 +232,7 @@ class HSTU(nn.Module):
     def rank_batch_outputs(self, requests: Sequence[RankInput]) -> list[RankOutput]:
         """Like ``rank_batch``, also returning the K/V of the history tokens the pass computed
         (the suffix, or the whole history on a full pass), so the caller can keep them."""
+        self.cfg.check_servable()
         tracks = []
         for r in requests:
             history, candidates, query_ts = validate_rank(self.cfg, r, self.device, self.dtype)
@@ -241,9 +243,17 @@ class HSTU(nn.Module):
 
     # ---- training: dense padded forward ------------------------------------------------------
 
-    def encode_padded(self, items: Tensor, timestamps: Tensor | None = None) -> Tensor:
-        """``[B, T]`` right-padded histories (0 = padding) → ``[B, T, d]`` final outputs."""
-        hidden, _ = self._dense_forward(items, timestamps, None, None)
+    def encode_padded(self, items: Tensor, timestamps: Tensor | None = None,
+                      next_timestamps: Tensor | None = None) -> Tensor:
+        """``[B, T]`` right-padded histories (0 = padding) → ``[B, T, d]`` final outputs.
+
+        ``next_timestamps`` ``[B, T]``, given exactly when the model has
+        ``time_query="next"`` and ``timestamps`` are given: the time of the item each position
+        predicts (in training the targets'; at evaluation the next history item's, and at the
+        last position the held-out item's: the request time). Position i's time bias then
+        measures the gap from ``next_timestamps[:, i]`` to each key's timestamp.
+        """
+        hidden, _ = self._dense_forward(items, timestamps, None, None, next_timestamps)
         return hidden
 
     def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
@@ -264,8 +274,11 @@ class HSTU(nn.Module):
         return CandidateStates(cand_hidden, user)
 
     def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
-                       query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:
+                       query_ts: Tensor | None, next_ts: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor | None]:
         cfg = self.cfg
+        if candidates is not None:
+            cfg.check_servable()          # the ranking head is what the serving passes serve
         batch, hist = items.shape
         if hist > cfg.max_seq_len:
             raise InvalidInputError(f"padded length {hist} exceeds max_seq_len {cfg.max_seq_len}")
@@ -301,22 +314,45 @@ class HSTU(nn.Module):
         else:
             visible = causal
         dist = (q_pos[:, :, None] - q_pos[:, None, :]).clamp(min=0)         # [B, T+C, T+C]
-        buckets = None
-        if timestamps is not None:
-            if timestamps.shape != items.shape:
-                raise TimestampError("timestamps must have the shape of items")
-            ts = timestamps
-            if candidates is not None:
-                if query_ts is None:
-                    last = (lengths - 1).clamp(min=0)
-                    query_ts = timestamps.gather(1, last[:, None]).squeeze(1)
-                ts = torch.cat([ts, query_ts[:, None].expand(batch, n_cand)], dim=1)
-            buckets = time_buckets(ts, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
+        buckets = self._dense_time_buckets(items, lengths, timestamps, n_cand, query_ts, next_ts)
         x = self.input_dropout(x)
         for layer in self.blocks:
             x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible))
         h = self.final_norm(x)
         return h[:, :hist], (h[:, hist:] if n_cand else None)
+
+    def _dense_time_buckets(self, items: Tensor, lengths: Tensor, timestamps: Tensor | None,
+                            n_cand: int, query_ts: Tensor | None, next_ts: Tensor | None
+                            ) -> Tensor | None:
+        """``[B, T+C, T+C]`` time buckets of every (query, key) pair, None when untimed.
+
+        Keys are at their tokens' timestamps; candidates at ``query_ts`` (default: the last
+        history timestamp). A history query is at its own timestamp, or under
+        ``time_query="next"`` at ``next_ts`` (``encode_padded``).
+        """
+        cfg = self.cfg
+        if timestamps is None:
+            if next_ts is not None:
+                raise TimestampError("next timestamps given but the histories carry no "
+                                     "timestamps")
+            return None
+        if timestamps.shape != items.shape:
+            raise TimestampError("timestamps must have the shape of items")
+        if cfg.next_time_query != (next_ts is not None):
+            raise TimestampError(
+                "a timed model with time_query='next' needs next_timestamps (the time of the "
+                "item each position predicts)" if cfg.next_time_query else
+                "next_timestamps are read only by a model with time_query='next'")
+        if next_ts is not None and next_ts.shape != items.shape:
+            raise TimestampError("next_timestamps must have the shape of items")
+        ts = timestamps
+        if n_cand:
+            if query_ts is None:
+                last = (lengths - 1).clamp(min=0)
+                query_ts = timestamps.gather(1, last[:, None]).squeeze(1)
+            ts = torch.cat([ts, query_ts[:, None].expand(len(items), n_cand)], dim=1)
+        query_times = ts if next_ts is None else next_ts
+        return time_buckets(query_times, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
 
     def _dense_attend(self, layer: HSTULayer, dist: Tensor, buckets: Tensor | None,
                       visible: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -29,16 +29,20 @@ _BUCKET_POOL_BATCHES = 32
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """``inputs`` / ``targets`` ``[B, T]`` padded with 0; ``timestamps`` ``[B, T]`` or None."""
+    """``inputs`` / ``targets`` ``[B, T]`` padded with 0; ``timestamps`` ``[B, T]`` (the
+    inputs') or None; ``target_timestamps`` ``[B, T]`` (the targets': each position's
+    ``next_timestamps`` under ``HSTUConfig.time_query="next"``) or None."""
 
     inputs: Tensor
     targets: Tensor
     timestamps: Tensor | None
+    target_timestamps: Tensor | None = None
 
     def to(self, device: torch.device) -> TrainBatch:
-        ts = None if self.timestamps is None else self.timestamps.to(device, non_blocking=True)
+        ts, target_ts = (None if t is None else t.to(device, non_blocking=True)
+                         for t in (self.timestamps, self.target_timestamps))
         return TrainBatch(self.inputs.to(device, non_blocking=True),
-                          self.targets.to(device, non_blocking=True), ts)
+                          self.targets.to(device, non_blocking=True), ts, target_ts)
 
 
 @dataclass(frozen=True)
@@ -83,16 +87,19 @@ BATCH_ORDERS: dict[str, type[RandomOrder] | type[LengthBucketOrder]] = {
 
 
 class TrainingData:
-    """The training windows of a split, stored padded once ``[U', max_seq_len]``."""
+    """The training windows of a split, stored padded once ``[U', max_seq_len]``; with
+    ``target_times`` (and ``use_timestamps``) also the targets' timestamps, which a model with
+    ``time_query="next"`` reads as its queries' times."""
 
-    def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool) -> None:
+    def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool,
+                 target_times: bool = False) -> None:
         seqs = split.sequences
         users = np.flatnonzero(split.train_lengths >= 2)  # one target needs two items
         if len(users) == 0:
             raise EmptyDatasetError("no user has two training interactions", seqs.source)
         size = (len(users), max_seq_len)
         inputs, targets = np.zeros(size, np.int64), np.zeros(size, np.int64)
-        stamps = np.zeros(size, np.int64)
+        stamps, target_stamps = np.zeros(size, np.int64), np.zeros(size, np.int64)
         lengths = np.zeros(len(users), np.int64)
         for row, user in enumerate(users):
             start = seqs.offsets[user]
@@ -101,9 +108,12 @@ class TrainingData:
             seq, ts = seqs.items[window], seqs.timestamps[window]
             n = len(seq) - 1
             inputs[row, :n], targets[row, :n], stamps[row, :n] = seq[:-1], seq[1:], ts[:-1]
+            target_stamps[row, :n] = ts[1:]
             lengths[row] = n
         self.inputs, self.targets = torch.from_numpy(inputs), torch.from_numpy(targets)
         self.timestamps = torch.from_numpy(stamps) if use_timestamps else None
+        self.target_timestamps = (torch.from_numpy(target_stamps)
+                                  if use_timestamps and target_times else None)
         self.lengths = torch.from_numpy(lengths)
         self.num_items = seqs.num_items
 
@@ -117,8 +127,9 @@ class TrainingData:
 
     def batch(self, rows: Tensor) -> TrainBatch:
         width = int(self.lengths[rows].max())
-        ts = None if self.timestamps is None else self.timestamps[rows, :width]
-        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts)
+        ts, target_ts = (None if t is None else t[rows, :width]
+                         for t in (self.timestamps, self.target_timestamps))
+        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts, target_ts)
 
     def rank_batch(self, rows: Tensor, num_users: int, num_negatives: int,
                    gen: torch.Generator) -> RankBatch:

@@ -112,6 +112,12 @@ class TrainConfig:
     # How the HSTU layers are parameterised and initialised (HSTUConfig.layer_style): "ours"
     # (what runs saved before this field trained) or "reference", the open-source HSTU's.
     layer_style: str = "ours"
+    # Whose time a position's time bias measures from (HSTUConfig.time_query): "own" (what runs
+    # saved before this field trained) or "next", the item it predicts (the targets' times in
+    # training, the held-out item's at evaluation), as the open-source HSTU. "next" needs
+    # use_timestamps and trains the retrieval head alone: its model cannot be served, so
+    # neither the ranking loss nor the ranking phase applies.
+    time_query: str = "own"
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "dim", "num_layers", "num_heads", "max_seq_len", "batch_size",
@@ -153,7 +159,16 @@ class TrainConfig:
             raise ConfigError("TrainConfig.adam_beta2 must be in [0, 1)")
         if self.batch_order not in BATCH_ORDERS:
             raise ConfigError(f"TrainConfig.batch_order must be one of {BATCH_ORDERS}")
-        self.model_config(1)  # dim/heads/dropout/final_norm/similarity/layer_style: the model's
+        self.model_config(1)  # dim/heads/.../layer_style/time_query: validated by the model
+        if self.time_query == "next" and not self.use_timestamps:
+            raise ConfigError("TrainConfig.time_query='next' measures time gaps from the "
+                              "predicted item's timestamp: it needs use_timestamps=true")
+        if self.time_query == "next" and (self.rank_weight or self.rank_phase_epochs):
+            raise ConfigError("TrainConfig.time_query='next' trains the retrieval head alone: "
+                              "the ranking head scores candidates as served, from a cached "
+                              "prefix, which cannot know the request time its last token would "
+                              "need (HSTUConfig.check_servable); set rank_weight=0 and "
+                              "rank_phase_epochs=0")
 
     def model_config(self, num_items: int) -> HSTUConfig:
         """The model this run trains, over a catalogue of ``num_items``."""
@@ -162,7 +177,8 @@ class TrainConfig:
                           dropout=self.dropout, final_norm=self.final_norm,
                           retrieval_similarity=self.similarity,
                           retrieval_temperature=self.temperature,
-                          rank_score=self.rank_score, layer_style=self.layer_style)
+                          rank_score=self.rank_score, layer_style=self.layer_style,
+                          time_query=self.time_query)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -70,7 +70,9 @@ class CaseWindow:
     """What the model reads for a slice of cases: ``items`` ``[b, T]`` right-padded with 0,
     ``timestamps`` likewise or None, ``lengths`` ``[b]``; the full ``histories`` (what a
     retrieval stage reads and never proposes) and the items ``excluded`` from the ranking (the
-    histories, or their windows: ``EXCLUSIONS``)."""
+    histories, or their windows: ``EXCLUSIONS``). ``next_timestamps``, for a model with
+    ``time_query="next"`` (else None): each window position's next event's timestamp, the
+    target's at the last (the request time: ``HSTU.encode_padded``)."""
 
     items: Tensor
     timestamps: Tensor | None
@@ -78,24 +80,31 @@ class CaseWindow:
     histories: list[np.ndarray]
     targets: Tensor
     excluded: list[np.ndarray]
+    next_timestamps: Tensor | None = None
 
 
 def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_seq_len: int,
-                 use_timestamps: bool, exclude: str = "history") -> CaseWindow:
+                 use_timestamps: bool, exclude: str = "history",
+                 next_times: bool = False) -> CaseWindow:
+    """The windows of ``cases[rows]``; ``next_times`` (with ``use_timestamps``): with their
+    ``next_timestamps``."""
     check_exclude(exclude)
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[rows],
                                                       cases.history_lengths[rows], strict=True)]
     lengths = [min(len(h), max_seq_len) for h in histories]
     items = np.zeros((len(rows), max(lengths)), dtype=np.int64)
-    stamps = np.zeros_like(items)
+    stamps, next_stamps = np.zeros_like(items), np.zeros_like(items)
     for j, (user, hist) in enumerate(zip(cases.users[rows], histories, strict=True)):
         start = seqs.offsets[user] + len(hist) - lengths[j]
         items[j, :lengths[j]] = hist[-lengths[j]:]
         stamps[j, :lengths[j]] = seqs.timestamps[start:start + lengths[j]]
+        if next_times:   # one event later: the last is the target's (index len(hist))
+            next_stamps[j, :lengths[j]] = seqs.timestamps[start + 1:start + 1 + lengths[j]]
     excluded = [excluded_items(h, exclude, max_seq_len) for h in histories]
     return CaseWindow(torch.from_numpy(items), torch.from_numpy(stamps) if use_timestamps else None,
                       torch.tensor(lengths), histories, torch.from_numpy(cases.targets[rows]),
-                      excluded)
+                      excluded,
+                      torch.from_numpy(next_stamps) if use_timestamps and next_times else None)
 
 
 def _chunks(num: int, size: int, label: str, progress: bool) -> Iterable[np.ndarray]:
@@ -111,16 +120,20 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
                            use_timestamps: bool, batch_size: int = 256,
                            progress: bool = False, exclude: str = "history") -> Tensor:
     """Ranks of the retrieval head computed with ``encode_padded`` (model put in eval mode),
-    ``exclude`` removed (``EXCLUSIONS``)."""
+    ``exclude`` removed (``EXCLUSIONS``). A timed model with ``time_query="next"`` reads each
+    case's target time as the request time (``case_windows``), as the open-source HSTU's
+    evaluation does."""
     model.eval()
     # cases in order of length, so each batch is padded to about its own width
     by_length = np.argsort(np.minimum(cases.history_lengths, max_seq_len), kind="stable")
     ranks = torch.empty(len(cases), dtype=torch.long)
     for chunk in _chunks(len(cases), batch_size, "validate", progress):
         rows = by_length[chunk]
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
-        ts = None if w.timestamps is None else w.timestamps.to(model.device)
-        hidden = model.encode_padded(w.items.to(model.device), ts)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude,
+                         next_times=model.cfg.next_time_query)
+        ts, next_ts = (None if t is None else t.to(model.device)
+                       for t in (w.timestamps, w.next_timestamps))
+        hidden = model.encode_padded(w.items.to(model.device), ts, next_ts)
         last = hidden[torch.arange(len(rows)), w.lengths.to(model.device) - 1]   # [b, d]
         ranks[torch.from_numpy(rows)] = target_ranks(model.retrieval_scores(last), w.targets,
                                                      w.excluded)

@@ -59,7 +59,8 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     per-position losses are summed and divided by ``denominator`` (None: their mean).
     """
     device = model.device
-    hidden = model.encode_padded(batch.inputs, batch.timestamps)          # [B, T, d]
+    hidden = model.encode_padded(batch.inputs, batch.timestamps,
+                                 batch.target_timestamps)                 # [B, T, d]
     valid = batch.targets != 0                                            # [B, T]
     query = model.retrieval_query(hidden)                                 # [B, T, d]
     targets = batch.targets[valid]                                        # [N]

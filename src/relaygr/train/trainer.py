@@ -120,7 +120,8 @@ class Trainer:
                               f"({config.max_seq_len}) exceeds the {sequences.num_items} items: "
                               "a history could leave fewer than rank_mine_k items to mine")
         self.split: LeaveOneOutSplit = split
-        self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
+        self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps,
+                                 target_times=config.time_query == "next")
         torch.manual_seed(seed)
         self.model = HSTU(config.model_config(sequences.num_items)).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
