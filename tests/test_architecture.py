@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lowest first. A package may import itself and the packages of lower layers, nothing else.
 # (The root ``relaygr`` package holds only the version.)
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("relaygr", "errors", "splitmix", "timing", "wake"),
+    ("relaygr", "errors", "files", "splitmix", "timing", "wake"),
     ("settings",),
     ("model", "data", "routing", "retrieval"),
     ("kvcache", "relay", "train"),

@@ -1,5 +1,6 @@
 """The retrieval package sits beside the model and the relay: it imports only the bottom layer
-(``relaygr.errors``, ``relaygr.settings``, ``relaygr.timing``), itself and third-party packages."""
+(``relaygr.errors``, ``relaygr.files``, ``relaygr.settings``, ``relaygr.timing``), itself and
+third-party packages."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _relaygr_imports(path: Path) -> set[str]:
     return out
 
 
-BOTTOM_LAYER = {"relaygr.errors", "relaygr.settings", "relaygr.timing"}
+BOTTOM_LAYER = {"relaygr.errors", "relaygr.files", "relaygr.settings", "relaygr.timing"}
 
 
 def test_retrieval_imports_only_the_bottom_layer_and_itself() -> None:

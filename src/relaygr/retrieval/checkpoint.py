@@ -19,8 +19,6 @@ Only safetensors, JSON and npz (no pickles). Files are written to a temporary na
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from relaygr.errors import CheckpointError, ConfigError
+from relaygr.files import write_atomic
 from relaygr.retrieval.config import SCCDRConfig
 from relaygr.retrieval.data import DomainPair
 from relaygr.retrieval.graph import BipartiteGraph
@@ -79,13 +78,6 @@ class TrainedRetrieval:
     seed: int
 
 
-def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 RUN_INFO_FILE = "run.json"
 
 
@@ -94,7 +86,7 @@ def seed_dir(run_dir: Path, seed: int) -> Path:
 
 
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
-    _atomic(Path(run_dir) / RUN_INFO_FILE,
+    write_atomic(Path(run_dir) / RUN_INFO_FILE,
             lambda p: p.write_text(json.dumps(info.to_dict(), indent=2)))
 
 
@@ -175,7 +167,7 @@ def save_catalogue(run_dir: Path, pair: DomainPair, domains: tuple[str, ...]) ->
         with path.open("wb") as fh:       # a file object: numpy adds no ".npz" to the name
             np.savez_compressed(fh, **arrays)
 
-    _atomic(Path(run_dir) / CATALOGUE_FILE, write)
+    write_atomic(Path(run_dir) / CATALOGUE_FILE, write)
 
 
 def load_catalogue(run_dir: Path, info: RunInfo) -> RunCatalogue:
@@ -195,7 +187,7 @@ def load_catalogue(run_dir: Path, info: RunInfo) -> RunCatalogue:
 def save_splits(run_dir: Path, seed: int, splits: dict[str, DomainSplit]) -> None:
     for name, split in splits.items():
         path = seed_dir(run_dir, seed) / "split" / f"{name}.npz"
-        _atomic(path, split.save)
+        write_atomic(path, split.save)
 
 
 def load_splits(run_dir: Path, seed: int, domains: tuple[str, ...]) -> dict[str, DomainSplit]:
@@ -208,12 +200,12 @@ def save_result(run_dir: Path, seed: int, result: TrainResult) -> None:
     # clones: a table the towers share (share_user_embedding) is one tensor under two keys,
     # which safetensors refuses to write as such
     state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
-    _atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
+    write_atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
     lines = "".join(json.dumps(h) + "\n" for h in result.history)
-    _atomic(out / "metrics.jsonl", lambda p: p.write_text(lines))
+    write_atomic(out / "metrics.jsonl", lambda p: p.write_text(lines))
     summary = {"best_epoch": result.best_epoch, "best_valid_ndcg@10": result.best_score,
                "elapsed_s": result.elapsed_s, "stopped": result.stopped}
-    _atomic(out / "result.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+    write_atomic(out / "result.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
 
 
 def load_seed(run_dir: Path, info: RunInfo, seed: int) -> TrainedRetrieval:

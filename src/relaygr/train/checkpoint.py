@@ -26,7 +26,6 @@ pair one epoch's weights with another's counters.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from relaygr.data.sequences import IdMap, UserSequences
 from relaygr.errors import CheckpointError, ConfigError
+from relaygr.files import write_atomic
 from relaygr.model import HSTU, HSTUConfig
 from relaygr.settings import load
 from relaygr.train.config import TrainConfig
@@ -108,19 +108,12 @@ class RunConfig:
             raise CheckpointError(f"invalid run config: {exc}") from None
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _cpu_state(model: HSTU) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
 def write_run_config(run_dir: Path, run: RunConfig) -> None:
-    _write_atomic(Path(run_dir) / CONFIG_FILE,
+    write_atomic(Path(run_dir) / CONFIG_FILE,
                   lambda p: p.write_text(json.dumps(run.to_dict(), indent=2)))
 
 
@@ -131,7 +124,7 @@ def save_run_files(run_dir: Path, run: RunConfig, id_map: IdMap) -> None:
     if id_map.num_items != run.model.num_items:
         raise CheckpointError(f"id map has {id_map.num_items} items, model {run.model.num_items}")
     write_run_config(run_dir, run)
-    _write_atomic(run_dir / ID_MAP_FILE, id_map.save)
+    write_atomic(run_dir / ID_MAP_FILE, id_map.save)
 
 
 def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> None:
@@ -139,12 +132,12 @@ def save_model(run_dir: Path, model: HSTU, run: RunConfig, id_map: IdMap) -> Non
     if id_map.num_items != model.cfg.num_items:
         raise CheckpointError(f"id map has {id_map.num_items} items, model {model.cfg.num_items}")
     save_run_files(run_dir, run, id_map)
-    _write_atomic(Path(run_dir) / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
+    write_atomic(Path(run_dir) / MODEL_FILE, lambda p: save_file(_cpu_state(model), str(p)))
 
 
 def save_schedule_best(run_dir: Path, model: HSTU) -> None:
     """Write ``model`` as the schedule's best weights, where the ranking phase starts."""
-    _write_atomic(Path(run_dir) / SCHEDULE_BEST_FILE,
+    write_atomic(Path(run_dir) / SCHEDULE_BEST_FILE,
                   lambda p: save_file(_cpu_state(model), str(p)))
 
 
@@ -274,9 +267,9 @@ def save_train_state(run_dir: Path, model: HSTU, optimizer: torch.optim.Optimize
             tensors[f"rng/cuda{i}"] = state
     run_dir = Path(run_dir)
     record = json.dumps(asdict(progress), indent=1)
-    _write_atomic(run_dir / STATE_FILE,
+    write_atomic(run_dir / STATE_FILE,
                   lambda p: save_file(tensors, str(p), metadata={_PROGRESS_KEY: record}))
-    _write_atomic(run_dir / PROGRESS_FILE, lambda p: p.write_text(record))
+    write_atomic(run_dir / PROGRESS_FILE, lambda p: p.write_text(record))
 
 
 # The state file's metadata key for its progress record (``TrainProgress`` as JSON).

@@ -13,10 +13,10 @@ A session that writes nothing leaves the file as it is.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from relaygr.files import write_atomic
 from relaygr.train.checkpoint import TrainProgress
 
 METRICS_FILE = "metrics.jsonl"
@@ -36,9 +36,8 @@ class MetricsLog:
     def append(self, records: list[dict[str, Any]]) -> None:
         lines = [json.dumps(record) + "\n" for record in records]
         if not self.synced:
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(self._kept() + lines))
-            os.replace(tmp, self.path)
+            text = "".join(self._kept() + lines)
+            write_atomic(self.path, lambda tmp: tmp.write_text(text))
             self.synced = True
             return
         with self.path.open("a") as handle:
