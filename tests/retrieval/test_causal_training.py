@@ -51,10 +51,13 @@ def test_a_time_ordered_split_records_each_rows_place_and_keeps_its_rows(
         [2, 1, 3, 4]
 
 
-def test_causal_user_vectors_are_the_served_vectors_of_the_items_before() -> None:
+@pytest.mark.parametrize("aggregation", ["mean", "sym"])
+def test_causal_user_vectors_are_the_served_vectors_of_the_items_before(aggregation: str
+                                                                        ) -> None:
     split = make_split(_domain(), SplitKind.DISENCDR, 0, 0.5)
     assert split.train_pos is not None
-    cfg = PRESETS["single"].with_(dim=8, causal_window=4, causal_recency=0.7)
+    cfg = PRESETS["single"].with_(dim=8, causal_window=4, causal_recency=0.7,
+                                  sage_aggregation=aggregation)
     trainer = RetrievalTrainer(cfg, {"d": split}, USERS, 0, progress_bar=False)
     model = trainer.model
     out = model.tower("d")()

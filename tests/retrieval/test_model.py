@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
-from relaygr.retrieval.config import Encoder, Pacing, SCCDRConfig, Similarity
+from relaygr.retrieval.config import Aggregation, Encoder, Pacing, SCCDRConfig, Similarity
 from relaygr.retrieval.encoders import SAGETower
 from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 from relaygr.retrieval.model import RetrievalModel
@@ -33,10 +33,13 @@ def test_adjacencies() -> None:
     assert [a.tolist() for a in g.items_of()] == [[0, 1], [1], [2], [0, 1, 2], []]
 
 
+@pytest.mark.parametrize("aggregation", ["mean", "sym"])
 @pytest.mark.parametrize("similarity", ["cosine", "dot"])
-def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) -> None:
+def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str,
+                                                             aggregation: str) -> None:
     torch.manual_seed(0)
-    cfg = SCCDRConfig(dim=8, num_layers=2, similarity=Similarity(similarity))
+    cfg = SCCDRConfig(dim=8, num_layers=2, similarity=Similarity(similarity),
+                      sage_aggregation=Aggregation(aggregation))
     model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, cfg)
     users, items = model.user_vectors("a"), model.item_vectors("a")
     assert users.dtype == np.float32 and items.shape == (4, 9) and items.flags.c_contiguous
@@ -52,17 +55,23 @@ def test_user_vector_from_items_equals_the_full_graph_vector(similarity: str) ->
         model.user_vector("b", [0])
 
 
-def test_recency_weighs_each_item_by_its_newest_event() -> None:
+@pytest.mark.parametrize("aggregation", ["mean", "sym"])
+def test_recency_weighs_each_item_by_its_newest_event(aggregation: str) -> None:
     torch.manual_seed(0)
-    model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, SCCDRConfig(dim=8, num_layers=2))
+    cfg = SCCDRConfig(dim=8, num_layers=2, sage_aggregation=Aggregation(aggregation))
+    model = RetrievalModel({"a": BipartiteGraph(5, 4, EDGES)}, cfg)
     events, r = [2, 0, 1, 0], 0.5          # oldest first; item 0 recurs and is also the newest
     encoder = cast(SAGETower, model.tower("a").encoder)
     states = model.encode("a").item_states
     weights = {0: r ** 0, 1: r ** 1, 2: r ** 3}           # its newest event's weight
+    # sym: a share s_i becomes s_i sqrt(n / deg(i)); n = 3 items, degrees 2, 3, 2 (EDGES)
+    scale = ({0: np.sqrt(3 / 2), 1: 1.0, 2: np.sqrt(3 / 2)} if aggregation == "sym"
+             else {0: 1.0, 1: 1.0, 2: 1.0})
     with torch.no_grad():
         h = encoder.user_emb.weight[3]
         for layer, layer_states in enumerate(states):
-            agg = torch.stack([w * layer_states[i].double() for i, w in weights.items()]).sum(0)
+            agg = torch.stack([w * scale[i] * layer_states[i].double()
+                               for i, w in weights.items()]).sum(0)
             h = encoder._step(layer, h, (agg / sum(weights.values())).float())
         want = torch.cat([torch.nn.functional.normalize(h, dim=-1), torch.ones(1)]).numpy()
     np.testing.assert_allclose(model.user_vector("a", events, user=3, recency=r), want, atol=TOL)
@@ -72,6 +81,38 @@ def test_recency_weighs_each_item_by_its_newest_event() -> None:
     for bad in (0.0, 1.5):
         with pytest.raises(InvalidInputError, match="recency"):
             model.user_vector("a", events, user=3, recency=bad)
+
+
+def test_sym_aggregation_propagates_with_the_symmetric_adjacency() -> None:
+    """``sage_aggregation`` "sym": the tower's adjacency is D^-1/2 A D^-1/2 (of the propagation
+    graph, views included), the default stays the mean, and a run.json written before the
+    option (no such key) loads as the mean."""
+    g = BipartiteGraph(5, 4, EDGES)
+    torch.manual_seed(0)
+    mean = RetrievalModel({"a": g}, SCCDRConfig(dim=8))
+    torch.manual_seed(0)
+    sym = RetrievalModel({"a": g}, SCCDRConfig(dim=8, sage_aggregation=Aggregation.SYM))
+    np.testing.assert_array_equal(mean.tower("a").adj.to_dense(), g.mean_adjacency().to_dense())
+    np.testing.assert_array_equal(sym.tower("a").adj.to_dense(), g.sym_adjacency().to_dense())
+    view = g.drop_edges(0.3, np.random.default_rng(0))
+    np.testing.assert_array_equal(sym.tower("a").adjacency_of(view).to_dense(),
+                                  view.sym_adjacency().to_dense())
+    encoder = cast(SAGETower, sym.tower("a").encoder)
+    assert encoder.item_scale is not None
+    # degrees 2, 3, 2 and 0 (item 3 never trained: taken as 1)
+    np.testing.assert_allclose(encoder.item_scale, 1 / np.sqrt([2, 3, 2, 1]), atol=TOL)
+    assert cast(SAGETower, mean.tower("a").encoder).item_scale is None
+    # the same weights, another aggregator: another vector for the user of degree 3
+    assert not np.allclose(sym.user_vectors("a")[3], mean.user_vectors("a")[3], atol=1e-3)
+    old = SCCDRConfig().to_dict()
+    del old["sage_aggregation"]
+    assert SCCDRConfig.from_dict(old).sage_aggregation is Aggregation.MEAN
+    assert SCCDRConfig.from_dict(SCCDRConfig(sage_aggregation=Aggregation.SYM).to_dict()) \
+        .sage_aggregation is Aggregation.SYM
+    with pytest.raises(ConfigError, match="sage_aggregation"):
+        SCCDRConfig(encoder=Encoder.LIGHTGCN, sage_aggregation=Aggregation.SYM)
+    with pytest.raises(ConfigError, match="sage_aggregation"):
+        SCCDRConfig().with_(sage_aggregation="max")
 
 
 def test_lightgcn_has_no_request_time_user_tower() -> None:
@@ -112,14 +153,16 @@ def test_share_user_embedding_ties_the_towers_user_table(shared: bool) -> None:
     assert (copy.tower("a").encoder.user_emb is copy.tower("b").encoder.user_emb) == shared
 
 
-def test_partner_items_extend_the_user_side_only() -> None:
+@pytest.mark.parametrize("aggregation", ["mean", "sym"])
+def test_partner_items_extend_the_user_side_only(aggregation: str) -> None:
     """With ``partner_items`` a tower reads the user's items of both domains: the request-time
     user vector from both lists equals the full-graph one, and only the domain's own items are
     scored and served."""
     torch.manual_seed(0)
     b_edges = np.array([[0, 2], [1, 0], [3, 1], [3, 2], [4, 0]])   # user 4 has b items only
     graphs = {"a": BipartiteGraph(5, 4, EDGES), "b": BipartiteGraph(5, 3, b_edges)}
-    model = RetrievalModel(graphs, SCCDRConfig(dim=8, partner_items=True))
+    model = RetrievalModel(graphs, SCCDRConfig(dim=8, partner_items=True,
+                                               sage_aggregation=Aggregation(aggregation)))
     tower = model.tower("a")
     assert tower.reads_partner and tower.propagation.num_items == 7
     assert tower.propagation.edges[len(EDGES):].tolist() == (b_edges + np.array([0, 4])).tolist()
@@ -168,12 +211,15 @@ def test_bridge_links_pair_items_bought_by_the_same_users() -> None:
     assert bridge_links(twin, partner, min_jaccard=0.5).tolist() == [-1, -1, -1, 1]
 
 
-def test_bridges_add_propagation_edges_and_the_request_time_tower_follows() -> None:
+@pytest.mark.parametrize("aggregation", ["mean", "sym"])
+def test_bridges_add_propagation_edges_and_the_request_time_tower_follows(aggregation: str
+                                                                          ) -> None:
     torch.manual_seed(0)
     a = np.array([[0, 0], [1, 0], [2, 1], [3, 1], [3, 2]])
     b = np.array([[0, 0], [1, 0], [4, 0], [2, 1], [3, 1], [3, 2]])
     graphs = {"a": BipartiteGraph(5, 3, a), "b": BipartiteGraph(5, 3, b)}
-    model = RetrievalModel(graphs, SCCDRConfig(dim=8, bridges=True))
+    model = RetrievalModel(graphs, SCCDRConfig(dim=8, bridges=True,
+                                               sage_aggregation=Aggregation(aggregation)))
     tower = model.tower("a")
     assert not tower.reads_partner and tower.propagation.num_items == 3
     # user 4 bought partner item 0, linked to a's item 0: an edge of a's propagation graph only

@@ -24,8 +24,16 @@ from relaygr.settings import changed, load
 
 
 class Encoder(str, Enum):
-    SAGE = "sage"           # GraphSAGE, mean aggregator, one tower per domain
+    SAGE = "sage"           # GraphSAGE (aggregator: SCCDRConfig.sage_aggregation), one per domain
     LIGHTGCN = "lightgcn"   # LightGCN (no weights besides the embeddings)
+
+
+class Aggregation(str, Enum):
+    """How a GraphSAGE layer weighs node v's neighbours u (``SCCDRConfig.sage_aggregation``)."""
+
+    MEAN = "mean"           # 1 / deg(v): the neighbours' mean, blind to their degrees
+    SYM = "sym"             # 1 / sqrt(deg(v) deg(u)): LightGCN's D^-1/2 A D^-1/2, so a rarely
+                            # seen item weighs more in its users' vectors than a popular one
 
 
 class StopGradient(str, Enum):
@@ -62,6 +70,9 @@ class SCCDRConfig:
     encoder: Encoder = Encoder.SAGE
     dim: int = 64
     num_layers: int = 2
+    # GraphSAGE's neighbour weights (Aggregation); "mean" is the paper's aggregator and what
+    # a run.json written before the option was trained with
+    sage_aggregation: Aggregation = Aggregation.MEAN
     # one layer-0 user embedding table for both towers (users are shared): the towers then
     # differ only in their item embeddings and layers; off keeps each domain's tower separate
     share_user_embedding: bool = False
@@ -128,7 +139,8 @@ class SCCDRConfig:
     causal_recency: float = 0.7
 
     def __post_init__(self) -> None:
-        for name, kind in (("encoder", Encoder), ("stop_gradient", StopGradient),
+        for name, kind in (("encoder", Encoder), ("sage_aggregation", Aggregation),
+                           ("stop_gradient", StopGradient),
                            ("pacing", Pacing), ("matching_loss", MatchingLoss),
                            ("similarity", Similarity), ("lr_schedule", LRSchedule)):
             value = getattr(self, name)
@@ -157,6 +169,10 @@ class SCCDRConfig:
         if self.causal_window < 0 or not 0.0 < self.causal_recency <= 1.0:
             raise ConfigError("causal_window must be >= 0 and causal_recency in (0, 1]; got "
                               f"{self.causal_window} and {self.causal_recency}")
+        if self.sage_aggregation is not Aggregation.MEAN and self.encoder is not Encoder.SAGE:
+            raise ConfigError("sage_aggregation applies to the GraphSAGE encoder only (LightGCN "
+                              f"always propagates with D^-1/2 A D^-1/2); got "
+                              f"{self.sage_aggregation.value!r} with {self.encoder.value!r}")
         if not 0.0 < self.bridge_jaccard <= 1.0:
             raise ConfigError(f"bridge_jaccard must be in (0, 1]; got {self.bridge_jaccard}")
         if self.edge_dropout >= 1.0:

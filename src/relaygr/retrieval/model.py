@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from relaygr.errors import ConfigError, InvalidInputError, ItemOutOfRangeError
-from relaygr.retrieval.config import Encoder, SCCDRConfig
+from relaygr.retrieval.config import Aggregation, Encoder, SCCDRConfig
 from relaygr.retrieval.encoders import LightGCNTower, SAGETower, TowerOutput
 from relaygr.retrieval.graph import BipartiteGraph, bridge_links, bridged_edges
 
@@ -47,11 +47,18 @@ class DomainTower(nn.Module):
         self.graph = graph
         bridged = graph if bridges is None or not len(bridges) else graph.with_edges(bridges)
         self.propagation = bridged if partner is None else bridged.with_partner(partner)
-        self.encoder_kind = cfg.encoder
+        # SAGE's mean aggregator propagates with D^-1 A; LightGCN and SAGE's sym with
+        # D^-1/2 A D^-1/2
+        self.symmetric = (cfg.encoder is Encoder.LIGHTGCN
+                          or cfg.sage_aggregation is Aggregation.SYM)
         nodes = self.propagation
         if cfg.encoder is Encoder.SAGE:
+            # the propagation graph's item degrees (the request-time user side under sym)
+            item_degree = np.asarray(nodes.interactions().sum(axis=0)).ravel()     # (I,)
             self.encoder: nn.Module = SAGETower(nodes.num_users, nodes.num_items, cfg.dim,
-                                                cfg.num_layers, cfg.normalize)
+                                                cfg.num_layers, cfg.normalize,
+                                                cfg.sage_aggregation,
+                                                torch.from_numpy(item_degree))
         else:
             self.encoder = LightGCNTower(nodes.num_users, nodes.num_items, cfg.dim,
                                          cfg.num_layers, cfg.normalize)
@@ -85,8 +92,7 @@ class DomainTower(nn.Module):
 
     def adjacency_of(self, graph: BipartiteGraph) -> torch.Tensor:
         """The adjacency this tower's encoder propagates with (mean or symmetric)."""
-        return (graph.mean_adjacency() if self.encoder_kind is Encoder.SAGE
-                else graph.sym_adjacency())
+        return graph.sym_adjacency() if self.symmetric else graph.mean_adjacency()
 
     def forward(self, adj: torch.Tensor | None = None) -> TowerOutput:
         """The encoder over ``adj`` (default: the propagation graph's); ``items`` are the
