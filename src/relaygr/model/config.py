@@ -13,6 +13,9 @@ RANK_SCORES = ("state", "retrieval_residual")
 ATTENTION_KERNELS = ("fused", "eager")
 LAYER_STYLES = ("ours", "reference")
 TIME_QUERIES = ("own", "next")
+# The fields that take one of a few named values, and those values.
+_CHOICES = {"attention": ATTENTION_KERNELS, "retrieval_similarity": RETRIEVAL_SIMILARITIES,
+            "rank_score": RANK_SCORES, "layer_style": LAYER_STYLES, "time_query": TIME_QUERIES}
 # Time buckets a model may have: bucket b starts at a gap of ceil(1.5^b - 1) seconds, and the
 # last start must stay within 2^61 (model.inputs.MAX_ABS_TIMESTAMP: gaps and timestamps less a
 # start then fit int64).
@@ -114,24 +117,13 @@ class HSTUConfig:
             raise ConfigError(f"HSTUConfig.final_norm must be a bool, got {self.final_norm!r}")
         if self.attention_normalizer is not None and not self.attention_normalizer > 0:
             raise ConfigError("HSTUConfig.attention_normalizer must be > 0 when given")
-        if self.attention not in ATTENTION_KERNELS:
-            raise ConfigError(f"HSTUConfig.attention must be one of {ATTENTION_KERNELS}, got "
-                              f"{self.attention!r}")
-        if self.retrieval_similarity not in RETRIEVAL_SIMILARITIES:
-            raise ConfigError(f"HSTUConfig.retrieval_similarity must be one of "
-                              f"{RETRIEVAL_SIMILARITIES}, got {self.retrieval_similarity!r}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"HSTUConfig.{name} must be one of {choices}, got "
+                                  f"{getattr(self, name)!r}")
         if not self.retrieval_temperature > 0:
             raise ConfigError("HSTUConfig.retrieval_temperature must be > 0, got "
                               f"{self.retrieval_temperature!r}")
-        if self.rank_score not in RANK_SCORES:
-            raise ConfigError(f"HSTUConfig.rank_score must be one of {RANK_SCORES}, got "
-                              f"{self.rank_score!r}")
-        if self.layer_style not in LAYER_STYLES:
-            raise ConfigError(f"HSTUConfig.layer_style must be one of {LAYER_STYLES}, got "
-                              f"{self.layer_style!r}")
-        if self.time_query not in TIME_QUERIES:
-            raise ConfigError(f"HSTUConfig.time_query must be one of {TIME_QUERIES}, got "
-                              f"{self.time_query!r}")
 
     @property
     def head_dim(self) -> int:
