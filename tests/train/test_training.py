@@ -49,6 +49,9 @@ def test_presets_are_valid_and_follow_the_paper() -> None:
     assert (reference.num_negatives, reference.learning_rate, reference.max_epochs) == \
         (128, 1e-3, 101)
     assert (paper.similarity, paper.temperature, paper.dropout) == ("cosine", 0.05, 0.2)
+    # every preset builds the reference's layers (docs/training.md: +0.012-0.016 HR@10)
+    assert {cfg.layer_style for cfg in PRESETS.values()} == {"reference"}
+    assert paper.model_config(10).layer_style == "reference"
     large = PRESETS["paper-large"]
     assert (large.num_layers, large.num_heads, large.model_config(10).head_dim) == (8, 2, 25)
     with pytest.raises(ConfigError, match="unknown TrainConfig keys"):
