@@ -52,3 +52,11 @@ def test_the_data_is_synced_before_the_rename_and_the_directory_after(
     write_atomic(tmp_path / "progress.json", lambda tmp: tmp.write_text("{}"))
     expected = ["fsync file", "rename"] + (["fsync dir"] if os.name == "posix" else [])
     assert events == expected
+
+
+def test_a_failed_rename_removes_the_copy_too(tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    target.mkdir()                                      # a directory: the rename over it fails
+    with pytest.raises(OSError):
+        write_atomic(target, lambda tmp: tmp.write_text("{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]

@@ -24,10 +24,10 @@ def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     try:
         write(tmp)
         _fsync(tmp, os.O_RDONLY)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)     # the old file stays as it was, and nothing beside it
         raise
-    os.replace(tmp, path)
     if os.name == "posix":              # a directory can be opened and synced on POSIX only
         _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 

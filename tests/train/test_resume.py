@@ -27,7 +27,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     first.fit()
     with pytest.raises(CheckpointError, match="already holds a run"):
         Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False).fit()
-    with pytest.raises(CheckpointError, match="different config"):
+    with pytest.raises(CheckpointError, match=r"different config.*train\.learning_rate: "
+                                              r"trained 0\.01, now 0\.5"):
         Trainer(TINY.with_(learning_rate=0.5), seqs, tmp_path / "b", dataset="d", seed=2,
                 progress_bar=False).fit(resume=True)
     resumed = Trainer(TINY, seqs, tmp_path / "b", dataset="d", seed=2, progress_bar=False,
@@ -241,3 +242,25 @@ def test_an_epoch_stopped_before_its_state_is_saved_is_recorded_once(
             log=lambda _: None).fit(resume=True)
     assert _records(tmp_path / "b") == _records(tmp_path / "a")
 
+
+
+def test_a_run_saved_before_a_field_existed_names_it_when_a_preset_changed_it(
+        tmp_path: Path) -> None:
+    """A run saved before ``layer_style`` existed trained "ours" layers; the presets now say
+    "reference", so its own command line no longer resumes it: the refusal names the field and
+    its trained value, and with that value set the run resumes."""
+    seqs = cyclic_sequences(tmp_path, num_users=20)
+    run = tmp_path / "run"
+    Trainer(TINY.with_(max_epochs=1), seqs, run, dataset="d", progress_bar=False,
+            log=lambda _: None).fit()
+    config = json.loads((run / checkpoint.CONFIG_FILE).read_text())
+    for section in ("model", "train"):
+        del config[section]["layer_style"]              # as written before the field existed
+    (run / checkpoint.CONFIG_FILE).write_text(json.dumps(config))
+    preset_now = TINY.with_(layer_style="reference")
+    with pytest.raises(CheckpointError, match=r"model\.layer_style: trained 'ours', now "
+                                              r"'reference'; train\.layer_style: trained 'ours'"):
+        Trainer(preset_now, seqs, run, dataset="d", progress_bar=False).fit(resume=True)
+    result = Trainer(preset_now.with_(layer_style="ours"), seqs, run, dataset="d",
+                     progress_bar=False, log=lambda _: None).fit(resume=True)
+    assert result.progress.epoch == 2

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -199,9 +200,13 @@ class Trainer:
         saved = read_run_config(self.run_dir)
         self.run = replace(self.run, dataset=_as_recorded(self.run.dataset, saved.dataset))
         if _resumable(saved) != _resumable(self.run):
-            raise CheckpointError(f"{self.run_dir} was trained with a different config, "
-                                  "dataset or seed; resume with the same arguments (only "
-                                  f"{', '.join(SCHEDULE_FIELDS)} may change)")
+            changed = _differences(_resumable(saved).to_dict(), _resumable(self.run).to_dict())
+            raise CheckpointError(
+                f"{self.run_dir} was trained with a different config, dataset or seed ("
+                + "; ".join(f"{key}: trained {was!r}, now {now!r}" for key, was, now in changed)
+                + "); resume with the arguments it was trained with (a preset that changed "
+                "since: --set KEY=VALUE as trained; only "
+                f"{', '.join(SCHEDULE_FIELDS)} may change)")
         if not has_train_state(self.run_dir) and not has_weights(self.run_dir):
             self.log("no epoch of this run finished: it starts from its first")
             write_run_config(self.run_dir, self.run)
@@ -365,6 +370,19 @@ def _as_recorded(dataset: DatasetInfo, saved: DatasetInfo) -> DatasetInfo:
     if saved.sequence_fingerprint is None:
         dataset = replace(dataset, sequence_fingerprint=None)
     return dataset
+
+
+def _differences(was: dict[str, Any], now: dict[str, Any], prefix: str = ""
+                 ) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, was, now)`` for every leaf where two nested dicts differ."""
+    out = []
+    for key in sorted(set(was) | set(now), key=str):
+        a, b = was.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out
 
 
 def _resumable(run: RunConfig) -> RunConfig:
