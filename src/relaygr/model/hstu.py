@@ -209,7 +209,6 @@ class HSTU(nn.Module):
         return self._prefill_pass(requests, round_scores=self.cfg.score_block_elems)
 
     def _prefill_pass(self, requests: Sequence[PrefillInput], round_scores: int | None) -> Pass:
-        self.cfg.check_servable()
         histories = [validate_prefill(self.cfg, r, self.device, self.dtype) for r in requests]
         return Pass(self, [Track(h) for h in histories], round_scores)
 
@@ -232,7 +231,6 @@ class HSTU(nn.Module):
     def rank_batch_outputs(self, requests: Sequence[RankInput]) -> list[RankOutput]:
         """Like ``rank_batch``, also returning the K/V of the history tokens the pass computed
         (the suffix, or the whole history on a full pass), so the caller can keep them."""
-        self.cfg.check_servable()
         tracks = []
         for r in requests:
             history, candidates, query_ts = validate_rank(self.cfg, r, self.device, self.dtype)

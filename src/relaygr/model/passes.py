@@ -170,10 +170,11 @@ class Pass:
 
     def __init__(self, model: PassModel, tracks: list[Track],
                  round_scores: int | None = None) -> None:
+        cfg = model.cfg
+        cfg.check_servable()    # every serving pass is one: prefill, cached and full ranking
         self.model = model
         self.tracks = tracks
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass
-        cfg = model.cfg
         param = next(model.parameters())
         self.kernel = model.attention_kernel
         # most scores of a candidate micro-batch, and of a history chunk (round_scores: the

@@ -42,6 +42,10 @@ class BipartiteGraph:
         r.data[:] = 1.0
         return r
 
+    def item_degree(self) -> np.ndarray:
+        """``(num_items,)``: each item's number of users (its degree in ``adjacency``)."""
+        return np.asarray(self.interactions().sum(axis=0)).ravel()
+
     def adjacency(self) -> sp.csr_matrix:
         """``A = [[0, R], [R^T, 0]]`` over all nodes."""
         r = self.interactions()

@@ -53,12 +53,11 @@ class DomainTower(nn.Module):
                           or cfg.sage_aggregation is Aggregation.SYM)
         nodes = self.propagation
         if cfg.encoder is Encoder.SAGE:
-            # the propagation graph's item degrees (the request-time user side under sym)
-            item_degree = np.asarray(nodes.interactions().sum(axis=0)).ravel()     # (I,)
+            # the propagation graph's item degrees: the request-time user side under sym
             self.encoder: nn.Module = SAGETower(nodes.num_users, nodes.num_items, cfg.dim,
                                                 cfg.num_layers, cfg.normalize,
                                                 cfg.sage_aggregation,
-                                                torch.from_numpy(item_degree))
+                                                torch.from_numpy(nodes.item_degree()))
         else:
             self.encoder = LightGCNTower(nodes.num_users, nodes.num_items, cfg.dim,
                                          cfg.num_layers, cfg.normalize)

@@ -121,10 +121,11 @@ class Trainer:
                               f"({config.max_seq_len}) exceeds the {sequences.num_items} items: "
                               "a history could leave fewer than rank_mine_k items to mine")
         self.split: LeaveOneOutSplit = split
+        model_config = config.model_config(sequences.num_items)
         self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps,
-                                 target_times=config.time_query == "next")
+                                 target_times=model_config.next_time_query)
         torch.manual_seed(seed)
-        self.model = HSTU(config.model_config(sequences.num_items)).to(self.device)
+        self.model = HSTU(model_config).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
                                            betas=(0.9, config.adam_beta2),
                                            weight_decay=config.weight_decay)
