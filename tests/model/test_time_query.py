@@ -1,17 +1,18 @@
 """``HSTUConfig.time_query``: under "next" a position's time bias measures gaps from the time of
-the item it predicts, not its own; only the dense retrieval path reads it, and every serving pass
-and the ranking head refuse such a model."""
+the item it predicts, not its own. The serving passes compute such a model exactly given the time
+after each cached prefix (``PrefixKV.next_timestamp``), refuse a prefix read with another
+continuation, and the relay's loader refuses the model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from relaygr.errors import ConfigError, TimestampError
-from relaygr.model import PrefillInput, RankInput
+from relaygr.errors import ConfigError, IncompatiblePrefixError, TimestampError
+from relaygr.model import PrefillInput, PrefixKV
 from relaygr.model import hstu as hstu_module
 from relaygr.model.attention import time_buckets
-from tests.model.helpers import make_model
+from tests.model.helpers import assert_close, make_model, random_history
 
 ITEMS = torch.tensor([[5, 9, 2, 7]])
 STAMPS = torch.tensor([[100, 101, 110, 1000]])
@@ -87,19 +88,70 @@ def test_next_timestamps_go_with_a_timed_next_model_only() -> None:
         make_model(1, time_query="previous")
 
 
-def test_every_serving_pass_and_the_ranking_head_refuse_a_next_model() -> None:
-    model = make_model(2, time_query="next")
+@pytest.mark.parametrize("layer_style", ["ours", "reference"])
+def test_serving_passes_compute_a_next_model_as_the_dense_path(layer_style: str) -> None:
+    model = make_model(5, time_query="next", layer_style=layer_style)
+    gen = torch.Generator().manual_seed(5)
+    items, ts = random_history(gen, 150, 500, timed=True)
+    request_ts = int(ts[-1]) + 86_400
+    cands = torch.randint(1, 501, (70,), generator=gen)
+    following = torch.cat([ts[1:], torch.tensor([request_ts])])
+    with torch.no_grad():
+        hidden = model.encode_padded(items[None], ts[None], following[None])[0]
+        dense = model.rank_padded(items[None], cands[None], ts[None],
+                                  torch.tensor([request_ts]))[0]
+    kv = model.prefill(items, ts, next_timestamp=request_ts)
+    assert kv.next_timestamp == request_ts
+    assert_close(kv.last_hidden, hidden[-1])
+    full = model.rank(cands, prefix_items=items, prefix_timestamps=ts, query_timestamp=request_ts)
+    assert_close(full, dense)
+    assert_close(model.rank(cands, prefix=kv, query_timestamp=request_ts), dense)
+    assert_close(model.rank(cands, prefix=kv), dense)   # the time the prefix was computed for
+    for cut in (1, 64, 149):     # a cached prefix, then the events after it in the ranking pass
+        head = model.prefill(items[:cut], ts[:cut], next_timestamp=int(ts[cut]))
+        assert head.next_timestamp == int(ts[cut])
+        cached = model.rank(cands, prefix=head, suffix_items=items[cut:],
+                            suffix_timestamps=ts[cut:], query_timestamp=request_ts)
+        assert_close(cached, dense)
+        grown = model.prefill(items[cut:], ts[cut:], past=head, next_timestamp=request_ts)
+        assert_close(grown.k, kv.k)
+        assert_close(grown.v, kv.v)
+        assert_close(grown.last_hidden, kv.last_hidden)
+
+
+def test_a_next_models_prefix_serves_only_its_own_continuation() -> None:
+    nxt, own = make_model(2, time_query="next"), make_model(2)
     items, stamps = ITEMS[0], STAMPS[0]
     cands = torch.tensor([3, 4])
-    refused = [
-        lambda: model.prefill(items, stamps),
-        lambda: model.prefill_job([PrefillInput(items, stamps)]),
-        lambda: model.rank(cands, prefix_items=items, prefix_timestamps=stamps),
-        lambda: model.rank_batch_outputs([RankInput(cands, prefix_items=items,
-                                                    prefix_timestamps=stamps)]),
-        lambda: model.rank_padded(ITEMS, cands[None], STAMPS),
-        lambda: model.candidate_states_padded(ITEMS, cands[None], STAMPS),
-    ]
-    for call in refused:
-        with pytest.raises(ConfigError, match="time_query='next' cannot be served"):
-            call()
+    with pytest.raises(TimestampError, match="needs next_timestamp"):
+        nxt.prefill(items, stamps)
+    with pytest.raises(TimestampError, match="needs next_timestamp"):
+        nxt.prefill_job([PrefillInput(items, stamps)])
+    with pytest.raises(TimestampError, match="next_timestamp is read only by"):
+        own.prefill(items, stamps, next_timestamp=5000)
+    with pytest.raises(TimestampError, match="next_timestamp is read only by"):
+        nxt.prefill(items, None, next_timestamp=5000)       # untimed: no time bias to measure
+    with pytest.raises(TimestampError, match="next_timestamp must be an integer"):
+        nxt.prefill(items, stamps, next_timestamp=1.5)  # type: ignore[arg-type]
+    head = nxt.prefill(items[:3], stamps[:3], next_timestamp=1000)
+    whole = nxt.prefill(items, stamps, next_timestamp=5000)
+    with pytest.raises(IncompatiblePrefixError, match="continuation at 1000 but this history "
+                                                      "goes on at 999"):
+        nxt.rank(cands, prefix=head, suffix_items=items[3:], suffix_timestamps=[999])
+    with pytest.raises(IncompatiblePrefixError, match="continuation at 1000"):
+        nxt.prefill(items[3:], [1001], past=head, next_timestamp=5000)
+    with pytest.raises(IncompatiblePrefixError, match="continuation at 5000 but this history "
+                                                      "goes on at 6000"):
+        nxt.rank(cands, prefix=whole, query_timestamp=6000)
+    with pytest.raises(IncompatiblePrefixError, match="computed by a model with time_query='next'"):
+        own.rank(cands, prefix=whole)
+    untimed = own.prefill(items)
+    with pytest.raises(IncompatiblePrefixError, match="untimed prefix has no next_timestamp"):
+        PrefixKV(untimed.k, untimed.v, None, untimed.last_hidden, 5)
+    nxt.rank(cands, prefix=whole, query_timestamp=5000)     # its own continuation is served
+    assert whole.to("cpu").next_timestamp == whole.contiguous().next_timestamp == 5000
+
+
+def test_the_relays_loader_refuses_a_next_model() -> None:
+    with pytest.raises(ConfigError, match="relay cannot serve a model with time_query='next'"):
+        make_model(1, time_query="next").cfg.check_servable()

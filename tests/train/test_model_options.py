@@ -1,6 +1,7 @@
 """The model options a run trains with: ``layer_style`` set from the command line's overrides,
-recorded in the run, reloaded and served by every path; ``time_query="next"`` trained and
-evaluated densely with the targets' times as the queries', and refused by every serving loader."""
+recorded in the run, reloaded and served by every path; ``time_query="next"`` trained with the
+targets' times as the queries' (the ranking head's candidates at the positive's), evaluated
+densely and through the model's serving passes alike, and refused by the relay's loader."""
 
 from __future__ import annotations
 
@@ -71,17 +72,13 @@ def test_a_bad_layer_style_is_a_config_error() -> None:
         TrainConfig(layer_style="meta")
 
 
-NEXT = TINY.with_(use_timestamps=True, time_query="next", rank_weight=0.0)
+NEXT = TINY.with_(use_timestamps=True, time_query="next")
 
 
-def test_next_needs_timestamps_and_no_ranking_head() -> None:
+def test_next_needs_timestamps() -> None:
     assert NEXT.model_config(10).time_query == "next" and TINY.time_query == "own"
     with pytest.raises(ConfigError, match="needs use_timestamps=true"):
-        TINY.with_(time_query="next", rank_weight=0.0)
-    with pytest.raises(ConfigError, match="set rank_weight=0 and rank_phase_epochs=0"):
-        NEXT.with_(rank_weight=0.3)
-    with pytest.raises(ConfigError, match="set rank_weight=0 and rank_phase_epochs=0"):
-        NEXT.with_(rank_phase_epochs=1)
+        TINY.with_(time_query="next")
     with pytest.raises(ConfigError, match="time_query must be one of"):
         NEXT.with_(time_query="previous")
 
@@ -102,6 +99,19 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
     batch = data.batch(torch.arange(4))
     assert batch.target_timestamps is not None
     assert batch.target_timestamps.shape == batch.inputs.shape
+    # the ranking head: the positive at the cut, its time the request's
+    rank = data.rank_batch(torch.arange(len(users)), 8, 3, torch.Generator().manual_seed(0))
+    assert rank.query_timestamps is not None and rank.timestamps is not None
+    for j in range(len(rank.history)):
+        cut = int((rank.history[j] != 0).sum())
+        same = ((data.inputs[:, :cut] == rank.history[j, :cut]).all(1)
+                & (data.timestamps[:, :cut] == rank.timestamps[j, :cut]).all(1)
+                & (data.targets[:, cut - 1] == rank.candidates[j, 0]))
+        row = int(torch.nonzero(same)[0])
+        assert int(rank.query_timestamps[j]) == int(data.target_timestamps[row, cut - 1])
+    own_rank = TrainingData(split, 6, True).rank_batch(torch.arange(4), 2, 3,
+                                                       torch.Generator().manual_seed(0))
+    assert own_rank.query_timestamps is None       # "own": the last history timestamp
     # evaluation: the window's times one event later, the last the target's (the request's)
     cases = split.test
     rows = np.arange(len(cases))
@@ -116,10 +126,11 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
         assert int(w.targets[j]) == seqs.items[seqs.offsets[user] + length]
 
 
-def test_a_next_run_trains_and_evaluates_densely_and_is_refused_for_serving(
+def test_a_next_run_trains_both_heads_serves_them_exactly_and_is_refused_by_the_relay(
         tmp_path: Path) -> None:
     seqs = cyclic_sequences(tmp_path, num_users=24)
-    config = NEXT.with_(max_epochs=1)
+    config = NEXT.with_(max_epochs=1, rank_score="retrieval_residual", rank_hard_negatives=3,
+                        rank_mine_k=5, rank_phase_epochs=1)
     trainer = Trainer(config, seqs, tmp_path / "run", dataset="ml-100k", progress_bar=False,
                       log=lambda _: None)
     result = trainer.fit()
@@ -127,16 +138,19 @@ def test_a_next_run_trains_and_evaluates_densely_and_is_refused_for_serving(
     assert result.best_valid.num_cases == len(trainer.split.valid)
     trained = load_trained(tmp_path / "run")
     assert trained.model.cfg.time_query == "next" and trained.uses_timestamps
-    ranks = retrieval_ranks_padded(trained.model, seqs, trainer.split.test, config.max_seq_len,
-                                   True)
-    assert len(ranks) == len(trainer.split.test) and (ranks >= 0).all()
+    test = trainer.split.test
+    ranks = retrieval_ranks_padded(trained.model, seqs, test, config.max_seq_len, True)
+    assert len(ranks) == len(test) and (ranks >= 0).all()
+    # through prefill and the cached pass (the prefix computed for the held-out item's time):
+    # the dense path's ranks, up to a tie broken the other way by float rounding
+    served = serving_ranks(trained.model, seqs, test, config.max_seq_len, True,
+                           heads=("retrieval", "ranking", "cascade"))
+    assert (served["retrieval"] - ranks).abs().max() <= 1
+    assert len(served["ranking"]) == len(served["cascade"]) == len(test)
     # the same weights read at their own times rank otherwise: the request time is used
     own = HSTU(trained.model.cfg.with_(time_query="own")).eval()
     own.load_state_dict(trained.model.state_dict())
-    own_ranks = retrieval_ranks_padded(own, seqs, trainer.split.test, config.max_seq_len, True)
+    own_ranks = retrieval_ranks_padded(own, seqs, test, config.max_seq_len, True)
     assert not torch.equal(ranks, own_ranks)
-    with pytest.raises(ConfigError, match="cannot be served"):
+    with pytest.raises(ConfigError, match="relay cannot serve a model with time_query='next'"):
         load_model(ModelSource(checkpoint=tmp_path / "run"))
-    with pytest.raises(ConfigError, match="cannot be served"):
-        serving_ranks(trained.model, seqs, trainer.split.test, config.max_seq_len, True,
-                      heads=("retrieval",))

@@ -199,4 +199,4 @@ def slice_tokens(kv: PrefixKV, start: int) -> PrefixKV:
     """Tokens ``start..`` of ``kv`` as views (``last_hidden`` is kept: it belongs to the end)."""
     assert 0 <= start < kv.num_tokens, f"slice start {start} outside {kv.num_tokens} tokens"
     ts = None if kv.timestamps is None else kv.timestamps[start:]
-    return PrefixKV(kv.k[:, :, start:], kv.v[:, :, start:], ts, kv.last_hidden)
+    return PrefixKV(kv.k[:, :, start:], kv.v[:, :, start:], ts, kv.last_hidden, kv.next_timestamp)

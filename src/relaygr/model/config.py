@@ -146,18 +146,19 @@ class HSTUConfig:
         return self.time_query == "next"
 
     def check_servable(self) -> None:
-        """``ConfigError`` unless the serving passes (prefill, cached and full ranking) and the
-        ranking head can compute this model exactly: not under ``time_query="next"``, where a
-        token's keys, values and state depend on the time of the event after it (for the last
-        history token, the request's), which a prefix cached before the request cannot know."""
+        """``ConfigError`` unless the relay (``relaygr serve``, its cache and instances) can
+        serve this model: not yet under ``time_query="next"``. The model's own passes compute
+        such a model exactly (prefill, cached and full ranking; ``relaygr eval`` scores through
+        them), given the time after each cached prefix (``PrefixKV.next_timestamp``); the
+        relay's device pool and host copies do not keep that time, and the prefix a visit
+        leaves behind ends in a token computed at the request time, which the next visit's
+        events do not continue."""
         if self.next_time_query:
             raise ConfigError(
-                "a model with time_query='next' cannot be served or rank candidates: each "
-                "history token's time bias is measured from the time of the event after it, so "
-                "the last token's keys, values and state depend on the request time, which a "
-                "prefix cached before the request does not know; its retrieval head is "
-                "evaluated densely (relaygr train's test figures), and a servable model is "
-                "trained with time_query='own'")
+                "the relay cannot serve a model with time_query='next' yet: each history "
+                "token's keys and values depend on the time of the event after it, which its "
+                "cache does not keep; such a model is evaluated through its own serving passes "
+                "(relaygr eval), and a model the relay serves is trained with time_query='own'")
 
     @property
     def normalizer(self) -> float:

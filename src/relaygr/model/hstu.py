@@ -47,6 +47,24 @@ from relaygr.model.warmup import warm_up
 _L2_EPS = 1e-6
 
 
+def last_timestamps(timestamps: Tensor, lengths: Tensor) -> Tensor:
+    """``[B, T]`` right-padded timestamps, ``[B]`` lengths → ``[B]`` each row's last one."""
+    return timestamps.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+
+
+def following_timestamps(timestamps: Tensor, lengths: Tensor,
+                         query_timestamps: Tensor | None = None) -> Tensor:
+    """``[B, T]`` right-padded timestamps → the time of the event after each position (what a
+    model with ``time_query="next"`` measures from): the next event's, and at each row's last
+    position ``query_timestamps`` ``[B]`` (the request's; default: that position's own)."""
+    if query_timestamps is None:
+        query_timestamps = last_timestamps(timestamps, lengths)
+    out = torch.cat([timestamps[:, 1:], timestamps[:, :1]], dim=1)
+    rows = torch.arange(len(timestamps), device=timestamps.device)
+    out[rows, (lengths - 1).clamp(min=0)] = query_timestamps
+    return out
+
+
 @dataclass(frozen=True)
 class CandidateStates:
     """What the ranking head reads in the dense path: ``candidates`` ``[B, C, d]``, the final
@@ -189,9 +207,10 @@ class HSTU(nn.Module):
 
     @torch.inference_mode()
     def prefill(self, items: IntSeq, timestamps: IntSeq | None = None,
-                past: PrefixKV | None = None) -> PrefixKV:
-        """Per-layer K/V of ``items`` (appended to ``past`` when given)."""
-        return self.prefill_batch([PrefillInput(items, timestamps, past)])[0]
+                past: PrefixKV | None = None, next_timestamp: int | None = None) -> PrefixKV:
+        """Per-layer K/V of ``items`` (appended to ``past`` when given); ``next_timestamp``
+        under ``time_query="next"`` (``PrefillInput``)."""
+        return self.prefill_batch([PrefillInput(items, timestamps, past, next_timestamp)])[0]
 
     @torch.inference_mode()
     def prefill_batch(self, requests: Sequence[PrefillInput]) -> list[PrefixKV]:
@@ -275,8 +294,6 @@ class HSTU(nn.Module):
                        query_ts: Tensor | None, next_ts: Tensor | None = None
                        ) -> tuple[Tensor, Tensor | None]:
         cfg = self.cfg
-        if candidates is not None:
-            cfg.check_servable()          # the ranking head is what the serving passes serve
         batch, hist = items.shape
         if hist > cfg.max_seq_len:
             raise InvalidInputError(f"padded length {hist} exceeds max_seq_len {cfg.max_seq_len}")
@@ -326,7 +343,8 @@ class HSTU(nn.Module):
 
         Keys are at their tokens' timestamps; candidates at ``query_ts`` (default: the last
         history timestamp). A history query is at its own timestamp, or under
-        ``time_query="next"`` at ``next_ts`` (``encode_padded``).
+        ``time_query="next"`` at ``next_ts`` (``encode_padded``); with candidates, at the next
+        history event's and the last one at ``query_ts``, as the serving passes put them.
         """
         cfg = self.cfg
         if timestamps is None:
@@ -336,6 +354,13 @@ class HSTU(nn.Module):
             return None
         if timestamps.shape != items.shape:
             raise TimestampError("timestamps must have the shape of items")
+        if n_cand and next_ts is not None:
+            raise TimestampError("with candidates, the history's next timestamps follow from "
+                                 "the history and the query timestamps")
+        if n_cand and query_ts is None:
+            query_ts = last_timestamps(timestamps, lengths)
+        if n_cand and cfg.next_time_query:
+            next_ts = following_timestamps(timestamps, lengths, query_ts)
         if cfg.next_time_query != (next_ts is not None):
             raise TimestampError(
                 "a timed model with time_query='next' needs next_timestamps (the time of the "
@@ -344,12 +369,12 @@ class HSTU(nn.Module):
         if next_ts is not None and next_ts.shape != items.shape:
             raise TimestampError("next_timestamps must have the shape of items")
         ts = timestamps
-        if n_cand:
-            if query_ts is None:
-                last = (lengths - 1).clamp(min=0)
-                query_ts = timestamps.gather(1, last[:, None]).squeeze(1)
-            ts = torch.cat([ts, query_ts[:, None].expand(len(items), n_cand)], dim=1)
         query_times = ts if next_ts is None else next_ts
+        if n_cand:
+            assert query_ts is not None
+            cand_ts = query_ts[:, None].expand(len(items), n_cand)
+            ts = torch.cat([ts, cand_ts], dim=1)
+            query_times = torch.cat([query_times, cand_ts], dim=1)
         return time_buckets(query_times, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
 
     def _dense_attend(self, layer: HSTULayer, dist: Tensor, buckets: Tensor | None,

@@ -31,11 +31,17 @@ IntSeq = Tensor | Sequence[int]
 
 @dataclass(frozen=True)
 class PrefillInput:
-    """Pre-infer ``items`` (with optional ``timestamps``), extending ``past`` when given."""
+    """Pre-infer ``items`` (with optional ``timestamps``), extending ``past`` when given.
+
+    ``next_timestamp``: given exactly when the model has ``time_query="next"`` and the items
+    are timed: the time of the event after ``items`` (the request time when none follows yet),
+    which the last token's time bias measures from (``PrefixKV.next_timestamp``).
+    """
 
     items: IntSeq
     timestamps: IntSeq | None = None
     past: PrefixKV | None = None
+    next_timestamp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,9 @@ class History:
     past: PrefixKV | None
     items: Tensor            # [T] int64, may be empty when everything is cached
     timestamps: Tensor | None  # [T] int64, present iff the history is timed
+    # under time_query="next" with a timed history: the time after the last token (the next
+    # event's, or the request's), which that token's time bias measures from; else None
+    next_ts: int | None = None
 
     @property
     def past_tokens(self) -> int:
@@ -179,6 +188,49 @@ def build_history(cfg: HSTUConfig, device: torch.device, dtype: torch.dtype,
     return history
 
 
+def check_time_integer(name: str, value: object) -> int:
+    """``value`` as an int timestamp: an integer within +-``MAX_ABS_TIMESTAMP`` seconds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or not -MAX_ABS_TIMESTAMP <= int(value) <= MAX_ABS_TIMESTAMP:
+        raise TimestampError(f"{name} must be an integer within +-2^61 seconds, got {value!r}")
+    return int(value)
+
+
+def with_continuation(cfg: HSTUConfig, history: History, next_ts: int | None,
+                      name: str) -> History:
+    """``history`` with the time after its last token (``History.next_ts``), checked.
+
+    A model with ``time_query="next"`` measures each timed token's time bias from the event
+    after it, so it needs that time (``name``) and a cached past whose own continuation
+    (``PrefixKV.next_timestamp``) is where this history goes on: its first new event's time, or
+    ``next_ts`` when nothing is new. Any other model or an untimed history takes none.
+    """
+    past = history.past
+    if not (cfg.next_time_query and history.timed):
+        if next_ts is not None:
+            raise TimestampError(f"{name} is read only by a model with time_query='next' on a "
+                                 "timed history")
+        if past is not None and past.next_timestamp is not None:
+            raise IncompatiblePrefixError("the cached prefix was computed by a model with "
+                                          "time_query='next'; this one measures from each "
+                                          "token's own time")
+        return history
+    if next_ts is None:
+        raise TimestampError(f"a model with time_query='next' needs {name}: the time of the "
+                             "event after the last history item (the request time when none "
+                             "follows), which that item's time bias measures from")
+    next_ts = check_time_integer(name, next_ts)
+    if past is not None and past.num_tokens:
+        assert history.timestamps is not None
+        starts = int(history.timestamps[0]) if history.items.numel() else next_ts
+        if past.next_timestamp != starts:
+            raise IncompatiblePrefixError(
+                f"the cached prefix was computed for a continuation at {past.next_timestamp} "
+                f"but this history goes on at {starts}: under time_query='next' its last "
+                "token's keys and values depend on that time; recompute it")
+    return History(past, history.items, history.timestamps, next_ts)
+
+
 def validate_candidates(cfg: HSTUConfig, candidates: IntSeq, device: torch.device) -> Tensor:
     ids = as_ids("candidates", candidates, device)
     if ids.numel() == 0:
@@ -193,7 +245,7 @@ def validate_prefill(cfg: HSTUConfig, request: PrefillInput, device: torch.devic
                             [("prefill", request.items, request.timestamps)])
     if history.items.numel() == 0:
         raise EmptyInputError("prefill needs at least one new item")
-    return history
+    return with_continuation(cfg, history, request.next_timestamp, "next_timestamp")
 
 
 def validate_rank(cfg: HSTUConfig, request: RankInput, device: torch.device,
@@ -216,14 +268,19 @@ def validate_rank(cfg: HSTUConfig, request: RankInput, device: torch.device,
         if query_ts is not None:
             raise TimestampError("query_timestamp given but the history carries no timestamps")
         return history, candidates, None
+    past = history.past
+    if query_ts is None and cfg.next_time_query and not history.items.numel() \
+            and past is not None and past.next_timestamp is not None:
+        query_ts = past.next_timestamp     # the request time the prefix was computed for
     if query_ts is None:
         assert history.timestamps is not None
         last = history.timestamps if history.timestamps.numel() else None
         source = last if last is not None else history.past.timestamps  # type: ignore[union-attr]
         assert source is not None
         query_ts = int(source[-1])
-    if isinstance(query_ts, bool) or not isinstance(query_ts, numbers.Integral) \
-            or not -MAX_ABS_TIMESTAMP <= query_ts <= MAX_ABS_TIMESTAMP:
-        raise TimestampError(f"query_timestamp must be an integer within +-2^61 seconds, got "
-                             f"{query_ts!r}")
-    return history, candidates, int(query_ts)
+    query_ts = check_time_integer("query_timestamp", query_ts)
+    # under time_query="next" the candidates are the events after the history, at the request
+    # time, which the last history token measures from
+    history = with_continuation(cfg, history, query_ts if cfg.next_time_query else None,
+                                "query_timestamp")
+    return history, candidates, query_ts

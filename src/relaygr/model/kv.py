@@ -6,7 +6,7 @@ takes one back. The cache layer (``relaygr.kvcache``) owns where the tensors liv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -23,12 +23,19 @@ class PrefixKV:
     ``[num_tokens]`` int64 seconds or None when the history carries no time; ``last_hidden`` is
     ``[dim]``, the final-layer output of the last prefix token (the user representation that
     retrieval uses). Positions are implicit: token i sits at position i, and never moves.
+
+    ``next_timestamp``: under ``HSTUConfig.time_query="next"`` (a timed history), the time the
+    last token's time bias was measured from: that of the event after the prefix, or the request
+    time when nothing follows. Every token's keys and values depend on it through the tokens
+    after, so the prefix is valid only for a continuation that starts at that time (checked where
+    it is read, ``model.inputs.build_history``). None for any other model or an untimed prefix.
     """
 
     k: Tensor
     v: Tensor
     timestamps: Tensor | None
     last_hidden: Tensor
+    next_timestamp: int | None = None
 
     def __post_init__(self) -> None:
         if self.k.shape != self.v.shape or self.k.dim() != 4:
@@ -39,6 +46,8 @@ class PrefixKV:
             raise IncompatiblePrefixError(
                 f"timestamps must be {self.k.shape[2]} int64 seconds (one per prefix token), "
                 f"got {self.timestamps.dtype} of shape {tuple(self.timestamps.shape)}")
+        if self.next_timestamp is not None and self.timestamps is None:
+            raise IncompatiblePrefixError("an untimed prefix has no next_timestamp")
 
     @property
     def num_tokens(self) -> int:
@@ -86,13 +95,16 @@ class PrefixKV:
             return t.to(device, non_blocking=non_blocking)
 
         ts = None if self.timestamps is None else move(self.timestamps)
-        return PrefixKV(move(self.k), move(self.v), ts, move(self.last_hidden))
+        return replace(self, k=move(self.k), v=move(self.v), timestamps=ts,
+                       last_hidden=move(self.last_hidden))
 
     def pin_memory(self) -> PrefixKV:
         """A copy in page-locked host memory (for asynchronous host-to-device reloads)."""
         ts = None if self.timestamps is None else self.timestamps.pin_memory()
-        return PrefixKV(self.k.pin_memory(), self.v.pin_memory(), ts, self.last_hidden.pin_memory())
+        return replace(self, k=self.k.pin_memory(), v=self.v.pin_memory(), timestamps=ts,
+                       last_hidden=self.last_hidden.pin_memory())
 
     def contiguous(self) -> PrefixKV:
         ts = None if self.timestamps is None else self.timestamps.contiguous()
-        return PrefixKV(self.k.contiguous(), self.v.contiguous(), ts, self.last_hidden.contiguous())
+        return replace(self, k=self.k.contiguous(), v=self.v.contiguous(), timestamps=ts,
+                       last_hidden=self.last_hidden.contiguous())

@@ -15,7 +15,9 @@ that nothing waits behind) takes full ``query_block`` chunks.
 
 Invariants: a history token at position p is embedded and attended identically whichever round,
 batch or pass computes it, so a prefix computed here and reused later gives the same keys and
-values as computing it inside the ranking pass.
+values as computing it inside the ranking pass. Under ``time_query="next"`` a token also reads the
+time of the event after it, so a prefix is reused only where its continuation starts at the time
+it was computed for (``PrefixKV.next_timestamp``, checked in ``model.inputs``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class Track:
     k: Tensor = field(init=False)       # [L, H, T_new, dh]: keys of the tokens computed here
     v: Tensor = field(init=False)
     key_ts: Tensor | None = field(init=False)  # [past + T_new] timestamps of all history keys
+    # [past + T_new] the time each history token queries at: its own, or under
+    # time_query="next" the next token's (the last one's: History.next_ts)
+    query_times: Tensor | None = field(init=False)
     time_ordered: bool = field(init=False)      # key_ts non-decreasing: fast time buckets
     done_tokens: int = 0                # new history tokens already computed
     done_candidates: int = 0
@@ -122,7 +127,8 @@ class Track:
     def tail(self) -> PrefixKV:
         """The K/V of the tokens computed in this pass only (positions after the past)."""
         assert self.done_tokens == self.new_tokens and self.last_hidden is not None
-        return PrefixKV(self.k, self.v, self.history.timestamps, self.last_hidden)
+        return PrefixKV(self.k, self.v, self.history.timestamps, self.last_hidden,
+                        self.history.next_ts)
 
 
 def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | None = None,
@@ -149,7 +155,7 @@ def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | Non
     ts = None
     if past.timestamps is not None and tail.timestamps is not None:
         ts = torch.cat([past.timestamps.to(device), tail.timestamps.to(device)])
-    return PrefixKV(k, v, ts, tail.last_hidden.to(device))
+    return PrefixKV(k, v, ts, tail.last_hidden.to(device), tail.next_timestamp)
 
 
 @dataclass
@@ -171,7 +177,6 @@ class Pass:
     def __init__(self, model: PassModel, tracks: list[Track],
                  round_scores: int | None = None) -> None:
         cfg = model.cfg
-        cfg.check_servable()    # every serving pass is one: prefill, cached and full ranking
         self.model = model
         self.tracks = tracks
         self._pos_w_rev: dict[int, Tensor] = {}   # per layer, built once per pass
@@ -193,7 +198,13 @@ class Pass:
                 t.key_ts = torch.cat([past.timestamps, t.history.timestamps])
             else:
                 t.key_ts = t.history.timestamps
-            t.time_ordered = t.key_ts is not None and is_time_ordered(t.key_ts)
+            t.query_times = t.key_ts
+            nxt = t.history.next_ts
+            if t.key_ts is not None and nxt is not None:
+                after = torch.tensor([nxt], dtype=t.key_ts.dtype, device=t.key_ts.device)
+                t.query_times = torch.cat([t.key_ts[1:], after])
+            t.time_ordered = t.key_ts is not None and is_time_ordered(t.key_ts) and (
+                nxt is None or not t.key_ts.numel() or nxt >= int(t.key_ts[-1]))
             if past is not None and t.new_tokens == 0:
                 t.last_hidden = past.last_hidden
 
@@ -224,7 +235,8 @@ class Pass:
             past = t.history.past_tokens
             if hist_len:
                 end = past + t.done_tokens + hist_len
-                q_ts = t.key_ts[past + t.done_tokens:end].flip(0)
+                assert t.query_times is not None
+                q_ts = t.query_times[past + t.done_tokens:end].flip(0)
                 bucket = time_buckets_sorted if t.time_ordered else time_buckets
                 piece.hist_buckets = bucket(q_ts, t.key_ts[:end], cfg.num_time_buckets)
             if cand_len:

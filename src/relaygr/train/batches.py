@@ -48,11 +48,19 @@ class TrainBatch:
 @dataclass(frozen=True)
 class RankBatch:
     """``history`` ``[R, T]`` right-padded; ``candidates`` ``[R, C]`` with the positive in
-    column 0; ``timestamps`` ``[R, T]`` or None."""
+    column 0; ``timestamps`` ``[R, T]`` or None; ``query_timestamps`` ``[R]``, the positive's
+    time (the request's, which the candidates and, under ``HSTUConfig.time_query="next"``, the
+    last history token measure from), or None: the last history timestamp."""
 
     history: Tensor
     candidates: Tensor
     timestamps: Tensor | None
+    query_timestamps: Tensor | None = None
+
+    def to(self, device: torch.device) -> RankBatch:
+        ts, query_ts = (None if t is None else t.to(device)
+                        for t in (self.timestamps, self.query_timestamps))
+        return RankBatch(self.history.to(device), self.candidates.to(device), ts, query_ts)
 
 
 class BatchOrder(Protocol):
@@ -135,7 +143,7 @@ class TrainingData:
                    gen: torch.Generator) -> RankBatch:
         """Cut points for ``num_users`` random ``rows``: history before the cut, the item at it
         as the positive, then ``num_negatives`` uniform negatives (they may repeat the positive;
-        the loss masks that)."""
+        the loss masks that). With ``target_times``, the positive's time is the query time."""
         pick = rows[torch.randperm(len(rows), generator=gen)[:num_users]]
         lengths = self.lengths[pick]
         cuts = (torch.rand(len(pick), generator=gen) * lengths).long() + 1   # 1..length
@@ -145,4 +153,7 @@ class TrainingData:
         positives = self.targets[pick, cuts - 1]
         negatives = torch.randint(1, self.num_items + 1, (len(pick), num_negatives), generator=gen)
         ts = None if self.timestamps is None else self.timestamps[pick, :width] * keep
-        return RankBatch(history, torch.cat([positives[:, None], negatives], dim=1), ts)
+        query_ts = (None if self.target_timestamps is None
+                    else self.target_timestamps[pick, cuts - 1])
+        return RankBatch(history, torch.cat([positives[:, None], negatives], dim=1), ts,
+                         query_ts)

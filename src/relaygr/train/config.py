@@ -115,8 +115,9 @@ class TrainConfig:
     # Whose time a position's time bias measures from (HSTUConfig.time_query): "own" (what runs
     # saved before this field trained) or "next", the item it predicts (the targets' times in
     # training, the held-out item's at evaluation), as the open-source HSTU. "next" needs
-    # use_timestamps and trains the retrieval head alone: its model cannot be served, so
-    # neither the ranking loss nor the ranking phase applies.
+    # use_timestamps; its ranking head reads the positive's time as the request's, and
+    # relaygr eval scores it through the model's serving passes, but the relay cannot serve it
+    # yet (HSTUConfig.check_servable).
     time_query: str = "own"
 
     def __post_init__(self) -> None:
@@ -163,12 +164,6 @@ class TrainConfig:
         if self.time_query == "next" and not self.use_timestamps:
             raise ConfigError("TrainConfig.time_query='next' measures time gaps from the "
                               "predicted item's timestamp: it needs use_timestamps=true")
-        if self.time_query == "next" and (self.rank_weight or self.rank_phase_epochs):
-            raise ConfigError("TrainConfig.time_query='next' trains the retrieval head alone: "
-                              "the ranking head scores candidates as served, from a cached "
-                              "prefix, which cannot know the request time its last token would "
-                              "need (HSTUConfig.check_servable); set rank_weight=0 and "
-                              "rank_phase_epochs=0")
 
     def model_config(self, num_items: int) -> HSTUConfig:
         """The model this run trains, over a catalogue of ``num_items``."""

@@ -191,11 +191,16 @@ def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_se
     """``(rows, window, prefixes)`` for consecutive slices of ``batch_users`` cases: what the
     model reads for them and its ``prefill`` of it (the relay's cached prefix)."""
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude,
+                         next_times=model.cfg.next_time_query)
         prefills = []
         for j, n in enumerate(w.lengths.tolist()):
             ts = None if w.timestamps is None else w.timestamps[j, :n]
-            prefills.append(PrefillInput(w.items[j, :n].to(model.device), ts))
+            # under time_query="next": computed for the request at the target's time, which
+            # ranking then reads from the prefix (``RankInput``'s default query time)
+            after = None if w.next_timestamps is None else int(w.next_timestamps[j, n - 1])
+            prefills.append(PrefillInput(w.items[j, :n].to(model.device), ts,
+                                         next_timestamp=after))
         yield rows, w, model.prefill_batch(prefills)
 
 

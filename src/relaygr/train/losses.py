@@ -95,11 +95,12 @@ def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
     if head_only:
         with torch.no_grad():
             states = model.candidate_states_padded(batch.history, batch.candidates,
-                                                   batch.timestamps)
+                                                   batch.timestamps, batch.query_timestamps)
             prior = model.rank_prior(states.user, batch.candidates)               # [R, C]
         scores = model.rank_logits(states.candidates, prior)                       # [R, C]
     else:
-        scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps)
+        scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps,
+                                   batch.query_timestamps)
     scores = scores / temperature
     neg_is_pos = batch.candidates[:, 1:] == batch.candidates[:, :1]
     return _softmax_first_sum(scores[:, 0], scores[:, 1:], neg_is_pos) / len(scores)

@@ -12,19 +12,24 @@ row. A drawn item may be the positive itself; the ranking loss masks such a nega
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU
+from relaygr.model.hstu import following_timestamps
 from relaygr.train.batches import RankBatch
 
 
-def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: int) -> Tensor:
+def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: int,
+                    query_timestamps: Tensor | None = None) -> Tensor:
     """``[R, T]`` right-padded histories → ``[R, k]`` the retrieval head's best ``k`` item ids
-    after each history, best first, none of them in the history. Runs under ``no_grad`` in
-    eval mode and restores the model's mode."""
+    after each history, best first, none of them in the history; ``query_timestamps`` ``[R]``
+    (default: the last history timestamps) the request times, which a timed model with
+    ``time_query="next"`` measures its last token from. Runs under ``no_grad`` in eval mode and
+    restores the model's mode."""
     if k > model.cfg.num_items - history.shape[1]:
         raise ConfigError(f"cannot mine {k} items from a catalogue of {model.cfg.num_items} "
                           f"after removing up to {history.shape[1]} history items")
@@ -32,8 +37,12 @@ def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: 
     model.eval()
     try:
         with torch.no_grad():
-            hidden = model.encode_padded(history, timestamps)                    # [R, T, d]
-            last = ((history != 0).sum(1) - 1).clamp(min=0)                      # [R]
+            lengths = (history != 0).sum(1)
+            following = None
+            if timestamps is not None and model.cfg.next_time_query:
+                following = following_timestamps(timestamps, lengths, query_timestamps)
+            hidden = model.encode_padded(history, timestamps, following)         # [R, T, d]
+            last = (lengths - 1).clamp(min=0)                                    # [R]
             user = hidden[torch.arange(len(history), device=history.device), last]
             scores = model.retrieval_scores(user)                                # [R, N + 1]
             scores.scatter_(1, history, -math.inf)       # the history (0, padding, among it)
@@ -50,10 +59,11 @@ def with_hard_negatives(model: HSTU, batch: RankBatch, num_hard: int, pool: int,
     draw uses ``gen`` (a CPU generator, as every draw of training); the batch is not modified."""
     if num_hard == 0:
         return batch
-    top = retrieval_top_k(model, batch.history, batch.timestamps, pool)          # [R, pool]
+    top = retrieval_top_k(model, batch.history, batch.timestamps, pool,
+                          batch.query_timestamps)                                # [R, pool]
     rows = len(batch.history)
     picks = torch.rand((rows, pool), generator=gen).argsort(1)[:, :num_hard]   # [R, num_hard]
     hard = top.gather(1, picks.to(top.device))
     candidates = batch.candidates.clone()
     candidates[:, 1:1 + num_hard] = hard
-    return RankBatch(batch.history, candidates, batch.timestamps)
+    return replace(batch, candidates=candidates)

@@ -55,9 +55,8 @@ class RankPhase:
 
     def _batch(self, rows: torch.Tensor) -> RankBatch:
         cfg, device = self.cfg, self.model.device
-        rank = self.data.rank_batch(rows, cfg.rank_phase_users, cfg.rank_negatives, self.gen)
-        ts = None if rank.timestamps is None else rank.timestamps.to(device)
-        rank = RankBatch(rank.history.to(device), rank.candidates.to(device), ts)
+        rank = self.data.rank_batch(rows, cfg.rank_phase_users, cfg.rank_negatives,
+                                    self.gen).to(device)
         return with_hard_negatives(self.miner, rank, cfg.rank_hard_negatives, cfg.rank_mine_k,
                                    self.gen)
 

@@ -40,7 +40,7 @@ from relaygr.data.servable import check_times, check_user_ids
 from relaygr.data.split import LeaveOneOutSplit
 from relaygr.errors import CheckpointError, ConfigError, TrainingDivergedError
 from relaygr.model import HSTU
-from relaygr.train.batches import BATCH_ORDERS, BatchOrder, RankBatch, TrainingData
+from relaygr.train.batches import BATCH_ORDERS, BatchOrder, TrainingData
 from relaygr.train.checkpoint import (
     CONFIG_FILE,
     DatasetInfo,
@@ -143,10 +143,6 @@ class Trainer:
 
     # ---- one epoch ---------------------------------------------------------------------------
 
-    def _rank_batch_on_device(self, rank: RankBatch) -> RankBatch:
-        ts = None if rank.timestamps is None else rank.timestamps.to(self.device)
-        return RankBatch(rank.history.to(self.device), rank.candidates.to(self.device), ts)
-
     def train_epoch(self, progress: TrainProgress) -> dict[str, float]:
         """One pass over the training users; returns the mean losses."""
         cfg, model = self.cfg, self.model
@@ -168,7 +164,7 @@ class Trainer:
             loss, ranking = retrieval, torch.zeros(())
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
-                rank = with_hard_negatives(self.miner, self._rank_batch_on_device(rank),
+                rank = with_hard_negatives(self.miner, rank.to(self.device),
                                            cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen)
                 ranking = ranking_loss(model, rank, cfg.rank_temperature,
                                        cfg.rank_trains == "head")
