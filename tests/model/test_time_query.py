@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from relaygr.errors import ConfigError, IncompatiblePrefixError, TimestampError
+from relaygr.kvcache.pools import slice_tokens
 from relaygr.model import PrefillInput, PrefixKV
 from relaygr.model import hstu as hstu_module
 from relaygr.model.attention import time_buckets
+from relaygr.model.passes import concat_prefix
 from tests.model.helpers import assert_close, make_model, random_history
 
 ITEMS = torch.tensor([[5, 9, 2, 7]])
@@ -145,11 +147,29 @@ def test_a_next_models_prefix_serves_only_its_own_continuation() -> None:
         nxt.rank(cands, prefix=whole, query_timestamp=6000)
     with pytest.raises(IncompatiblePrefixError, match="computed by a model with time_query='next'"):
         own.rank(cands, prefix=whole)
+    own_prefix = own.prefill(items[:3], stamps[:3])
+    with pytest.raises(IncompatiblePrefixError, match="records no continuation time"):
+        nxt.rank(cands, prefix=own_prefix, suffix_items=items[3:], suffix_timestamps=stamps[3:])
+    with pytest.raises(IncompatiblePrefixError, match="next_timestamp must be an int"):
+        PrefixKV(whole.k, whole.v, whole.timestamps, whole.last_hidden, torch.tensor(5))  # type: ignore[arg-type]
+    # joining two prefixes checks the continuation too
+    tail_then = nxt.prefill(items[3:], stamps[3:], past=head, next_timestamp=5000)
+    assert concat_prefix(head, slice_tokens(tail_then, 3)).next_timestamp == 5000
+    other = nxt.prefill(items[3:], [1001], next_timestamp=5000)
+    with pytest.raises(IncompatiblePrefixError, match="continuation at 1000 and a tail"):
+        concat_prefix(head, other)
+    with pytest.raises(IncompatiblePrefixError, match="without a continuation time"):
+        concat_prefix(own_prefix, slice_tokens(tail_then, 3))
     untimed = own.prefill(items)
     with pytest.raises(IncompatiblePrefixError, match="untimed prefix has no next_timestamp"):
         PrefixKV(untimed.k, untimed.v, None, untimed.last_hidden, 5)
     nxt.rank(cands, prefix=whole, query_timestamp=5000)     # its own continuation is served
     assert whole.to("cpu").next_timestamp == whole.contiguous().next_timestamp == 5000
+
+
+def test_a_next_model_warms_up() -> None:
+    model = make_model(3, time_query="next", max_seq_len=256)
+    model.warm_up()      # every kind of pass, timed and untimed, each prefix for its continuation
 
 
 def test_the_relays_loader_refuses_a_next_model() -> None:

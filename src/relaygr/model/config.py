@@ -94,9 +94,9 @@ class HSTUConfig:
     # (a token attending to itself is at gap 0). "next": the timestamp of the item the position
     # predicts (the next event's; at the last position the request's), as the open-source HSTU
     # does: the model then knows how long after each history event the prediction is made.
-    # "next" is for the retrieval head's dense path only (HSTU.encode_padded): the serving
-    # passes and the ranking head refuse it (check_servable). "own" is the default: every
-    # checkpoint saved before this field existed was trained so.
+    # Under "next" a cached prefix depends on the time after it (PrefixKV.next_timestamp); the
+    # model's passes compute it so, the relay does not serve it yet (check_servable). "own" is
+    # the default: every checkpoint saved before this field existed was trained so.
     time_query: str = "own"
 
     def __post_init__(self) -> None:

@@ -51,7 +51,9 @@ class RankInput:
     The history is ``prefix`` (cached K/V) or ``prefix_items`` (computed in this pass), followed
     by the optional recent ``suffix_items``. ``query_timestamp`` is the request time the
     candidates are scored at; it defaults to the last history timestamp when the history is
-    timed and must be absent when it is not.
+    timed (for a ``time_query="next"`` model ranking a cached prefix with nothing after it: the
+    time that prefix was computed for, ``PrefixKV.next_timestamp``) and must be absent when it
+    is not.
     """
 
     candidates: IntSeq
@@ -223,6 +225,11 @@ def with_continuation(cfg: HSTUConfig, history: History, next_ts: int | None,
     if past is not None and past.num_tokens:
         assert history.timestamps is not None
         starts = int(history.timestamps[0]) if history.items.numel() else next_ts
+        if past.next_timestamp is None:
+            raise IncompatiblePrefixError(
+                "the cached prefix records no continuation time (computed by a model with "
+                "time_query='own', or its time was not kept): a time_query='next' model "
+                "cannot read it; recompute it")
         if past.next_timestamp != starts:
             raise IncompatiblePrefixError(
                 f"the cached prefix was computed for a continuation at {past.next_timestamp} "

@@ -26,9 +26,11 @@ class PrefixKV:
 
     ``next_timestamp``: under ``HSTUConfig.time_query="next"`` (a timed history), the time the
     last token's time bias was measured from: that of the event after the prefix, or the request
-    time when nothing follows. Every token's keys and values depend on it through the tokens
-    after, so the prefix is valid only for a continuation that starts at that time (checked where
-    it is read, ``model.inputs.build_history``). None for any other model or an untimed prefix.
+    time when nothing follows. The last token's keys and values (from the second layer on) and
+    ``last_hidden`` depend on it, so the prefix is valid only for a continuation that starts at
+    that time (checked where it is read, ``model.inputs.with_continuation``, and where two
+    prefixes are joined, ``model.passes.concat_prefix``). None for any other model or an untimed
+    prefix.
     """
 
     k: Tensor
@@ -46,8 +48,12 @@ class PrefixKV:
             raise IncompatiblePrefixError(
                 f"timestamps must be {self.k.shape[2]} int64 seconds (one per prefix token), "
                 f"got {self.timestamps.dtype} of shape {tuple(self.timestamps.shape)}")
-        if self.next_timestamp is not None and self.timestamps is None:
-            raise IncompatiblePrefixError("an untimed prefix has no next_timestamp")
+        if self.next_timestamp is not None:
+            if self.timestamps is None:
+                raise IncompatiblePrefixError("an untimed prefix has no next_timestamp")
+            if type(self.next_timestamp) is not int:
+                raise IncompatiblePrefixError(f"next_timestamp must be an int (seconds), got "
+                                              f"{type(self.next_timestamp).__name__}")
 
     @property
     def num_tokens(self) -> int:

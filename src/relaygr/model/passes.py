@@ -145,6 +145,14 @@ def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | Non
             f"of shape {tuple(past.k.shape)} and a "
             f"{'timed' if tail.has_timestamps else 'untimed'} {tail.dtype} tail of shape "
             f"{tuple(tail.k.shape)}")
+    if past.next_timestamp is not None and (tail.timestamps is None or tail.next_timestamp is None
+                                            or int(tail.timestamps[0]) != past.next_timestamp):
+        raise IncompatiblePrefixError(
+            f"cannot join a prefix computed for a continuation at {past.next_timestamp} and a "
+            f"tail that does not start then (time_query='next')")
+    if past.next_timestamp is None and tail.next_timestamp is not None and past.num_tokens:
+        raise IncompatiblePrefixError("cannot join a prefix without a continuation time and a "
+                                      "time_query='next' tail")
     device = out_device or past.device
     n_past, n_tail = past.num_tokens, tail.num_tokens
     shape = (*past.k.shape[:2], n_past + n_tail, past.k.shape[3])

@@ -28,7 +28,7 @@ class WarmUpModel(Protocol):
     def cfg(self) -> HSTUConfig: ...
 
     def prefill(self, items: IntSeq, timestamps: IntSeq | None = None,
-                past: PrefixKV | None = None) -> PrefixKV: ...
+                past: PrefixKV | None = None, next_timestamp: int | None = None) -> PrefixKV: ...
 
     def rank(self, candidates: IntSeq, prefix: PrefixKV | None = None,
              prefix_items: IntSeq | None = None, prefix_timestamps: IntSeq | None = None,
@@ -63,9 +63,14 @@ def warm_up(model: WarmUpModel) -> None:
 
 def _passes(model: WarmUpModel, items: Tensor, ts: Tensor | None, candidates: Tensor) -> None:
     cut = max(1, len(items) - max(1, len(items) // 3))     # both parts non-empty when >= 2
-    kv = model.prefill(items[:cut], None if ts is None else ts[:cut])
-    if cut < len(items):
-        kv = model.prefill(items[cut:], None if ts is None else ts[cut:], past=kv)
     query_ts = None if ts is None else int(ts[-1]) + 1
+    # a time_query="next" prefix is computed for the time after it: the next event's, the request's
+    after: list[int | None] = [None, None]
+    if ts is not None and model.cfg.next_time_query:
+        after = [int(ts[cut]) if cut < len(items) else query_ts, query_ts]
+    kv = model.prefill(items[:cut], None if ts is None else ts[:cut], next_timestamp=after[0])
+    if cut < len(items):
+        kv = model.prefill(items[cut:], None if ts is None else ts[cut:], past=kv,
+                           next_timestamp=after[1])
     model.rank(candidates, prefix=kv, query_timestamp=query_ts)
     model.rank(candidates, prefix_items=items, prefix_timestamps=ts, query_timestamp=query_ts)
