@@ -17,8 +17,8 @@ from relaygr.bench.protocol import RequestRecord, RunClock
 from relaygr.bench.stats import latency_parts
 from relaygr.bench.systems import CascadeUnderTest
 from relaygr.cascade.config import StagesConfig
-from relaygr.cascade.request_path import Visit
 from relaygr.cascade.stages import StageTiming
+from relaygr.cascade.visit import Visit
 from relaygr.engine.types import RankPath, RankTiming
 from relaygr.errors import BenchProtocolError
 from tests.bench.fakes import requests_at

@@ -13,8 +13,8 @@ from relaygr.bench.systems import CascadeUnderTest, SharedParts, mode_factories
 from relaygr.bench.workload.ml1m import ML1MConfig, ML1MWorkload, read_movie_ids
 from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.trained_retrieval import RankerCatalogue, TrainedRetrieval
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.engine.instance import InstanceConfig
 from tests.cascade.retrieval_runs import MOVIES, train_run, write_ratings
 from tests.engine.helpers import flops_cost_model

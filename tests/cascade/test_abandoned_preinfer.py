@@ -8,9 +8,9 @@ import asyncio
 
 import torch
 
-from relaygr.cascade.request_path import Recommendation
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation
 from relaygr.engine.instance import RankingInstance
 from relaygr.engine.types import PreinferAction, RankJob, RankPath, RankResult
 from relaygr.kvcache import EntryState

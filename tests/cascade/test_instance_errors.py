@@ -14,9 +14,9 @@ import torch
 from relaygr.bench.protocol import RunClock
 from relaygr.bench.systems import CascadeUnderTest
 from relaygr.cascade.breaker import BreakerState
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.engine.types import RankPath
 from relaygr.errors import NoHealthyInstanceError, SequenceTooLongError
 from relaygr.routing import rendezvous_order

@@ -25,9 +25,10 @@ from relaygr.cascade.fleet import (
     sheds_preinfer,
 )
 from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.request_path import RequestPath, Visit
+from relaygr.cascade.request_path import RequestPath
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
+from relaygr.cascade.visit import Visit
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.types import (
     PrefixSpec,

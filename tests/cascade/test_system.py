@@ -13,10 +13,10 @@ from relaygr.cascade.config import StagesConfig, SystemConfig
 from relaygr.cascade.instances import build_instance
 from relaygr.cascade.modes import Mode
 from relaygr.cascade.proposals import EmbeddingRetrieval
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.engine.instance import InstanceConfig, RankingInstance
 from relaygr.engine.types import PreinferAction, RankPath
 from relaygr.errors import CacheStateError, ConfigError, NoCandidatesError

@@ -11,7 +11,6 @@ import pytest
 
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, StagesConfig, SystemConfig
 from relaygr.cascade.proposals import EmbeddingRetrieval, InterleavedRetrieval
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
@@ -20,6 +19,7 @@ from relaygr.cascade.trained_retrieval import (
     TrainedRetrieval,
     beside_the_default,
 )
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.engine.instance import InstanceConfig
 from relaygr.errors import CatalogueMismatchError, ConfigError, EmptyInputError
 from tests.cascade.retrieval_runs import (

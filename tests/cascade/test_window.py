@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaygr.cascade.config import StagesConfig, SystemConfig
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.instance import InstanceConfig
 from relaygr.engine.transport.payload import PrefixPayload

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from relaygr.cascade.instances import build_instance
-from relaygr.cascade.request_path import Recommendation
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation
 from relaygr.engine.scheduler import InstanceStoppedError
 from relaygr.engine.transport import process_instance
 from relaygr.engine.transport.host import HostSpec

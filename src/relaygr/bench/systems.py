@@ -47,10 +47,10 @@ from relaygr.bench.protocol import (
 from relaygr.bench.workload import Workload
 from relaygr.cascade.config import MEASURED_STAGE_DELAYS, SystemConfig
 from relaygr.cascade.proposals import RetrievalStage
-from relaygr.cascade.request_path import Visit
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import InMemoryHistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Visit
 from relaygr.engine.transport.processes import InstanceProcesses, ProcessInstance
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU

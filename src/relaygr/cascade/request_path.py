@@ -31,9 +31,9 @@ import inspect
 import logging
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,20 +44,18 @@ from relaygr.cascade.fleet import FirstLeg, Fleet, InstanceFailed, InstanceLost
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.stages import EarlierStages, StageTiming
 from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.visit import Recommendation, SystemCounters, Visit
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.types import (
     FAILED,
     PrefixSpec,
     PreinferResult,
     RankJob,
-    RankPath,
     RankResult,
-    RankTiming,
 )
 from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
 from relaygr.kvcache import PrefixId
 from relaygr.routing import RouteDecision, RouteReason
-from relaygr.train.stages import fused_scores
 
 # Prefill signals whose ranking leg has not come yet (within their lease); a caller that never
 # ranks costs at most this much.
@@ -69,68 +67,6 @@ _LOGGED_LOST_PREINFERS = 5
 _LOGGED_INSTANCE_ERRORS = 5
 
 log = logging.getLogger("relaygr.cascade.request_path")
-
-
-@dataclass(frozen=True)
-class Visit:
-    """One request: a user, the behaviours since their last visit, and the request time."""
-
-    user_id: int
-    recent_items: tuple[int, ...] = ()
-    recent_timestamps: tuple[int, ...] | None = None
-    request_ts: int | None = None
-    num_candidates: int | None = None     # None: the system's default
-    # the user's event count the caller expects before the visit's own events are appended
-    # (the append's precondition, ``HistoryStore.append``); None: no precondition
-    expected_events: int | None = None
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """Candidates (best retrieval order) and their ranking scores, with how they were made.
-
-    ``scores`` are the ranker's, exact whatever the path (cached or full); ``stage_scores`` the
-    retrieval stage's score of each candidate (None: no stage ran, as for given candidates);
-    the recommendation's order is by ``final_scores``, the two fused after ranking."""
-
-    candidates: Tensor
-    scores: Tensor
-    path: RankPath
-    instance: str                  # the instance that ranked
-    preinfer: PreinferResult | None
-    preinfer_instance: str | None  # the instance that got the pre-infer signal
-    prefix_tokens: int
-    suffix_tokens: int
-    ranking_due_s: float       # time.perf_counter() when ranking was due
-    ranking_done_s: float
-    timing: RankTiming | None = None   # inside the ranking instance (None: not reported)
-    window_start: int = 0      # the history event the model read first (cascade.window)
-    stages: StageTiming | None = None  # retrieval and delays before ranking (None: no stages)
-    stage_scores: Tensor | None = None
-    stage_weight: float = 0.0          # of stage_scores in final_scores (0: the ranker alone)
-
-    @property
-    def final_scores(self) -> Tensor:
-        """``scores + stage_weight x stage_scores`` (``train.stages.fused_scores``, the formula
-        of ``relaygr eval``'s cascade); ``scores`` when the weight is 0."""
-        if self.stage_weight == 0:
-            return self.scores
-        assert self.stage_scores is not None, "a fused recommendation needs the stage's scores"
-        return fused_scores(self.scores, self.stage_scores, self.stage_weight)
-
-
-@dataclass
-class SystemCounters:
-    requests: int = 0
-    failovers: int = 0           # ranking legs answered elsewhere: instance gone, raised, or out
-    shed_preinfer: int = 0
-    shed_rank: int = 0
-    # pre-infer signals that did nothing: instance gone, raised, or its ranking leg failed over
-    lost_preinfer: int = 0
-    instance_errors: int = 0     # failovers whose instance raised (its fault, not the request's)
-    paths: Counter[str] = field(default_factory=Counter)
-    window_slides: int = 0       # appends that moved a user's window (its cache is recomputed)
-    windowed_requests: int = 0   # ranked from a window that starts after the first event
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from relaygr.cascade.fleet import InstanceFleet
 from relaygr.cascade.instances import InstanceFactory, build_instance
 from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.proposals import RetrievalStage
-from relaygr.cascade.request_path import Recommendation, RequestPath, SystemCounters, Visit
+from relaygr.cascade.request_path import RequestPath
 from relaygr.cascade.stages import CandidateBook, EarlierStages
 from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.visit import Recommendation, SystemCounters, Visit
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.handle import InstanceHandle
 from relaygr.engine.transport.supervisor import InstanceSupervisor

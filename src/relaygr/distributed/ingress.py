@@ -51,9 +51,10 @@ from torch import Tensor
 from relaygr.cascade.config import SystemConfig
 from relaygr.cascade.fleet import FirstLeg, InstanceLost, RankedLeg, failover_for
 from relaygr.cascade.proposals import RetrievalStage
-from relaygr.cascade.request_path import Recommendation, RequestPath, Visit
+from relaygr.cascade.request_path import RequestPath
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.cascade.window import HistoryWindow
 from relaygr.engine.transport.messages import (
     AbandonCall,

@@ -19,9 +19,9 @@ from typing import Protocol
 from torch import Tensor
 
 from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.request_path import Recommendation, Visit
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.system import RelaySystem
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.engine.types import PreinferResult
 from relaygr.model import HSTUConfig
 from relaygr.server.snapshot import ServingCounters, ServingSnapshot

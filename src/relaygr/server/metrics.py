@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relaygr.cascade.request_path import Recommendation
+from relaygr.cascade.visit import Recommendation
 from relaygr.server.snapshot import ServingSnapshot
 
 # The ``endpoint`` label of the stage latencies: the ranking operations by the API that asked

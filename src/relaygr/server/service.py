@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 
 from relaygr import __version__
-from relaygr.cascade.request_path import Recommendation, Visit
+from relaygr.cascade.visit import Recommendation, Visit
 from relaygr.server.admission import Admission, UserLocks
 from relaygr.server.backend import PrefillOutcome, RelayBackend
 from relaygr.server.catalog import ItemCatalog

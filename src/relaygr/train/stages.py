@@ -107,7 +107,7 @@ def fused_scores(ranker: Tensor, stage: Tensor, stage_weight: float) -> Tensor:
     """A cascade's final score of ``[k]`` proposals: the ranker's scores plus ``stage_weight``
     times the stage's (float32, on the ranker's device); the ranker's own scores, untouched,
     when the weight is 0. The one formula of ``relaygr eval``'s cascade (``evaluate.fuse``) and
-    ``relaygr serve``'s (``cascade.request_path.Recommendation.final_scores``)."""
+    ``relaygr serve``'s (``cascade.visit.Recommendation.final_scores``)."""
     if stage_weight == 0:
         return ranker
     assert ranker.shape == stage.shape, \
