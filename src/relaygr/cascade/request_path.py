@@ -27,41 +27,22 @@ pre-infer signal costs only the relay; a shed ranking leg raises ``OverloadedErr
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
-import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from relaygr.cascade.config import SystemConfig
-from relaygr.cascade.fleet import FirstLeg, Fleet, InstanceFailed, InstanceLost
-from relaygr.cascade.modes import Mode, spec_for
-from relaygr.cascade.stages import EarlierStages, StageTiming
-from relaygr.cascade.store import HistoryStore
-from relaygr.cascade.visit import Recommendation, SystemCounters, Visit
-from relaygr.cascade.window import HistoryWindow
-from relaygr.engine.types import (
-    FAILED,
-    PrefixSpec,
-    PreinferResult,
-    RankJob,
-    RankResult,
-)
-from relaygr.errors import NoHealthyInstanceError, OverloadedError, PreinferDisabledError
-from relaygr.kvcache import PrefixId
+from relaygr.cascade.first_leg import FirstLegPath, Leg, Suffix
+from relaygr.cascade.fleet import FirstLeg, InstanceFailed, InstanceLost
+from relaygr.cascade.stages import StageTiming
+from relaygr.cascade.visit import Recommendation, Visit
+from relaygr.engine.types import RankJob, RankResult
+from relaygr.errors import NoHealthyInstanceError, OverloadedError
 from relaygr.routing import RouteDecision, RouteReason
 
-# Prefill signals whose ranking leg has not come yet (within their lease); a caller that never
-# ranks costs at most this much.
-_MAX_REMEMBERED_DECISIONS = 100_000
-# Pre-infer signals that raised, logged with their traceback; the rest are counted only.
-_LOGGED_LOST_PREINFERS = 5
 # Ranking legs whose instance raised, logged with their traceback; the rest are counted only
 # (an instance that keeps raising is taken out of routing, logged once, by its fleet).
 _LOGGED_INSTANCE_ERRORS = 5
@@ -69,64 +50,9 @@ _LOGGED_INSTANCE_ERRORS = 5
 log = logging.getLogger("relaygr.cascade.request_path")
 
 
-@dataclass(frozen=True)
-class _Suffix:
-    """A visit's events as the ranking leg takes them, and the identity of the prefix they
-    grow (``HistoryWindow.grown``: the key the ranked K/V is kept under)."""
-
-    items: Tensor | None
-    timestamps: Tensor | None
-    grown: PrefixId | None
-
-
-@dataclass(frozen=True)
-class _Prefilled:
-    """A pre-infer signal sent alone (``RequestPath.prefill``), remembered until its ranking
-    leg comes: that leg is the same request (``request_id``) and follows ``first``. Until
-    ``expires_s`` (the event loop's time) only: the pre-infer's lease, after which its prefix is
-    no longer kept for that leg (and a breaker's probe reserved for it has lapsed)."""
-
-    request_id: str
-    first: FirstLeg
-    expires_s: float
-
-
-@dataclass
-class _Leg:
-    """A request between its two legs: the routed prefix, the first leg as sent, and the
-    visit's suffix once prepared (``RequestPath._suffix``)."""
-
-    visit: Visit
-    request_id: str
-    spec: PrefixSpec
-    history_items: np.ndarray
-    num_candidates: int
-    sent: FirstLeg | Awaitable[FirstLeg]
-    suffix: _Suffix | None = None
-
-
-class RequestPath:
-    """See the module docstring. One event loop drives it."""
-
-    def __init__(self, fleet: Fleet, config: SystemConfig, store: HistoryStore,
-                 window: HistoryWindow, stages: EarlierStages) -> None:
-        self.fleet = fleet
-        self.config = config
-        self.store = store
-        self.window = window
-        self.stages = stages
-        self.preinfers = spec_for(Mode.parse(config.mode)).preinfer
-        self.counters = SystemCounters()
-        # user -> its prefill signal, which its ranking leg follows, oldest first: dropped when
-        # that leg comes, when the user's next first leg is sent, or once its lease is over
-        # (bounded too: oldest dropped)
-        self._decisions: OrderedDict[int, _Prefilled] = OrderedDict()
-
-    @property
-    def remembered_prefills(self) -> int:
-        """Pre-infer signals (``prefill``) whose ranking leg has not come yet, as of the latest
-        request (expired ones are dropped as each request begins, and never followed)."""
-        return len(self._decisions)
+class RequestPath(FirstLegPath):
+    """See the module docstring. One event loop drives it. Its parts, its state and its first
+    leg are ``FirstLegPath``'s (``cascade.first_leg``); here the requests and the ranking leg."""
 
     async def recommend(self, visit: Visit) -> Recommendation:
         """The whole cascade for one visit: retrieval, pre-processing and relayed ranking."""
@@ -144,28 +70,6 @@ class RequestPath:
             first = await self._first(leg)
         return await self._second_leg(leg, first, first, earlier.candidates,
                                       earlier.timing, earlier.scores)
-
-    async def prefill(self, user_id: int, suffix_tokens: int = 0,
-                      num_candidates: int | None = None) -> tuple[str, PreinferResult]:
-        """The pre-infer signal alone (for callers that run their own earlier stages). The
-        routing decision is remembered so the user's next ``rank_candidates`` follows it.
-        ``PreinferDisabledError`` in a mode without pre-inference."""
-        if not self.preinfers:
-            raise PreinferDisabledError(f"mode {self.config.mode!r} does not pre-infer; "
-                                        "send /v1/rank alone, or serve a relay mode")
-        leg = self._first_leg(Visit(user_id, num_candidates=num_candidates), send=True,
-                              suffix_tokens=suffix_tokens)
-        first = await self._first(leg)
-        if first.route is not None:
-            expires_s = asyncio.get_running_loop().time() + self.config.instance.lease_s
-            self._decisions[user_id] = _Prefilled(leg.request_id, first, expires_s)
-            self._decisions.move_to_end(user_id)
-            while len(self._decisions) > _MAX_REMEMBERED_DECISIONS:
-                self._decisions.popitem(last=False)
-        result = await self._outcome(first)
-        if result is None or first.instance is None:
-            raise NoHealthyInstanceError("the pre-infer signal found no live ranking instance")
-        return first.instance, result
 
     async def rank_candidates(self, visit: Visit, candidates: Tensor) -> Recommendation:
         """Rank given candidates for a visit, consuming the relayed prefix when present: the
@@ -189,80 +93,8 @@ class RequestPath:
         self.counters.window_slides += int(before > 0 and self.window.slid(before, after))
         return after
 
-    # ---- the two legs ------------------------------------------------------------------------
-    def _prefix_spec(self, user_id: int, suffix_tokens: int) -> tuple[PrefixSpec, np.ndarray]:
-        """The window's prefix a visit adding ``suffix_tokens`` events reads, and the user's
-        whole history (what retrieval excludes)."""
-        prefix = self.window.prefix(self.store, user_id, suffix_tokens)
-        ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
-        start = prefix.window_start
-        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts,
-                          lambda n: self.store.version_at(user_id, start + n, start), start)
-        return spec, self.store.get(user_id).items
-
-    def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None,
-                   request_id: str | None = None) -> _Leg:
-        """The request's first leg (``request_id``: the request's, when it began with a
-        ``prefill``)."""
-        # a newer first leg of the user: a prefill remembered before is no longer followed
-        self._decisions.pop(visit.user_id, None)
-        self._forget_expired(asyncio.get_running_loop().time())
-        s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
-        spec, history_items = self._prefix_spec(visit.user_id, s)
-        n_cand = visit.num_candidates or self.config.stages.num_candidates
-        request_id = request_id or uuid.uuid4().hex
-        sent = self.fleet.preinfer(request_id, visit.user_id, spec, s, n_cand,
-                                   send and self.preinfers)
-        if isinstance(sent, FirstLeg):      # decided at once (counted now, as it was shed now)
-            self._count_first(sent)
-        return _Leg(visit, request_id, spec, history_items, n_cand, sent)
-
-    def _forget_expired(self, now: float) -> None:
-        """Drop remembered prefills whose lease is over (the oldest first: in expiry order)."""
-        while self._decisions:
-            user, oldest = next(iter(self._decisions.items()))
-            if oldest.expires_s > now:
-                return
-            del self._decisions[user]
-
-    async def _first(self, leg: _Leg) -> FirstLeg:
-        """The first leg's outcome (awaited once: across Ray it comes with the reply). The
-        signal is advisory: one that raised is lost, and ranking computes the prefix."""
-        if not isinstance(leg.sent, FirstLeg):
-            try:
-                leg.sent = await leg.sent
-            except AssertionError:
-                raise
-            except Exception:
-                self._log_lost(leg.visit.user_id)
-                leg.sent = FirstLeg(None, lost=True)
-            self._count_first(leg.sent)
-        return leg.sent
-
-    async def _outcome(self, first: FirstLeg) -> PreinferResult | None:
-        """The pre-infer's outcome (an instance in another process reports it later): one
-        that raised counts as lost and reads ``failed``; the request goes on without it."""
-        if inspect.isawaitable(first.result):
-            try:
-                first.result = await first.result
-            except AssertionError:
-                raise
-            except Exception:
-                self.counters.lost_preinfer += 1
-                self._log_lost(None)
-                first.result, first.lost = FAILED, True
-        return first.result
-
-    def _log_lost(self, user_id: int | None) -> None:
-        if self.counters.lost_preinfer < _LOGGED_LOST_PREINFERS:
-            log.warning("a pre-infer signal%s raised; ranking computes the prefix in full",
-                        "" if user_id is None else f" of user {user_id}", exc_info=True)
-
-    def _count_first(self, first: FirstLeg) -> None:
-        self.counters.shed_preinfer += int(first.shed)
-        self.counters.lost_preinfer += int(first.lost)
-
-    async def _second_leg(self, leg: _Leg, first: FirstLeg, relayed: FirstLeg,
+    # ---- the second leg ----------------------------------------------------------------------
+    async def _second_leg(self, leg: Leg, first: FirstLeg, relayed: FirstLeg,
                           candidates: Tensor, stages: StageTiming | None = None,
                           stage_scores: Tensor | None = None) -> Recommendation:
         """The ranking leg, following ``relayed`` (the first leg whose pre-infer it relays:
@@ -294,20 +126,20 @@ class RequestPath:
                               stages, stage_scores,
                               0.0 if stages is None else self.config.stages.stage_weight)
 
-    def _suffix(self, leg: _Leg) -> _Suffix:
+    def _suffix(self, leg: Leg) -> Suffix:
         """The visit's events as tensors, and the prefix they grow (none without events). The
         prefix's events are in the store already and a store only appends, so the identity is
         the same whenever it is computed before the visit's own append."""
         visit, spec = leg.visit, leg.spec
         if not visit.recent_items:
-            return _Suffix(None, None, None)
+            return Suffix(None, None, None)
         timestamps = None if visit.recent_timestamps is None else torch.tensor(
             visit.recent_timestamps, dtype=torch.int64)
         grown = self.window.grown(self.store, spec.pid, spec.window_start, visit.recent_items,
                                   visit.recent_timestamps)
-        return _Suffix(torch.tensor(visit.recent_items, dtype=torch.int64), timestamps, grown)
+        return Suffix(torch.tensor(visit.recent_items, dtype=torch.int64), timestamps, grown)
 
-    async def _rank(self, leg: _Leg, route: RouteDecision | None, job: RankJob
+    async def _rank(self, leg: Leg, route: RouteDecision | None, job: RankJob
                     ) -> tuple[RankResult, bool]:
         """The ranking leg's result, and whether it failed over (an instance lost or raised, or
         the router moved it off its first leg's instance: each counted once)."""
@@ -335,7 +167,7 @@ class RequestPath:
         raise NoHealthyInstanceError(
             f"ranking failed on {self.fleet.max_attempts} instances in turn") from last
 
-    async def _abandon(self, leg: _Leg, relayed: FirstLeg, answered_by: str | None) -> None:
+    async def _abandon(self, leg: Leg, relayed: FirstLeg, answered_by: str | None) -> None:
         """The pre-infer ``relayed`` delivered sees no ranking leg where it went (the leg was
         shed, failed, or answered by ``answered_by``, elsewhere): its instance frees it."""
         if relayed.instance is None or relayed.instance == answered_by:
@@ -356,4 +188,3 @@ class RequestPath:
         if self.counters.instance_errors <= _LOGGED_INSTANCE_ERRORS:
             log.warning("ranking on %s raised; the leg fails over to the user's next choice",
                         failed.instance, exc_info=failed.error)
-
