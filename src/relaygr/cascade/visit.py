@@ -68,6 +68,9 @@ class Recommendation:
 
 @dataclass
 class SystemCounters:
+    """What the request path did, cumulative: requests, failovers, shedding, the ranking paths
+    taken (read by health and metrics)."""
+
     requests: int = 0
     failovers: int = 0           # ranking legs answered elsewhere: instance gone, raised, or out
     shed_preinfer: int = 0

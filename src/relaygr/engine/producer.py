@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relaygr.engine.executor import ComputeExecutor
 from relaygr.engine.scheduler import InstanceScheduler, InstanceStoppedError, PrefillWork
@@ -50,6 +50,8 @@ _NOT_STARTED = (ReloadOutcome.BUSY, ReloadOutcome.REFUSED, ReloadOutcome.HOST_MI
 
 @dataclass
 class ResidencyCounters:
+    """What one instance's residency did, cumulative (copied into its snapshots)."""
+
     prefills_started: int = 0
     prefills_failed: int = 0
     reloads_started: int = 0
@@ -64,7 +66,6 @@ class ResidencyCounters:
     # round (entry freed), or kept unleased (started or done: IDLE, evictable, once complete)
     preinfers_cancelled: int = 0
     preinfers_unleased: int = 0
-    paths: dict[str, int] = field(default_factory=dict)
 
 
 class PrefixProducer:

@@ -10,8 +10,9 @@ request's side:
   and None when that reload or its extension fails (counted in ``reloads_failed``): the request
   then computes its prefix in full, a slower correct answer. It counts the request once in
   each tier's hits and misses, by the path it took.
-* ``finish(...)``: after ranking, release the entry and demote prefix + ranked suffix to host;
-  after a full pass, keep what it computed (cache fill at ranking time).
+* ``finish_cached(...)``: after a cached ranking, release the entry and demote prefix + ranked
+  suffix to host; ``fill(...)``: after a full pass, keep what it computed (cache fill at ranking
+  time).
 
 Every cache operation runs on the event loop; tensor copies into a PENDING entry run on the
 instance's workers (the cache's threading contract allows it).
