@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
+from relaygr.errors import ConfigError
 from relaygr.server import ServerConfig
+from relaygr.server.admission import DoorRefusal
 from tests.server.helpers import (
     held_compute,
     make_service,
@@ -94,6 +97,38 @@ def test_in_flight_cap_refuses_at_the_door() -> None:
     assert service.backend.snapshot().counters.requests == 2
 
 
+def test_one_user_cannot_take_every_slot() -> None:
+    """A user's requests run one at a time (its lock), so a client that floods the server with
+    one user's requests gets 503s past its share, and other users are still admitted."""
+    service = make_service(server=ServerConfig(max_in_flight=4, max_in_flight_per_user=2,
+                                               retry_after_s=2.0))
+
+    async def body(client: httpx.AsyncClient) -> tuple[list[httpx.Response], httpx.Response]:
+        async with held_compute(service):   # the first one computes, the second waits its turn
+            flood = [asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 7}))
+                     for _ in range(5)]
+            await until(lambda: service.admission.refused == 3)
+            assert service.admission.users == {7: 2} and service.admission.in_flight == 2
+            other = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 8}))
+            await until(lambda: service.admission.in_flight == 3)
+        return list(await asyncio.gather(*flood)), await other
+
+    flood, other = run_with_client(service, body)
+    assert sorted(r.status_code for r in flood) == [200, 200, 503, 503, 503]
+    for r in flood:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == "2"
+            assert r.json()["detail"] == "2 requests of user 7 in flight (the per-user limit)"
+    assert other.status_code == 200
+    assert service.admission.users == {} and service.admission.in_flight == 0
+    assert service.admission.refusals[DoorRefusal.USER_LIMIT] == 3
+
+
+def test_a_per_user_limit_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="max_in_flight_per_user"):
+        ServerConfig(max_in_flight_per_user=0)
+
+
 def test_shutdown_drains_in_flight_requests() -> None:
     service = make_service()
 
@@ -153,7 +188,7 @@ def test_door_refusals_are_counted_by_reason_in_the_metrics() -> None:
 
     async def body(client: httpx.AsyncClient) -> None:
         assert _door_refusals((await client.get("/metrics")).text) == {
-            "draining": 0.0, "in_flight_limit": 0.0}
+            "draining": 0.0, "in_flight_limit": 0.0, "user_in_flight_limit": 0.0}
         async with held_compute(service):
             slow = asyncio.ensure_future(client.post("/v1/recommend", json={"user_id": 1}))
             await until(lambda: service.admission.in_flight == 1)
@@ -166,7 +201,7 @@ def test_door_refusals_are_counted_by_reason_in_the_metrics() -> None:
                                                          "timestamps": [1_900_000_000]})
             assert late.status_code == 503
             assert _door_refusals((await client.get("/metrics")).text) == {
-                "draining": 1.0, "in_flight_limit": 2.0}
+                "draining": 1.0, "in_flight_limit": 2.0, "user_in_flight_limit": 0.0}
         assert (await slow).status_code == 200
         await stopping
 

@@ -102,6 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--port", type=int, default=ServerConfig.port)
     h.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes)
     h.add_argument("--max-in-flight", type=int, default=ServerConfig.max_in_flight)
+    h.add_argument("--max-in-flight-per-user", type=int,
+                   default=ServerConfig.max_in_flight_per_user)
     h.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s)
     h.add_argument("--log-level", default="info")
     r = p.add_argument_group("ray serve")
@@ -189,7 +191,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         history_store=args.history_store,
                         retrieval_run=args.retrieval_run)
     server = ServerConfig(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
-                          max_in_flight=args.max_in_flight, drain_timeout_s=args.drain_timeout_s)
+                          max_in_flight=args.max_in_flight,
+                          max_in_flight_per_user=args.max_in_flight_per_user,
+                          drain_timeout_s=args.drain_timeout_s)
     gpus = torch.cuda.device_count()
     replicas = args.replicas or (gpus if gpus else system.num_instances)
     in_processes = wants_processes(args.instance_processes, system.devices[0])

@@ -1,7 +1,10 @@
 """Admission at the server's door: an in-flight cap, draining, and per-user ordering.
 
-``Admission`` counts requests in flight. Past ``max_in_flight``, or once draining has begun, a
-new request is refused with ``OverloadedError`` (HTTP 503 + Retry-After) before any work;
+``Admission`` counts requests in flight, in all and per user. Past ``max_in_flight``, past
+``max_in_flight_per_user`` of one user (so that one client retrying in a loop, whose requests
+queue behind each other on its ``UserLocks`` lock, cannot take every slot from the others), or
+once draining has begun, a new request is refused with ``OverloadedError`` (HTTP 503 +
+Retry-After) before any work;
 ``drain()`` waits for the ones already admitted to finish. Each refusal is counted by its
 ``DoorRefusal`` reason (``relaygr_door_refusals_total{reason}``), so a 503 at the door is told
 apart from a shed ranking leg, no healthy instance or the history store out of reach.
@@ -25,22 +28,27 @@ class DoorRefusal(str, Enum):
 
     DRAINING = "draining"                  # shutdown has begun
     IN_FLIGHT_LIMIT = "in_flight_limit"    # ``max_in_flight`` requests already admitted
+    USER_LIMIT = "user_in_flight_limit"    # ``max_in_flight_per_user`` of this user admitted
 
 
 class Admission:
     """In-flight accounting. One event loop drives it."""
 
-    def __init__(self, max_in_flight: int, retry_after_s: float) -> None:
+    def __init__(self, max_in_flight: int, retry_after_s: float,
+                 max_in_flight_per_user: int | None = None) -> None:
         self.max_in_flight = max_in_flight
+        self.max_in_flight_per_user = max_in_flight_per_user or max_in_flight
         self.retry_after_s = retry_after_s
         self.in_flight = 0
+        self.users: dict[int, int] = {}     # user -> its requests in flight (entries > 0 only)
         self.refusals = dict.fromkeys(DoorRefusal, 0)
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
 
     @asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
+    async def admit(self, user_id: int | None = None) -> AsyncIterator[None]:
+        """Hold one in-flight slot (and one of ``user_id``'s, when given) for the block."""
         if self.draining:
             self.refusals[DoorRefusal.DRAINING] += 1
             raise OverloadedError("the server is shutting down", self.retry_after_s)
@@ -48,12 +56,25 @@ class Admission:
             self.refusals[DoorRefusal.IN_FLIGHT_LIMIT] += 1
             raise OverloadedError(f"{self.in_flight} requests in flight (the limit)",
                                   self.retry_after_s)
+        held = 0 if user_id is None else self.users.get(user_id, 0)
+        if held >= self.max_in_flight_per_user:
+            self.refusals[DoorRefusal.USER_LIMIT] += 1
+            raise OverloadedError(f"{held} requests of user {user_id} in flight (the per-user "
+                                  "limit)", self.retry_after_s)
         self.in_flight += 1
+        if user_id is not None:
+            self.users[user_id] = held + 1
         self._idle.clear()
         try:
             yield
         finally:
             self.in_flight -= 1
+            if user_id is not None:
+                left = self.users[user_id] - 1
+                if left:
+                    self.users[user_id] = left
+                else:
+                    del self.users[user_id]
             if self.in_flight == 0:
                 self._idle.set()
 

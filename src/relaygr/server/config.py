@@ -41,6 +41,9 @@ class ServerConfig:
     # Requests admitted at once; past it the server answers 503 at the door (the relay system
     # sheds earlier, per instance queue; this bounds memory when every stage is slow).
     max_in_flight: int = 1024
+    # Of them, one user's at most (its requests run one at a time, in order, so more only wait):
+    # past it that user gets a 503, and the others keep their slots.
+    max_in_flight_per_user: int = 16
     # Shutdown waits this long for in-flight requests before stopping the instances.
     drain_timeout_s: float = 30.0
     # Retry-After for 503s the server itself gives (draining, at the in-flight cap).
@@ -50,7 +53,7 @@ class ServerConfig:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"ServerConfig.port must be in 0..65535, got {self.port!r}")
         require_positive_ints(self, "max_body_bytes", "max_candidates", "max_events_per_request",
-                              "max_in_flight")
+                              "max_in_flight", "max_in_flight_per_user")
         if self.max_candidates > MAX_LIST_ITEMS or self.max_events_per_request > MAX_LIST_ITEMS:
             raise ConfigError(f"ServerConfig list limits must be <= {MAX_LIST_ITEMS}")
         if not self.drain_timeout_s >= 0 or not self.retry_after_s > 0:

@@ -215,8 +215,9 @@ class ServerMetrics:
             log_write_failures))
         self.registry.register(ReadLabelledCounter(
             "relaygr_door_refusals", "Requests refused at the server's door with a 503 before "
-            "any work, by reason: draining (shutting down) or in_flight_limit (max_in_flight "
-            "admitted)", "reason", door_refusals))
+            "any work, by reason: draining (shutting down), in_flight_limit (max_in_flight "
+            "admitted) or user_in_flight_limit (max_in_flight_per_user of that user admitted)",
+            "reason", door_refusals))
         self.in_flight = Gauge("relaygr_in_flight", "Requests admitted and not yet answered",
                                registry=self.registry)
         self._model_info = Gauge("relaygr_model_info", "The served model (value 1)",

@@ -62,7 +62,8 @@ class RelayService:
         self.model_info = model_info or ModelInfo("relaygr", __version__, "unknown")
         self.validator = RequestValidator(backend.model_config, backend.system_config,
                                           self.config, backend.store, timed)
-        self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s)
+        self.admission = Admission(self.config.max_in_flight, self.config.retry_after_s,
+                                   self.config.max_in_flight_per_user)
         self.metrics = ServerMetrics(
             backend.snapshot, backend.store.log_write_failures,
             lambda: {reason.value: n for reason, n in self.admission.refusals.items()})
@@ -113,7 +114,7 @@ class RelayService:
         ``metrics.STAGE_ENDPOINTS``)."""
         start = time.perf_counter()
         request = self._dense_visit(request)
-        async with self.admission.admit(), self.users.hold(request.user_id):
+        async with self.admission.admit(request.user_id), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.num_candidates(request.num_candidates)
             rec = await self.backend.recommend(_visit(request, request.num_candidates))
@@ -125,7 +126,7 @@ class RelayService:
         if self.catalog.translates:
             request = self._dense_visit(request).model_copy(
                 update={"candidates": self.catalog.to_model(request.candidates)})
-        async with self.admission.admit(), self.users.hold(request.user_id):
+        async with self.admission.admit(request.user_id), self.users.hold(request.user_id):
             self.validator.visit(request)
             self.validator.candidates(request.candidates)
             candidates = torch.tensor(request.candidates, dtype=torch.int64)
@@ -133,7 +134,7 @@ class RelayService:
         return self._answer(endpoint, request.user_id, rec, start, best_first=False)
 
     async def prefill(self, request: PrefillRequest) -> PreinferOut:
-        async with self.admission.admit():
+        async with self.admission.admit(request.user_id):
             self.validator.prefill(request)
             outcome = await self.backend.prefill(request.user_id, request.suffix_tokens,
                                                  request.num_candidates)
@@ -143,7 +144,7 @@ class RelayService:
         if self.catalog.translates:
             request = request.model_copy(
                 update={"items": self.catalog.to_model(request.items)})
-        async with self.admission.admit(), self.users.hold(request.user_id):
+        async with self.admission.admit(request.user_id), self.users.hold(request.user_id):
             self.validator.events(request)
             count = self.backend.append_events(request.user_id, request.items,
                                                request.timestamps, request.expected_events)
