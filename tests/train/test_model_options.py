@@ -26,7 +26,7 @@ from relaygr.train import (
     serving_ranks,
 )
 from relaygr.train.batches import TrainingData
-from relaygr.train.evaluate import case_windows
+from relaygr.train.evaluate import case_windows, request_times
 from tests.train.helpers import TINY, cyclic_sequences
 
 
@@ -109,9 +109,13 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
                 & (data.targets[:, cut - 1] == rank.candidates[j, 0]))
         row = int(torch.nonzero(same)[0])
         assert int(rank.query_timestamps[j]) == int(data.target_timestamps[row, cut - 1])
+    # an "own" model's ranking examples are at their positives' times too (serving's request
+    # time); untimed data has none
     own_rank = TrainingData(split, 6, True).rank_batch(torch.arange(4), 2, 3,
                                                        torch.Generator().manual_seed(0))
-    assert own_rank.query_timestamps is None       # "own": the last history timestamp
+    assert own_rank.query_timestamps is not None and own_rank.query_timestamps.shape == (2,)
+    assert TrainingData(split, 6, False).rank_batch(
+        torch.arange(4), 2, 3, torch.Generator().manual_seed(0)).query_timestamps is None
     # evaluation: the window's times one event later, the last the target's (the request's)
     cases = split.test
     rows = np.arange(len(cases))
@@ -154,3 +158,27 @@ def test_a_next_run_trains_both_heads_serves_them_exactly_and_is_refused_by_the_
     assert not torch.equal(ranks, own_ranks)
     with pytest.raises(ConfigError, match="relay cannot serve a model with time_query='next'"):
         load_model(ModelSource(checkpoint=tmp_path / "run"))
+
+
+def test_evaluation_ranks_at_the_held_out_events_time(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranking head and the cascade score candidates at the request time, as serving does:
+    in evaluation the held-out event's timestamp, for any timed model."""
+    seqs = cyclic_sequences(tmp_path, num_users=12)
+    test = leave_one_out(seqs).test
+    model = HSTU(TINY.with_(use_timestamps=True).model_config(seqs.num_items)).eval()
+    held_out = [int(seqs.timestamps[seqs.offsets[u] + n])
+                for u, n in zip(test.users, test.history_lengths, strict=True)]
+    w = case_windows(seqs, test, np.arange(len(test)), TINY.max_seq_len, True, next_times=True)
+    assert request_times(w) == held_out
+    seen: list[int | None] = []
+    rank_batch = model.rank_batch
+
+    def recording(requests: list[RankInput]) -> list[torch.Tensor]:
+        seen.extend(r.query_timestamp for r in requests)
+        return rank_batch(requests)
+
+    monkeypatch.setattr(model, "rank_batch", recording)
+    serving_ranks(model, seqs, test, TINY.max_seq_len, True, heads=("ranking", "cascade"),
+                  batch_users=len(test))
+    assert seen == held_out + held_out          # the ranking head, then the cascade's ranker

@@ -96,8 +96,9 @@ BATCH_ORDERS: dict[str, type[RandomOrder] | type[LengthBucketOrder]] = {
 
 class TrainingData:
     """The training windows of a split, stored padded once ``[U', max_seq_len]``; with
-    ``target_times`` (and ``use_timestamps``) also the targets' timestamps, which a model with
-    ``time_query="next"`` reads as its queries' times."""
+    ``target_times`` (and ``use_timestamps``) also the targets' timestamps in each batch, which
+    a model with ``time_query="next"`` reads as its queries' times. A timed ranking example is
+    scored at its positive's time, as serving scores candidates at the request's."""
 
     def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool,
                  target_times: bool = False) -> None:
@@ -120,8 +121,8 @@ class TrainingData:
             lengths[row] = n
         self.inputs, self.targets = torch.from_numpy(inputs), torch.from_numpy(targets)
         self.timestamps = torch.from_numpy(stamps) if use_timestamps else None
-        self.target_timestamps = (torch.from_numpy(target_stamps)
-                                  if use_timestamps and target_times else None)
+        self._target_ts = torch.from_numpy(target_stamps) if use_timestamps else None
+        self.target_timestamps = self._target_ts if target_times else None
         self.lengths = torch.from_numpy(lengths)
         self.num_items = seqs.num_items
 
@@ -143,7 +144,7 @@ class TrainingData:
                    gen: torch.Generator) -> RankBatch:
         """Cut points for ``num_users`` random ``rows``: history before the cut, the item at it
         as the positive, then ``num_negatives`` uniform negatives (they may repeat the positive;
-        the loss masks that). With ``target_times``, the positive's time is the query time."""
+        the loss masks that). Timed, the positive's time is the query time (the request's)."""
         pick = rows[torch.randperm(len(rows), generator=gen)[:num_users]]
         lengths = self.lengths[pick]
         cuts = (torch.rand(len(pick), generator=gen) * lengths).long() + 1   # 1..length
@@ -153,7 +154,6 @@ class TrainingData:
         positives = self.targets[pick, cuts - 1]
         negatives = torch.randint(1, self.num_items + 1, (len(pick), num_negatives), generator=gen)
         ts = None if self.timestamps is None else self.timestamps[pick, :width] * keep
-        query_ts = (None if self.target_timestamps is None
-                    else self.target_timestamps[pick, cuts - 1])
+        query_ts = None if self._target_ts is None else self._target_ts[pick, cuts - 1]
         return RankBatch(history, torch.cat([positives[:, None], negatives], dim=1), ts,
                          query_ts)

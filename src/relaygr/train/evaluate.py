@@ -70,9 +70,10 @@ class CaseWindow:
     """What the model reads for a slice of cases: ``items`` ``[b, T]`` right-padded with 0,
     ``timestamps`` likewise or None, ``lengths`` ``[b]``; the full ``histories`` (what a
     retrieval stage reads and never proposes) and the items ``excluded`` from the ranking (the
-    histories, or their windows: ``EXCLUSIONS``). ``next_timestamps``, for a model with
-    ``time_query="next"`` (else None): each window position's next event's timestamp, the
-    target's at the last (the request time: ``HSTU.encode_padded``)."""
+    histories, or their windows: ``EXCLUSIONS``). ``next_timestamps``, when asked for (timed,
+    else None): each window position's next event's timestamp, the target's at the last (the
+    request time: what a ``time_query="next"`` model's ``HSTU.encode_padded`` reads, and where
+    the ranking head scores candidates, ``request_times``)."""
 
     items: Tensor
     timestamps: Tensor | None
@@ -177,10 +178,20 @@ def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tenso
     return target_ranks(full, targets, histories)
 
 
-def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals
-                     ) -> list[Tensor]:
-    """The relay path: each user's proposals scored as candidates against its cached prefix."""
-    requests = [RankInput(proposals.row(j)[0], prefix=kv) for j, kv in enumerate(prefixes)]
+def request_times(w: CaseWindow) -> list[int | None]:
+    """Each case's request time: the held-out event's timestamp (None untimed), at which the
+    ranking head scores candidates, as serving does at the request's."""
+    if w.next_timestamps is None:
+        return [None] * len(w.lengths)
+    return [int(w.next_timestamps[j, n - 1]) for j, n in enumerate(w.lengths.tolist())]
+
+
+def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals,
+                     times: Sequence[int | None]) -> list[Tensor]:
+    """The relay path: each user's proposals scored as candidates against its cached prefix,
+    at its request time."""
+    requests = [RankInput(proposals.row(j)[0], prefix=kv, query_timestamp=times[j])
+                for j, kv in enumerate(prefixes)]
     return model.rank_batch(requests)
 
 
@@ -192,15 +203,14 @@ def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_se
     model reads for them and its ``prefill`` of it (the relay's cached prefix)."""
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
         w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude,
-                         next_times=model.cfg.next_time_query)
+                         next_times=True)
         prefills = []
+        # under time_query="next" each prefix is computed for its request, at the target's time
+        times = request_times(w) if model.cfg.next_time_query else [None] * len(rows)
         for j, n in enumerate(w.lengths.tolist()):
             ts = None if w.timestamps is None else w.timestamps[j, :n]
-            # under time_query="next": computed for the request at the target's time, which
-            # ranking then reads from the prefix (``RankInput``'s default query time)
-            after = None if w.next_timestamps is None else int(w.next_timestamps[j, n - 1])
             prefills.append(PrefillInput(w.items[j, :n].to(model.device), ts,
-                                         next_timestamp=after))
+                                         next_timestamp=times[j]))
         yield rows, w, model.prefill_batch(prefills)
 
 
@@ -211,7 +221,7 @@ def ranked_proposals(model: HSTU, cases: EvalCases, rows: np.ndarray, w: CaseWin
     (candidates against the cached prefix), before fusion."""
     query = RetrievalQuery(cases.users[rows], w.histories, prefixes)
     proposals = cascade.stage.propose(query, cascade.retrieve_k)
-    return proposals, _ranked_by_model(model, prefixes, proposals)
+    return proposals, _ranked_by_model(model, prefixes, proposals, request_times(w))
 
 
 @torch.inference_mode()
@@ -241,7 +251,8 @@ def serving_ranks(model: HSTU, seqs: UserSequences, cases: EvalCases, max_seq_le
             ranks["retrieval"].append(
                 target_ranks(model.retrieval_scores(users), w.targets, w.excluded))
         if "ranking" in heads:
-            scores = model.rank_batch([RankInput(catalogue, prefix=kv) for kv in prefixes])
+            scores = model.rank_batch([RankInput(catalogue, prefix=kv, query_timestamp=t)
+                                       for kv, t in zip(prefixes, request_times(w), strict=True)])
             padded = torch.nn.functional.pad(torch.stack(scores), (1, 0))      # [b, N + 1]
             ranks["ranking"].append(target_ranks(padded, w.targets, w.excluded))
         if cascade is not None and "cascade" in heads:
