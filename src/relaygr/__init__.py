@@ -14,8 +14,9 @@ __version__ = "0.1.0"
 # (GOMP_SPINCOUNT, 300,000 iterations); where another process keeps a core busy (the serving
 # parent, an instance beside it, Redis, a neighbour), the spinner holds the core a late thread or
 # a woken process needs, and every operation waits about a scheduler slice. 1,000 iterations (what
-# libgomp itself uses when it has more threads than cores) keeps most of the spinning's gain on an
-# idle machine and loses the collapse (docs/runs/2026-11-27-openmp-spinning.md). Set here, before
+# libgomp itself uses when it has more threads than cores) loses the collapse on both CPU kinds
+# measured, at a cost on some quiet ones (docs/runs/2026-11-27-openmp-spinning.md,
+# docs/runs/2026-11-29-openmp-spin-busy-neighbour-on-intel.md). Set here, before
 # anything imports torch, so that every relaygr process and the instance processes it spawns
 # inherit it; a wait policy or spin count the user set is kept, and a process that imported
 # torch before relaygr keeps what it had.
