@@ -79,7 +79,9 @@ def test_window_versions_hash_the_start_and_agree_everywhere() -> None:
     assert after == store.version_at(1, 32, 6)
     # across a process boundary the receiver rebuilds every shorter version from the events
     window = HistoryWindow(24, 6)
-    payload = window.prefix(store, 1, suffix_tokens=2)
+    split = window.prefix(store, 1, suffix_tokens=2)
+    payload = split.payload
+    assert split.held == 0
     assert payload.window_start == 12 and payload.pid.num_tokens == 20
     np.testing.assert_array_equal(payload.items, np.concatenate([items, [5, 6]])[12:])
     spec = PrefixPayload(payload.pid, payload.items.copy(), payload.timestamps,
@@ -87,9 +89,9 @@ def test_window_versions_hash_the_start_and_agree_everywhere() -> None:
     assert spec.window_start == 12
     assert [spec.version_at(m) for m in range(1, 21)] == \
         [store.version_at(1, 12 + m, 12) for m in range(1, 21)]
-    grown = window.grown(store, payload.pid, 12, [7], [int(ts[-1]) + 2])
+    grown = window.grown(store, split, [7], [int(ts[-1]) + 2])
     store.append(1, [7], [int(ts[-1]) + 2])
-    assert grown == window.prefix(store, 1, suffix_tokens=0).pid
+    assert grown == window.prefix(store, 1, suffix_tokens=0).payload.pid
     with pytest.raises(SequenceTooLongError):
         window.prefix(store, 1, suffix_tokens=19)
 

@@ -171,7 +171,3 @@ def test_a_next_model_warms_up() -> None:
     model = make_model(3, time_query="next", max_seq_len=256)
     model.warm_up()      # every kind of pass, timed and untimed, each prefix for its continuation
 
-
-def test_the_relays_loader_refuses_a_next_model() -> None:
-    with pytest.raises(ConfigError, match="relay cannot serve a model with time_query='next'"):
-        make_model(1, time_query="next").cfg.check_servable()

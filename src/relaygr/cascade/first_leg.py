@@ -32,8 +32,9 @@ from relaygr.cascade.modes import Mode, spec_for
 from relaygr.cascade.stages import EarlierStages
 from relaygr.cascade.store import HistoryStore
 from relaygr.cascade.visit import SystemCounters, Visit
-from relaygr.cascade.window import HistoryWindow
+from relaygr.cascade.window import HistoryWindow, VisitPrefix
 from relaygr.engine.types import FAILED, PrefixSpec, PreinferResult
+from relaygr.engine.versions import continued
 from relaygr.errors import NoHealthyInstanceError, PreinferDisabledError
 from relaygr.kvcache import PrefixId
 
@@ -76,6 +77,7 @@ class Leg:
     visit: Visit
     request_id: str
     spec: PrefixSpec
+    window_prefix: VisitPrefix     # the spec's events and the stored ones held back after it
     history_items: np.ndarray
     num_candidates: int
     sent: FirstLeg | Awaitable[FirstLeg]
@@ -129,15 +131,19 @@ class FirstLegPath:
         return first.instance, result
 
     # ---- the first leg -----------------------------------------------------------------------
-    def _prefix_spec(self, user_id: int, suffix_tokens: int) -> tuple[PrefixSpec, np.ndarray]:
-        """The window's prefix a visit adding ``suffix_tokens`` events reads, and the user's
-        whole history (what retrieval excludes)."""
-        prefix = self.window.prefix(self.store, user_id, suffix_tokens)
+    def _prefix_spec(self, user_id: int, suffix_tokens: int, continues_at: int | None = None
+                     ) -> tuple[PrefixSpec, VisitPrefix]:
+        """The window's prefix a visit adding ``suffix_tokens`` events (going on at
+        ``continues_at``) reads (``cascade.window``): as a spec, and with the events it holds
+        back."""
+        split = self.window.prefix(self.store, user_id, suffix_tokens, continues_at)
+        prefix = split.payload
         ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
         start = prefix.window_start
-        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts,
-                          lambda n: self.store.version_at(user_id, start + n, start), start)
-        return spec, self.store.get(user_id).items
+        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts, lambda n: continued(
+            self.store.version_at(user_id, start + n, start), spec.continuation_at(n)),
+            start, prefix.next_timestamp)
+        return spec, split
 
     def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None,
                    request_id: str | None = None) -> Leg:
@@ -147,14 +153,17 @@ class FirstLegPath:
         self._decisions.pop(visit.user_id, None)
         self._forget_expired(asyncio.get_running_loop().time())
         s = len(visit.recent_items) if suffix_tokens is None else suffix_tokens
-        spec, history_items = self._prefix_spec(visit.user_id, s)
+        continues_at = visit.recent_timestamps[0] if visit.recent_timestamps \
+            else visit.request_ts
+        spec, split = self._prefix_spec(visit.user_id, s, continues_at)
+        history_items = self.store.get(visit.user_id).items       # what retrieval excludes
         n_cand = visit.num_candidates or self.config.stages.num_candidates
         request_id = request_id or uuid.uuid4().hex
-        sent = self.fleet.preinfer(request_id, visit.user_id, spec, s, n_cand,
+        sent = self.fleet.preinfer(request_id, visit.user_id, spec, s + split.held, n_cand,
                                    send and self.preinfers)
         if isinstance(sent, FirstLeg):      # decided at once (counted now, as it was shed now)
             self._count_first(sent)
-        return Leg(visit, request_id, spec, history_items, n_cand, sent)
+        return Leg(visit, request_id, spec, split, history_items, n_cand, sent)
 
     def _forget_expired(self, now: float) -> None:
         """Drop remembered prefills whose lease is over (the oldest first: in expiry order)."""

@@ -127,17 +127,22 @@ class RequestPath(FirstLegPath):
                               0.0 if stages is None else self.config.stages.stage_weight)
 
     def _suffix(self, leg: Leg) -> Suffix:
-        """The visit's events as tensors, and the prefix they grow (none without events). The
-        prefix's events are in the store already and a store only appends, so the identity is
-        the same whenever it is computed before the visit's own append."""
-        visit, spec = leg.visit, leg.spec
-        if not visit.recent_items:
+        """The visit's events as tensors, after the stored event the window's prefix held back
+        (``cascade.window``), and the prefix they grow (none without new events). The prefix's
+        events are in the store already and a store only appends, so the identity is the same
+        whenever it is computed before the visit's own append."""
+        visit, split = leg.visit, leg.window_prefix
+        if not visit.recent_items and not split.held:
             return Suffix(None, None, None)
-        timestamps = None if visit.recent_timestamps is None else torch.tensor(
-            visit.recent_timestamps, dtype=torch.int64)
-        grown = self.window.grown(self.store, spec.pid, spec.window_start, visit.recent_items,
+        grown = self.window.grown(self.store, split, visit.recent_items,
                                   visit.recent_timestamps)
-        return Suffix(torch.tensor(visit.recent_items, dtype=torch.int64), timestamps, grown)
+        items = np.concatenate([split.held_items, np.asarray(visit.recent_items, np.int64)])
+        held_ts, visit_ts = split.held_timestamps, visit.recent_timestamps
+        timestamps = None if visit_ts is None else torch.tensor(visit_ts, dtype=torch.int64)
+        if held_ts is not None and (visit_ts is not None or not visit.recent_items):
+            timestamps = torch.from_numpy(np.concatenate(
+                [held_ts, np.asarray(visit_ts or (), np.int64)]))
+        return Suffix(torch.from_numpy(items.astype(np.int64)), timestamps, grown)
 
     async def _rank(self, leg: Leg, route: RouteDecision | None, job: RankJob
                     ) -> tuple[RankResult, bool]:

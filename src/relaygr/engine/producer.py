@@ -163,7 +163,8 @@ class PrefixProducer:
             return False
         self._from_host.pop(spec.pid.user_id, None)      # this entry is computed here
         try:
-            job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps)])
+            job = self.model.prefill_job([PrefillInput(spec.items, spec.timestamps,
+                                                       next_timestamp=spec.next_timestamp)])
             track = job.tracks[0]
             work = self.scheduler.submit_prefill(
                 job.step, lambda: job.done, lambda: self.pool.write(pending, track.tail()))
@@ -271,7 +272,8 @@ class PrefixProducer:
 
     async def _extension(self, spec: PrefixSpec, start: int, past: PrefixKV) -> PrefixKV:
         ts = None if spec.timestamps is None else spec.timestamps[start:]
-        job = self.model.prefill_job([PrefillInput(spec.items[start:], ts, past)])
+        job = self.model.prefill_job([PrefillInput(spec.items[start:], ts, past,
+                                                   spec.next_timestamp)])
         track = job.tracks[0]
         work = self.scheduler.submit_prefill(job.step, lambda: job.done, track.tail)
         # a ranking request waiting on this reload puts the extension on the critical path:

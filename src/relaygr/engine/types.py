@@ -32,6 +32,11 @@ class PrefixSpec:
     ``version_at(n)`` is the version of the window's first ``n`` events (from the history store,
     which hashes ``window_start`` too); the instance uses it to check that a cached shorter
     prefix is really a prefix of this one, so a prefix cached for another window never is.
+
+    ``next_timestamp``: for a model with ``time_query="next"`` and a timed user, the time of the
+    event after the prefix (``PrefixKV.next_timestamp``, what its last token's K/V is computed
+    for; ``cascade.window`` holds that event back for the ranking pass); else None. A cached
+    copy of the same events computed for another time is not this prefix.
     """
 
     pid: PrefixId
@@ -39,6 +44,7 @@ class PrefixSpec:
     timestamps: Tensor | None       # [n] int64 seconds, None for an untimed user
     version_at: Callable[[int], int]
     window_start: int = 0           # index in the user's history of items[0]
+    next_timestamp: int | None = None
 
     def __post_init__(self) -> None:
         # the entry is reserved for pid.num_tokens tokens and written from these events: a
@@ -50,6 +56,19 @@ class PrefixSpec:
             raise InvalidInputError(f"prefix of user {self.pid.user_id}: timestamps of shape "
                                     f"{tuple(self.timestamps.shape)} for "
                                     f"{self.items.numel()} events")
+        if self.next_timestamp is not None and (self.timestamps is None
+                                                or type(self.next_timestamp) is not int):
+            raise InvalidInputError(f"prefix of user {self.pid.user_id}: next_timestamp "
+                                    f"{self.next_timestamp!r} must be an int, for a timed prefix")
+
+    def continuation_at(self, n: int) -> int | None:
+        """The continuation time of this prefix's first ``n`` events (``PrefixKV.
+        next_timestamp``): the next event's time, or the prefix's own at its end; None where
+        the prefix has none."""
+        if self.next_timestamp is None:
+            return None
+        assert self.timestamps is not None and 0 < n <= self.num_tokens
+        return self.next_timestamp if n == self.num_tokens else int(self.timestamps[n])
 
     @property
     def num_tokens(self) -> int:
@@ -62,7 +81,10 @@ class RankJob:
 
     ``grown`` names the prefix this visit leaves behind (prefix + suffix, once the cascade
     appends the suffix to the store): the key under which the ranked K/V is kept for the next
-    visit. None when there is no suffix.
+    visit. None when the visit adds no events. For a prefix with a continuation time
+    (``PrefixSpec.next_timestamp``) the suffix starts with the event the prefix held back, and
+    the kept K/V stops one token short of its end (``model.hstu.RankOutput``), so ``grown`` is
+    one token shorter than prefix + suffix.
     """
 
     prefix: PrefixSpec
@@ -75,11 +97,13 @@ class RankJob:
     def __post_init__(self) -> None:
         # grown keys the K/V this ranking computes (prefix + suffix): any other name would
         # file it under the wrong events, or fail after the prefix was pinned
-        user, expected = self.prefix.pid.user_id, self.prefix.num_tokens + self.suffix_tokens
+        user = self.prefix.pid.user_id
+        expected = self.prefix.num_tokens + self.suffix_tokens - self.unkept_tokens
         if self.grown is not None and (self.grown.user_id != user
                                        or self.grown.num_tokens != expected):
             raise InvalidInputError(f"grown prefix {self.grown} of user {user}: must be user "
-                                    f"{user} with {expected} tokens (prefix + suffix)")
+                                    f"{user} with {expected} tokens (prefix + suffix, less "
+                                    f"{self.unkept_tokens} not kept)")
         suffix = None if self.suffix_items is None else tuple(self.suffix_items.shape)
         if self.suffix_timestamps is not None and \
                 tuple(self.suffix_timestamps.shape) != suffix:
@@ -89,6 +113,12 @@ class RankJob:
     @property
     def suffix_tokens(self) -> int:
         return 0 if self.suffix_items is None else int(self.suffix_items.numel())
+
+    @property
+    def unkept_tokens(self) -> int:
+        """History tokens at the end whose K/V is not kept (``grown``): 1 under a continuation
+        time, else 0."""
+        return int(self.prefix.next_timestamp is not None)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from relaygr.splitmix import GOLDEN_GAMMA, mix64, mix64_array
+from relaygr.splitmix import GOLDEN_GAMMA, MASK64, mix64, mix64_array
 
 _TIMED_TAG, _UNTIMED_TAG = 0x54494D4544, 0x554E54494D4544   # keep timed and untimed apart
 _WINDOW_TAG = 0x57494E444F57                                # a window's start, hashed apart
+_CONTINUATION_TAG = 0x4E455854                              # a continuation time, hashed apart
 
 
 def event_hash_sums(items: np.ndarray, timestamps: np.ndarray | None, start: int,
@@ -35,3 +36,13 @@ def version_of(hash_sum: int, num_events: int, timed: bool, start: int = 0) -> i
     tag = _TIMED_TAG if timed else _UNTIMED_TAG
     version = mix64(hash_sum ^ mix64(num_events * GOLDEN_GAMMA + tag))
     return version if start == 0 else mix64(version ^ mix64(start * GOLDEN_GAMMA + _WINDOW_TAG))
+
+
+def continued(version: int, next_timestamp: int | None) -> int:
+    """The version of a prefix computed for a continuation at ``next_timestamp`` (under
+    ``time_query="next"``, ``PrefixKV.next_timestamp``: its last token's K/V depends on that
+    time): its events' ``version`` salted with the time, so the same events computed for
+    another time are another prefix. ``version`` itself when ``next_timestamp`` is None."""
+    if next_timestamp is None:
+        return version
+    return mix64(version ^ mix64((next_timestamp & MASK64) * GOLDEN_GAMMA + _CONTINUATION_TAG))

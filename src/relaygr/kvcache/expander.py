@@ -278,6 +278,12 @@ def _check_extended(host: HostKVTier, pid: PrefixId, kv: PrefixKV,
             f"{longer} is not {pid} extended by {tail.num_tokens} tokens of the same user")
     if tail.has_timestamps != kv.has_timestamps:
         raise InvalidInputError("the tail's timestamps do not match the cached prefix's")
+    if kv.next_timestamp is not None and (tail.timestamps is None or tail.next_timestamp is None
+                                          or int(tail.timestamps[0]) != kv.next_timestamp):
+        raise InvalidInputError(f"the cached prefix continues at {kv.next_timestamp}; the tail "
+                                "does not start then (time_query='next')")
+    if kv.next_timestamp is None and tail.next_timestamp is not None:
+        raise InvalidInputError("a tail with a continuation time cannot extend a prefix without")
     return tail
 
 

@@ -93,6 +93,9 @@ class Entry:
     pins: int = 0                     # ranking requests (or copies) currently reading it
     lease_deadline_s: float | None = None
     written_tokens: int = 0           # tokens 0..written_tokens-1 hold data (PENDING only)
+    # the continuation time of the written tokens (``PrefixKV.next_timestamp``, under
+    # time_query="next"; the latest write's, which ends them), else None
+    next_ts: int | None = None
     leases: int = 0                   # leases granted (mark_ready, lease)
     leases_pinned: int = 0            # of those, granted before a pin taken since: consumed
 

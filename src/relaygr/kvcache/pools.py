@@ -142,14 +142,22 @@ class KVArena:
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_tokens)
 
-    def view(self, start_page: int, num_tokens: int, timed: bool) -> PrefixKV:
-        """Zero-copy ``PrefixKV`` over ``num_tokens`` tokens from page ``start_page``."""
+    def view(self, start_page: int, num_tokens: int, timed: bool,
+             next_timestamp: int | None = None) -> PrefixKV:
+        """Zero-copy ``PrefixKV`` over ``num_tokens`` tokens from page ``start_page`` (its
+        ``next_timestamp`` is the caller's: the arena keeps none)."""
         first = start_page * self.page_tokens
         assert first >= 0 and first + num_tokens <= self.capacity_tokens, "view outside arena"
         end = first + num_tokens
         ts = self.timestamps[first:end] if timed else None
         return PrefixKV(self.k[:, :, first:end], self.v[:, :, first:end], ts,
-                        self.last_hidden[start_page])
+                        self.last_hidden[start_page], next_timestamp)
+
+    def timestamp(self, start_page: int, token: int) -> int:
+        """The timestamp of token ``token`` of the run at ``start_page``."""
+        index = start_page * self.page_tokens + token
+        assert 0 <= index < self.capacity_tokens, "token outside arena"
+        return int(self.timestamps[index])
 
     def write(self, start_page: int, kv: PrefixKV, start_token: int, timed: bool,
               non_blocking: bool = False) -> None:

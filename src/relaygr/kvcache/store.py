@@ -162,6 +162,8 @@ class PagedStore:
             raise InvalidInputError(
                 f"write of tokens {start_token}..{end - 1} overflows {entry.pid}")
         self.arena.write(entry.run.start, kv, start_token, entry.timed, non_blocking)
+        if end >= entry.written_tokens:       # this write ends the written tokens
+            entry.next_ts = kv.next_timestamp
         entry.written_tokens = max(entry.written_tokens, end)
 
     def require_complete(self, entry: Entry) -> None:
@@ -171,9 +173,14 @@ class PagedStore:
                 "written")
 
     def view(self, entry: Entry, num_tokens: int | None = None) -> PrefixKV:
-        """Zero-copy view of an entry's first ``num_tokens`` (default all) tokens."""
+        """Zero-copy view of an entry's first ``num_tokens`` (default all) tokens, with their
+        continuation time under time_query="next": the entry's own for all its written tokens,
+        else the next token's."""
         n = entry.pid.num_tokens if num_tokens is None else num_tokens
-        return self.arena.view(entry.run.start, n, entry.timed)
+        next_ts = entry.next_ts
+        if next_ts is not None and n < entry.written_tokens:
+            next_ts = self.arena.timestamp(entry.run.start, n)
+        return self.arena.view(entry.run.start, n, entry.timed, next_ts)
 
     def drop(self, entry: Entry) -> None:
         """Abort a PENDING entry: free its pages, leave no trace but the counter."""

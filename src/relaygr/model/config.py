@@ -94,9 +94,10 @@ class HSTUConfig:
     # (a token attending to itself is at gap 0). "next": the timestamp of the item the position
     # predicts (the next event's; at the last position the request's), as the open-source HSTU
     # does: the model then knows how long after each history event the prediction is made.
-    # Under "next" a cached prefix depends on the time after it (PrefixKV.next_timestamp); the
-    # model's passes compute it so, the relay does not serve it yet (check_servable). "own" is
-    # the default: every checkpoint saved before this field existed was trained so.
+    # Under "next" a cached prefix depends on the time after it (PrefixKV.next_timestamp): the
+    # model's passes compute it so, and the relay holds each timed prefix's newest event back
+    # for the ranking pass (cascade.window). "own" is the default: every checkpoint saved
+    # before this field existed was trained so.
     time_query: str = "own"
 
     def __post_init__(self) -> None:
@@ -144,21 +145,6 @@ class HSTUConfig:
     @property
     def next_time_query(self) -> bool:
         return self.time_query == "next"
-
-    def check_servable(self) -> None:
-        """``ConfigError`` unless the relay (``relaygr serve``, its cache and instances) can
-        serve this model: not yet under ``time_query="next"``. The model's own passes compute
-        such a model exactly (prefill, cached and full ranking; ``relaygr eval`` scores through
-        them), given the time after each cached prefix (``PrefixKV.next_timestamp``); the
-        relay's device pool and host copies do not keep that time, and the prefix a visit
-        leaves behind ends in a token computed at the request time, which the next visit's
-        events do not continue."""
-        if self.next_time_query:
-            raise ConfigError(
-                "the relay cannot serve a model with time_query='next' yet: each history "
-                "token's keys and values depend on the time of the event after it, which its "
-                "cache does not keep; such a model is evaluated through its own serving passes "
-                "(relaygr eval), and a model the relay serves is trained with time_query='own'")
 
     @property
     def normalizer(self) -> float:

@@ -77,9 +77,12 @@ class CandidateStates:
 
 @dataclass(frozen=True)
 class RankOutput:
-    """Scores ``[C]`` and the K/V of the history tokens this ranking pass computed (None when
-    the whole history came from the cache). ``concat_prefix(prefix, computed)`` is the prefix of
-    the next visit once these events are appended to the user's history."""
+    """Scores ``[C]`` and the K/V of the history tokens this ranking pass computed that a later
+    pass can reuse (``Track.kept``; None when none: the whole history came from the cache).
+    ``concat_prefix(prefix, computed)`` is a prefix of the next visit's history once these events
+    are appended to the user's. It is the whole history, except under ``time_query="next"``:
+    there the last token was computed for this request's time, which the next visit's events do
+    not continue, so it stops one token short, recorded as continuing at that token's time."""
 
     scores: Tensor
     computed: PrefixKV | None
@@ -249,14 +252,14 @@ class HSTU(nn.Module):
     @torch.inference_mode()
     def rank_batch_outputs(self, requests: Sequence[RankInput]) -> list[RankOutput]:
         """Like ``rank_batch``, also returning the K/V of the history tokens the pass computed
-        (the suffix, or the whole history on a full pass), so the caller can keep them."""
+        (the suffix, or the whole history on a full pass) that a later pass can reuse
+        (``RankOutput``), so the caller can keep them."""
         tracks = []
         for r in requests:
             history, candidates, query_ts = validate_rank(self.cfg, r, self.device, self.dtype)
             tracks.append(Track(history, candidates, query_ts))
         Pass(self, tracks).run()
-        return [RankOutput(torch.cat(t.scores), t.tail() if t.new_tokens else None)
-                for t in tracks]
+        return [RankOutput(torch.cat(t.scores), t.kept()) for t in tracks]
 
     # ---- training: dense padded forward ------------------------------------------------------
 

@@ -96,6 +96,9 @@ class Track:
     done_tokens: int = 0                # new history tokens already computed
     done_candidates: int = 0
     last_hidden: Tensor | None = None   # final output of the last history token computed
+    # under time_query="next": the final output of the history's second-last token, the last
+    # one a later continuation can reuse (``kept``); None until computed, or when it is the past's
+    kept_hidden: Tensor | None = None
     scores: list[Tensor] = field(default_factory=list)
 
     @property
@@ -129,6 +132,22 @@ class Track:
         assert self.done_tokens == self.new_tokens and self.last_hidden is not None
         return PrefixKV(self.k, self.v, self.history.timestamps, self.last_hidden,
                         self.history.next_ts)
+
+    def kept(self) -> PrefixKV | None:
+        """What of ``tail`` a later pass can reuse, None when nothing: all of it, except under
+        ``time_query="next"``, where the last token's K/V was computed for this pass's query
+        time; a later continuation starts at that token's own time, so the reusable part ends
+        one token earlier and is recorded as continuing there (``PrefixKV.next_timestamp``)."""
+        if self.history.next_ts is None:
+            return self.tail() if self.new_tokens else None
+        if self.new_tokens < 2:
+            return None                     # the past, if any, is all that is reusable
+        assert self.done_tokens == self.new_tokens and self.kept_hidden is not None
+        ts = self.history.timestamps
+        assert ts is not None
+        end = self.new_tokens - 1
+        return PrefixKV(self.k[:, :, :end], self.v[:, :, :end], ts[:end], self.kept_hidden,
+                        int(ts[end]))
 
 
 def concat_prefix(past: PrefixKV, tail: PrefixKV, out_device: torch.device | None = None,
@@ -351,6 +370,10 @@ class Pass:
         for p in pieces:
             t = p.track
             if p.hist_len:
+                kept_last = t.new_tokens - 2          # the last token ``kept`` reuses
+                if t.history.next_ts is not None and \
+                        p.hist_start <= kept_last < p.hist_start + p.hist_len:
+                    t.kept_hidden = h[row + kept_last - p.hist_start].clone()
                 row += p.hist_len
                 t.done_tokens += p.hist_len
                 if t.done_tokens == t.new_tokens:

@@ -221,14 +221,7 @@ def load_trained(run_dir: Path, device: torch.device | str = "cpu") -> TrainedMo
 
 
 def load_checkpoint(run_dir: Path, device: torch.device | str = "cpu") -> HSTU:
-    """Only the model of ``RUN_DIR`` (what ``relaygr serve --checkpoint`` loads);
-    ``ConfigError`` for one the relay cannot serve (``HSTUConfig.check_servable``), refused at
-    load rather than at its first request."""
-    run = read_run_config(run_dir)
-    try:
-        run.model.check_servable()
-    except ConfigError as exc:
-        raise ConfigError(f"{run_dir}: {exc}") from None
+    """Only the model of ``RUN_DIR`` (what ``relaygr serve --checkpoint`` loads)."""
     return load_trained(run_dir, device).model
 
 

@@ -116,8 +116,7 @@ class TrainConfig:
     # saved before this field trained) or "next", the item it predicts (the targets' times in
     # training, the held-out item's at evaluation), as the open-source HSTU. "next" needs
     # use_timestamps; its ranking head reads the positive's time as the request's, and
-    # relaygr eval scores it through the model's serving passes, but the relay cannot serve it
-    # yet (HSTUConfig.check_servable).
+    # relaygr eval and the relay score it through the model's serving passes.
     time_query: str = "own"
 
     def __post_init__(self) -> None:

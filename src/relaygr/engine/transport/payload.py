@@ -3,7 +3,9 @@
 A ``PrefixSpec`` carries ``version_at`` (the history store's versions of the user's shorter
 prefixes), which is a call into the sender's store. The receiver derives it from the events with the
 store's own hash (``engine.versions``) instead, and checks it against the version the sender sent. A
-windowed prefix (``cascade.window``) carries its window's start, which its versions hash too.
+windowed prefix (``cascade.window``) carries its window's start, which its versions hash too, and
+a prefix with a continuation time (``PrefixSpec.next_timestamp``) that time, which its versions
+are salted with (``engine.versions.continued``: each shorter prefix's is the next event's time).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import torch
 
 from relaygr.engine.types import PrefixSpec
-from relaygr.engine.versions import event_hash_sums, version_of
+from relaygr.engine.versions import continued, event_hash_sums, version_of
 from relaygr.kvcache import PrefixId
 
 # Versions are uint64 hashes; this matches none of them.
@@ -31,6 +33,7 @@ class PrefixPayload:
     items: np.ndarray              # [n] int64
     timestamps: np.ndarray | None  # [n] int64, None for an untimed user
     window_start: int = 0
+    next_timestamp: int | None = None
 
     def to_spec(self) -> PrefixSpec:
         items = np.ascontiguousarray(self.items, dtype=np.int64)
@@ -39,23 +42,26 @@ class PrefixPayload:
         start = self.window_start
         sums = event_hash_sums(items, ts, start, 0)
         timed = ts is not None
+        full = items.shape[0]
+        nxt = self.next_timestamp
 
         def version_at(n: int) -> int:
-            return version_of(int(sums[n - 1]) if n else 0, n, timed, start)
+            after = None if nxt is None or ts is None else (nxt if n == full else int(ts[n]))
+            return continued(version_of(int(sums[n - 1]) if n else 0, n, timed, start), after)
 
         if version_at(items.shape[0]) != self.pid.version:
             # The sender's store hashes differently: only this exact prefix is known, so a
             # shorter host copy is never mistaken for one of its prefixes (safe, just no reuse).
-            full, version = items.shape[0], self.pid.version
+            version = self.pid.version
 
             def version_at(n: int) -> int:
                 return version if n == full else UNKNOWN_VERSION
 
         return PrefixSpec(self.pid, torch.from_numpy(items.copy()),
                           None if ts is None else torch.from_numpy(ts.copy()), version_at,
-                          start)
+                          start, nxt)
 
     @classmethod
     def of(cls, spec: PrefixSpec) -> PrefixPayload:
         ts = None if spec.timestamps is None else spec.timestamps.numpy()
-        return cls(spec.pid, spec.items.numpy(), ts, spec.window_start)
+        return cls(spec.pid, spec.items.numpy(), ts, spec.window_start, spec.next_timestamp)
