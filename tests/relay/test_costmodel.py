@@ -192,6 +192,16 @@ def test_fit_on_a_tiny_model_measures_every_shape() -> None:
                                           candidates=(4,), repeats=1))
 
 
+def test_fit_on_a_next_time_model_computes_each_prefix_for_its_suffix() -> None:
+    """A model whose time bias reads the next event's time (what ``relaygr serve`` fits on a
+    trained ``time_query=next`` checkpoint at start-up) is timed on the same shapes."""
+    torch.manual_seed(0)
+    hstu = HSTU(HSTUConfig(num_items=200, dim=16, num_layers=2, num_heads=2, max_seq_len=70,
+                           time_query="next")).eval()
+    grid = FitGrid(prefix_tokens=(16, 32), suffix_tokens=(0, 8), candidates=(4,), repeats=1)
+    assert fit_on_model(hstu, "cpu", grid).cached.num_points == 4
+
+
 def test_the_json_of_relaygr_profile_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from relaygr.bench import profile
 

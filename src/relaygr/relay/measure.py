@@ -71,8 +71,11 @@ def measure_samples(model: HSTU, device: torch.device | str,
         if not shapes:
             continue
         prefix, prefix_ts = ids(n), times(n, 1_600_000_000)
-        prefill = time_call(partial(model.prefill, prefix, prefix_ts), device, grid.repeats)
-        kv = model.prefill(prefix, prefix_ts)
+        # a time_query="next" model's prefix is computed for the time the suffix goes on at
+        after = 1_600_000_000 + 60 * n if grid.timed and cfg.next_time_query else None
+        prefill = time_call(partial(model.prefill, prefix, prefix_ts, next_timestamp=after),
+                            device, grid.repeats)
+        kv = model.prefill(prefix, prefix_ts, next_timestamp=after)
         for s, c in shapes:
             suffix = ids(s) if s else None
             suffix_ts = times(s, 1_600_000_000 + 60 * n) if s else None
