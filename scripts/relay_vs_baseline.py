@@ -68,7 +68,7 @@ def main() -> int:
                     reply = client.post(f"{url}/v1/recommend", json=body)
                     reply.raise_for_status()
                     answers.append(reply.json())
-                relay, base = answers
+                relay = answers[0]
                 last[user] = relay["candidates"]
                 paths[relay["path"]] += 1
                 if relay.get("preinfer"):
