@@ -77,9 +77,11 @@ def test_process_instances_rank_like_in_process_ones() -> None:
             assert torch.equal(g.candidates, w.candidates)
             assert g.scores.dtype == w.scores.dtype
             if mode == "baseline":      # the same full pass, computed in another process
-                assert g.path is RankPath.FULL and torch.equal(g.scores, w.scores)
-            else:
-                torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
+                assert g.path is RankPath.FULL
+            # equal to float32 rounding, not bit for bit: the host process runs torch on one
+            # thread (HostSpec.torch_threads) and this one on up to two, and a CPU's matmul
+            # kernels may split a reduction differently by thread count
+            torch.testing.assert_close(g.scores, w.scores, atol=SCORE_TOL, rtol=SCORE_TOL)
             # where the time went crosses the process boundary, with the hop measured
             assert g.timing is not None and g.timing.compute_s > 0
             assert g.timing.transport_s >= 0 and g.timing.batch_size >= 1
