@@ -1,7 +1,7 @@
 """The model options a run trains with: ``layer_style`` set from the command line's overrides,
 recorded in the run, reloaded and served by every path; ``time_query="next"`` trained with the
 targets' times as the queries' (the ranking head's candidates at the positive's), evaluated
-densely and through the model's serving passes alike, and refused by the relay's loader."""
+densely and through the model's serving passes alike, and loaded by the relay's server."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
         assert int(w.targets[j]) == seqs.items[seqs.offsets[user] + length]
 
 
-def test_a_next_run_trains_both_heads_serves_them_exactly_and_is_refused_by_the_relay(
+def test_a_next_run_trains_both_heads_serves_them_exactly_and_loads_for_the_relay(
         tmp_path: Path) -> None:
     seqs = cyclic_sequences(tmp_path, num_users=24)
     config = NEXT.with_(max_epochs=1, rank_score="retrieval_residual", rank_hard_negatives=3,

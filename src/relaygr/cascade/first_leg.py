@@ -49,8 +49,9 @@ log = logging.getLogger("relaygr.cascade.request_path")
 
 @dataclass(frozen=True)
 class Suffix:
-    """A visit's events as the ranking leg takes them, and the identity of the prefix they
-    grow (``HistoryWindow.grown``: the key the ranked K/V is kept under)."""
+    """A visit's events as the ranking leg takes them (after the stored event the window's
+    prefix held back, if any), and the identity of the prefix they grow (``HistoryWindow.
+    grown``: the key the ranked K/V is kept under)."""
 
     items: Tensor | None
     timestamps: Tensor | None
@@ -140,9 +141,15 @@ class FirstLegPath:
         prefix = split.payload
         ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
         start = prefix.window_start
-        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts, lambda n: continued(
-            self.store.version_at(user_id, start + n, start), spec.continuation_at(n)),
-            start, prefix.next_timestamp)
+        after = prefix.next_timestamp
+
+        def version_at(n: int) -> int:
+            # a shorter prefix goes on at its next event's time (``PrefixSpec.continuation_at``)
+            cont = None if after is None or prefix.timestamps is None else \
+                (after if n == prefix.pid.num_tokens else int(prefix.timestamps[n]))
+            return continued(self.store.version_at(user_id, start + n, start), cont)
+
+        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts, version_at, start, after)
         return spec, split
 
     def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None,

@@ -137,11 +137,10 @@ class RequestPath(FirstLegPath):
         grown = self.window.grown(self.store, split, visit.recent_items,
                                   visit.recent_timestamps)
         items = np.concatenate([split.held_items, np.asarray(visit.recent_items, np.int64)])
-        held_ts, visit_ts = split.held_timestamps, visit.recent_timestamps
-        timestamps = None if visit_ts is None else torch.tensor(visit_ts, dtype=torch.int64)
-        if held_ts is not None and (visit_ts is not None or not visit.recent_items):
-            timestamps = torch.from_numpy(np.concatenate(
-                [held_ts, np.asarray(visit_ts or (), np.int64)]))
+        # a held event is timed, and so are the visit's events then (``grown`` checked them)
+        times = [t for t in (split.held_timestamps, visit.recent_timestamps) if t is not None]
+        timestamps = torch.from_numpy(np.concatenate([np.asarray(t, np.int64) for t in times])
+                                      ) if times else None
         return Suffix(torch.from_numpy(items.astype(np.int64)), timestamps, grown)
 
     async def _rank(self, leg: Leg, route: RouteDecision | None, job: RankJob

@@ -138,7 +138,8 @@ class Residency(PrefixProducer):
 
     async def finish_cached(self, pid: PrefixId, grown: PrefixId | None,
                             computed: PrefixKV | None) -> None:
-        """After ranking from the cache: demote (prefix + suffix when given), release."""
+        """After ranking from the cache: demote (as ``grown``, the prefix followed by the K/V
+        the pass kept, when given), release."""
         if self._from_host.get(pid.user_id) == pid:
             del self._from_host[pid.user_id]
         if self.expander is None:

@@ -77,7 +77,8 @@ class PrefixSpec:
 
 @dataclass(frozen=True)
 class RankJob:
-    """One ranking request: candidates against prefix + suffix (the visit's recent events).
+    """One ranking request: candidates against prefix + suffix (the visit's recent events, after
+    the stored event a ``time_query="next"`` prefix holds back: ``cascade.window``).
 
     ``grown`` names the prefix this visit leaves behind (prefix + suffix, once the cascade
     appends the suffix to the store): the key under which the ranked K/V is kept for the next

@@ -4,7 +4,7 @@
 entry is copied to the host tier (skipped if the host already holds that ``pid``) and then
 released on the device, where it stays IDLE until evicted (the tiers are inclusive). With
 ``extended=ExtendedPrefix(longer_pid, suffix_kv)`` the host gets the entry followed by the
-suffix the ranking pass computed: the prefix of the user's next visit.
+suffix K/V the ranking pass kept (``RankOutput.computed``): the prefix of the user's next visit.
 
 ``Expander.reload(target, base, extend)`` brings a host entry back for a new request::
 
