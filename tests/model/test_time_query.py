@@ -18,8 +18,9 @@ from tests.model.helpers import assert_close, make_model, random_history
 
 ITEMS = torch.tensor([[5, 9, 2, 7]])
 STAMPS = torch.tensor([[100, 101, 110, 1000]])
-# the time of the item each position predicts: the next item's, then the request's
-NEXT = torch.tensor([[101, 110, 1000, 5000]])
+# the request time after the history, which the last position predicts at (each earlier one at
+# the next item's time)
+REQUEST = torch.tensor([5000])
 # Buckets by hand: bucket b starts at a gap of ceil(1.5^b - 1) seconds (1, 2, 3, 5, 7, 11, ...,
 # 656, 985, ..., 3325, 4987): gap 0 -> 0, 1 -> 1, 9 and 10 -> 5, 890..900 -> 16,
 # 4000..4900 -> 20. Rows are queries, columns keys; only the causal part (j <= i) is read.
@@ -52,40 +53,43 @@ def test_next_measures_each_gap_from_the_predicted_items_time(
     own = make_model(0, num_layers=1)
     nxt = make_model(0, num_layers=1, time_query="next")
     assert _causal(_buckets_read(own, monkeypatch)) == OWN_BUCKETS
-    assert _causal(_buckets_read(nxt, monkeypatch, next_timestamps=NEXT)) == NEXT_BUCKETS
+    assert _causal(_buckets_read(nxt, monkeypatch, query_timestamps=REQUEST)) == NEXT_BUCKETS
+    # an "own" model reads no request time for its history
+    assert _causal(_buckets_read(own, monkeypatch, query_timestamps=REQUEST)) == OWN_BUCKETS
 
 
 def test_next_changes_only_the_query_times() -> None:
-    """Same weights: "next" at its own times is "own" bit for bit; at the next items' times
-    the outputs move (the time bias is read)."""
+    """Same weights: where every event and the request share one time, "next" is "own" bit for
+    bit; at distinct times the outputs move (the time bias is read)."""
     own = make_model(4, time_query="own")
     nxt = make_model(4, time_query="next")
     nxt.load_state_dict(own.state_dict())
+    same = torch.full_like(STAMPS, 100)
     with torch.no_grad():
+        assert torch.equal(nxt.encode_padded(ITEMS, same, torch.tensor([100])),
+                           own.encode_padded(ITEMS, same))
         reference = own.encode_padded(ITEMS, STAMPS)
-        assert torch.equal(nxt.encode_padded(ITEMS, STAMPS, next_timestamps=STAMPS), reference)
-        moved = nxt.encode_padded(ITEMS, STAMPS, next_timestamps=NEXT)
+        moved = nxt.encode_padded(ITEMS, STAMPS, REQUEST)
     assert (moved - reference).abs().max() > 1e-3
     # a position's output reads only its own and earlier query times: the last one's time
     # (the request's) leaves every earlier position alone
-    later = NEXT.clone()
-    later[0, -1] += 10_000_000
     with torch.no_grad():
-        shifted = nxt.encode_padded(ITEMS, STAMPS, next_timestamps=later)
+        shifted = nxt.encode_padded(ITEMS, STAMPS, REQUEST + 10_000_000)
     assert torch.equal(shifted[0, :-1], moved[0, :-1])
     assert (shifted[0, -1] - moved[0, -1]).abs().max() > 1e-3
 
 
-def test_next_timestamps_go_with_a_timed_next_model_only() -> None:
+def test_query_times_default_to_the_last_event_and_only_a_next_model_reads_them() -> None:
     own, nxt = make_model(1), make_model(1, time_query="next")
-    with pytest.raises(TimestampError, match="needs next_timestamps"):
-        nxt.encode_padded(ITEMS, STAMPS)
-    with pytest.raises(TimestampError, match="only by a model with time_query='next'"):
-        own.encode_padded(ITEMS, STAMPS, next_timestamps=NEXT)
+    with torch.no_grad():
+        assert torch.equal(nxt.encode_padded(ITEMS, STAMPS),
+                           nxt.encode_padded(ITEMS, STAMPS, STAMPS[:, -1]))
+        assert torch.equal(own.encode_padded(ITEMS, STAMPS, REQUEST),
+                           own.encode_padded(ITEMS, STAMPS))
     with pytest.raises(TimestampError, match="carry no timestamps"):
-        nxt.encode_padded(ITEMS, None, next_timestamps=NEXT)
-    with pytest.raises(TimestampError, match="shape of items"):
-        nxt.encode_padded(ITEMS, STAMPS, next_timestamps=NEXT[:, :2])
+        nxt.encode_padded(ITEMS, None, REQUEST)
+    with pytest.raises(TimestampError, match="one per history"):
+        nxt.encode_padded(ITEMS, STAMPS, STAMPS)
     with pytest.raises(ConfigError, match="time_query must be one of"):
         make_model(1, time_query="previous")
 
@@ -97,9 +101,8 @@ def test_serving_passes_compute_a_next_model_as_the_dense_path(layer_style: str)
     items, ts = random_history(gen, 150, 500, timed=True)
     request_ts = int(ts[-1]) + 86_400
     cands = torch.randint(1, 501, (70,), generator=gen)
-    following = torch.cat([ts[1:], torch.tensor([request_ts])])
     with torch.no_grad():
-        hidden = model.encode_padded(items[None], ts[None], following[None])[0]
+        hidden = model.encode_padded(items[None], ts[None], torch.tensor([request_ts]))[0]
         dense = model.rank_padded(items[None], cands[None], ts[None],
                                   torch.tensor([request_ts]))[0]
     kv = model.prefill(items, ts, next_timestamp=request_ts)

@@ -87,18 +87,20 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
         tmp_path: Path) -> None:
     seqs = cyclic_sequences(tmp_path, num_users=20)
     split = leave_one_out(seqs)
-    data = TrainingData(split, max_seq_len=6, use_timestamps=True, target_times=True)
-    assert TrainingData(split, 6, True).target_timestamps is None      # "own" reads none
-    assert data.timestamps is not None and data.target_timestamps is not None
+    data = TrainingData(split, max_seq_len=6, use_timestamps=True)
+    assert data.timestamps is not None
     users = np.flatnonzero(split.train_lengths >= 2)
     for row, user in enumerate(users):
         n = int(data.lengths[row])
         end = seqs.offsets[user] + split.train_lengths[user]
-        assert data.target_timestamps[row, :n].tolist() == seqs.timestamps[end - n:end].tolist()
         assert data.timestamps[row, :n].tolist() == seqs.timestamps[end - n - 1:end - 1].tolist()
+    # a batch is queried at the time after each window: its last target's
     batch = data.batch(torch.arange(4))
-    assert batch.target_timestamps is not None
-    assert batch.target_timestamps.shape == batch.inputs.shape
+    assert batch.query_timestamps is not None and batch.query_timestamps.shape == (4,)
+    for row in range(4):
+        end = seqs.offsets[users[row]] + split.train_lengths[users[row]]
+        assert int(batch.query_timestamps[row]) == int(seqs.timestamps[end - 1])
+    assert TrainingData(split, 6, False).batch(torch.arange(4)).query_timestamps is None
     # the ranking head: the positive at the cut, its time the request's
     rank = data.rank_batch(torch.arange(len(users)), 8, 3, torch.Generator().manual_seed(0))
     assert rank.query_timestamps is not None and rank.timestamps is not None
@@ -108,7 +110,9 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
                 & (data.timestamps[:, :cut] == rank.timestamps[j, :cut]).all(1)
                 & (data.targets[:, cut - 1] == rank.candidates[j, 0]))
         row = int(torch.nonzero(same)[0])
-        assert int(rank.query_timestamps[j]) == int(data.target_timestamps[row, cut - 1])
+        end = seqs.offsets[users[row]] + split.train_lengths[users[row]]
+        positive = end - int(data.lengths[row]) + cut - 1          # targets[row, cut - 1]
+        assert int(rank.query_timestamps[j]) == int(seqs.timestamps[positive])
     # an "own" model's ranking examples are at their positives' times too (serving's request
     # time); untimed data has none
     own_rank = TrainingData(split, 6, True).rank_batch(torch.arange(4), 2, 3,
@@ -116,17 +120,14 @@ def test_training_queries_at_the_targets_times_and_evaluation_at_the_held_out_it
     assert own_rank.query_timestamps is not None and own_rank.query_timestamps.shape == (2,)
     assert TrainingData(split, 6, False).rank_batch(
         torch.arange(4), 2, 3, torch.Generator().manual_seed(0)).query_timestamps is None
-    # evaluation: the window's times one event later, the last the target's (the request's)
+    # evaluation: each case queried at its held-out event's time (the request's)
     cases = split.test
     rows = np.arange(len(cases))
-    w = case_windows(seqs, cases, rows, 6, True, next_times=True)
-    assert w.timestamps is not None and w.next_timestamps is not None
-    assert case_windows(seqs, cases, rows, 6, True).next_timestamps is None
+    w = case_windows(seqs, cases, rows, 6, True)
+    assert w.timestamps is not None and w.request_timestamps is not None
+    assert case_windows(seqs, cases, rows, 6, False).request_timestamps is None
     for j, (user, length) in enumerate(zip(cases.users, cases.history_lengths, strict=True)):
-        n = int(w.lengths[j])
-        target_time = seqs.timestamps[seqs.offsets[user] + length]
-        assert w.next_timestamps[j, :n - 1].tolist() == w.timestamps[j, 1:n].tolist()
-        assert int(w.next_timestamps[j, n - 1]) == target_time
+        assert int(w.request_timestamps[j]) == seqs.timestamps[seqs.offsets[user] + length]
         assert int(w.targets[j]) == seqs.items[seqs.offsets[user] + length]
 
 
@@ -169,7 +170,7 @@ def test_evaluation_ranks_at_the_held_out_events_time(tmp_path: Path,
     model = HSTU(TINY.with_(use_timestamps=True).model_config(seqs.num_items)).eval()
     held_out = [int(seqs.timestamps[seqs.offsets[u] + n])
                 for u, n in zip(test.users, test.history_lengths, strict=True)]
-    w = case_windows(seqs, test, np.arange(len(test)), TINY.max_seq_len, True, next_times=True)
+    w = case_windows(seqs, test, np.arange(len(test)), TINY.max_seq_len, True)
     assert request_times(w) == held_out
     seen: list[int | None] = []
     rank_batch = model.rank_batch

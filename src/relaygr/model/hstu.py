@@ -264,16 +264,16 @@ class HSTU(nn.Module):
     # ---- training: dense padded forward ------------------------------------------------------
 
     def encode_padded(self, items: Tensor, timestamps: Tensor | None = None,
-                      next_timestamps: Tensor | None = None) -> Tensor:
+                      query_timestamps: Tensor | None = None) -> Tensor:
         """``[B, T]`` right-padded histories (0 = padding) → ``[B, T, d]`` final outputs.
 
-        ``next_timestamps`` ``[B, T]``, given exactly when the model has
-        ``time_query="next"`` and ``timestamps`` are given: the time of the item each position
-        predicts (in training the targets'; at evaluation the next history item's, and at the
-        last position the held-out item's: the request time). Position i's time bias then
-        measures the gap from ``next_timestamps[:, i]`` to each key's timestamp.
+        ``query_timestamps`` ``[B]``: the time after each history, at which it is queried (in
+        training the last target's; at evaluation the held-out item's: the request time;
+        default, as ``RankInput``'s: the last history timestamp). Only a model with
+        ``time_query="next"`` reads it: position i's time bias measures from the time of the
+        event after it, the next history item's, and at the last position this one.
         """
-        hidden, _ = self._dense_forward(items, timestamps, None, None, next_timestamps)
+        hidden, _ = self._dense_forward(items, timestamps, None, query_timestamps)
         return hidden
 
     def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
@@ -294,8 +294,7 @@ class HSTU(nn.Module):
         return CandidateStates(cand_hidden, user)
 
     def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
-                       query_ts: Tensor | None, next_ts: Tensor | None = None
-                       ) -> tuple[Tensor, Tensor | None]:
+                       query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:
         cfg = self.cfg
         batch, hist = items.shape
         if hist > cfg.max_seq_len:
@@ -332,7 +331,7 @@ class HSTU(nn.Module):
         else:
             visible = causal
         dist = (q_pos[:, :, None] - q_pos[:, None, :]).clamp(min=0)         # [B, T+C, T+C]
-        buckets = self._dense_time_buckets(items, lengths, timestamps, n_cand, query_ts, next_ts)
+        buckets = self._dense_time_buckets(items, lengths, timestamps, n_cand, query_ts)
         x = self.input_dropout(x)
         for layer in self.blocks:
             x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible))
@@ -340,39 +339,26 @@ class HSTU(nn.Module):
         return h[:, :hist], (h[:, hist:] if n_cand else None)
 
     def _dense_time_buckets(self, items: Tensor, lengths: Tensor, timestamps: Tensor | None,
-                            n_cand: int, query_ts: Tensor | None, next_ts: Tensor | None
-                            ) -> Tensor | None:
+                            n_cand: int, query_ts: Tensor | None) -> Tensor | None:
         """``[B, T+C, T+C]`` time buckets of every (query, key) pair, None when untimed.
 
         Keys are at their tokens' timestamps; candidates at ``query_ts`` (default: the last
         history timestamp). A history query is at its own timestamp, or under
-        ``time_query="next"`` at ``next_ts`` (``encode_padded``); with candidates, at the next
-        history event's and the last one at ``query_ts``, as the serving passes put them.
+        ``time_query="next"`` at the next history event's, the last one at ``query_ts``, as the
+        serving passes put them.
         """
         cfg = self.cfg
         if timestamps is None:
-            if next_ts is not None:
-                raise TimestampError("next timestamps given but the histories carry no "
-                                     "timestamps")
             return None
         if timestamps.shape != items.shape:
             raise TimestampError("timestamps must have the shape of items")
-        if n_cand and next_ts is not None:
-            raise TimestampError("with candidates, the history's next timestamps follow from "
-                                 "the history and the query timestamps")
-        if n_cand and query_ts is None:
+        if query_ts is not None and tuple(query_ts.shape) != (len(items),):
+            raise TimestampError(f"query timestamps must be one per history, shape "
+                                 f"({len(items)},); got {tuple(query_ts.shape)}")
+        if query_ts is None:
             query_ts = last_timestamps(timestamps, lengths)
-        if n_cand and cfg.next_time_query:
-            next_ts = following_timestamps(timestamps, lengths, query_ts)
-        if cfg.next_time_query != (next_ts is not None):
-            raise TimestampError(
-                "a timed model with time_query='next' needs next_timestamps (the time of the "
-                "item each position predicts)" if cfg.next_time_query else
-                "next_timestamps are read only by a model with time_query='next'")
-        if next_ts is not None and next_ts.shape != items.shape:
-            raise TimestampError("next_timestamps must have the shape of items")
         ts = timestamps
-        query_times = ts if next_ts is None else next_ts
+        query_times = following_timestamps(ts, lengths, query_ts) if cfg.next_time_query else ts
         if n_cand:
             assert query_ts is not None
             cand_ts = query_ts[:, None].expand(len(items), n_cand)

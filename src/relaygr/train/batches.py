@@ -30,19 +30,20 @@ _BUCKET_POOL_BATCHES = 32
 @dataclass(frozen=True)
 class TrainBatch:
     """``inputs`` / ``targets`` ``[B, T]`` padded with 0; ``timestamps`` ``[B, T]`` (the
-    inputs') or None; ``target_timestamps`` ``[B, T]`` (the targets': each position's
-    ``next_timestamps`` under ``HSTUConfig.time_query="next"``) or None."""
+    inputs') or None; ``query_timestamps`` ``[B]`` (timed: each row's last target's time, the
+    request time after its inputs, which a ``time_query="next"`` model's last position
+    measures from: ``HSTU.encode_padded``) or None."""
 
     inputs: Tensor
     targets: Tensor
     timestamps: Tensor | None
-    target_timestamps: Tensor | None = None
+    query_timestamps: Tensor | None = None
 
     def to(self, device: torch.device) -> TrainBatch:
-        ts, target_ts = (None if t is None else t.to(device, non_blocking=True)
-                         for t in (self.timestamps, self.target_timestamps))
+        ts, query_ts = (None if t is None else t.to(device, non_blocking=True)
+                        for t in (self.timestamps, self.query_timestamps))
         return TrainBatch(self.inputs.to(device, non_blocking=True),
-                          self.targets.to(device, non_blocking=True), ts, target_ts)
+                          self.targets.to(device, non_blocking=True), ts, query_ts)
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,12 @@ BATCH_ORDERS: dict[str, type[RandomOrder] | type[LengthBucketOrder]] = {
 
 
 class TrainingData:
-    """The training windows of a split, stored padded once ``[U', max_seq_len]``; with
-    ``target_times`` (and ``use_timestamps``) also the targets' timestamps in each batch, which
-    a model with ``time_query="next"`` reads as its queries' times. A timed ranking example is
-    scored at its positive's time, as serving scores candidates at the request's."""
+    """The training windows of a split, stored padded once ``[U', max_seq_len]``. Timed, a
+    batch carries the time after each window (its last target's), at which it is queried, and a
+    ranking example is scored at its positive's time, as serving scores candidates at the
+    request's."""
 
-    def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool,
-                 target_times: bool = False) -> None:
+    def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool) -> None:
         seqs = split.sequences
         users = np.flatnonzero(split.train_lengths >= 2)  # one target needs two items
         if len(users) == 0:
@@ -121,8 +121,8 @@ class TrainingData:
             lengths[row] = n
         self.inputs, self.targets = torch.from_numpy(inputs), torch.from_numpy(targets)
         self.timestamps = torch.from_numpy(stamps) if use_timestamps else None
+        # the targets' times: each position's next event's (a ranking example's positive's)
         self._target_ts = torch.from_numpy(target_stamps) if use_timestamps else None
-        self.target_timestamps = self._target_ts if target_times else None
         self.lengths = torch.from_numpy(lengths)
         self.num_items = seqs.num_items
 
@@ -136,9 +136,10 @@ class TrainingData:
 
     def batch(self, rows: Tensor) -> TrainBatch:
         width = int(self.lengths[rows].max())
-        ts, target_ts = (None if t is None else t[rows, :width]
-                         for t in (self.timestamps, self.target_timestamps))
-        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts, target_ts)
+        ts = None if self.timestamps is None else self.timestamps[rows, :width]
+        query_ts = None if self._target_ts is None else \
+            self._target_ts[rows, self.lengths[rows] - 1]
+        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts, query_ts)
 
     def rank_batch(self, rows: Tensor, num_users: int, num_negatives: int,
                    gen: torch.Generator) -> RankBatch:

@@ -70,10 +70,10 @@ class CaseWindow:
     """What the model reads for a slice of cases: ``items`` ``[b, T]`` right-padded with 0,
     ``timestamps`` likewise or None, ``lengths`` ``[b]``; the full ``histories`` (what a
     retrieval stage reads and never proposes) and the items ``excluded`` from the ranking (the
-    histories, or their windows: ``EXCLUSIONS``). ``next_timestamps``, when asked for (timed,
-    else None): each window position's next event's timestamp, the target's at the last (the
-    request time: what a ``time_query="next"`` model's ``HSTU.encode_padded`` reads, and where
-    the ranking head scores candidates, ``request_times``)."""
+    histories, or their windows: ``EXCLUSIONS``). ``request_timestamps`` ``[b]`` (timed, else
+    None): each case's held-out event's time, the request time at which it is queried
+    (``HSTU.encode_padded``'s query times) and the ranking head scores candidates
+    (``request_times``)."""
 
     items: Tensor
     timestamps: Tensor | None
@@ -81,31 +81,31 @@ class CaseWindow:
     histories: list[np.ndarray]
     targets: Tensor
     excluded: list[np.ndarray]
-    next_timestamps: Tensor | None = None
+    request_timestamps: Tensor | None = None
 
 
 def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_seq_len: int,
-                 use_timestamps: bool, exclude: str = "history",
-                 next_times: bool = False) -> CaseWindow:
-    """The windows of ``cases[rows]``; ``next_times`` (with ``use_timestamps``): with their
-    ``next_timestamps``."""
+                 use_timestamps: bool, exclude: str = "history") -> CaseWindow:
+    """The windows of ``cases[rows]``."""
     check_exclude(exclude)
     histories = [seqs.sequence(u)[:n] for u, n in zip(cases.users[rows],
                                                       cases.history_lengths[rows], strict=True)]
     lengths = [min(len(h), max_seq_len) for h in histories]
     items = np.zeros((len(rows), max(lengths)), dtype=np.int64)
-    stamps, next_stamps = np.zeros_like(items), np.zeros_like(items)
+    stamps = np.zeros_like(items)
+    request = np.zeros(len(rows), dtype=np.int64)
     for j, (user, hist) in enumerate(zip(cases.users[rows], histories, strict=True)):
         start = seqs.offsets[user] + len(hist) - lengths[j]
         items[j, :lengths[j]] = hist[-lengths[j]:]
         stamps[j, :lengths[j]] = seqs.timestamps[start:start + lengths[j]]
-        if next_times:   # one event later: the last is the target's (index len(hist))
-            next_stamps[j, :lengths[j]] = seqs.timestamps[start + 1:start + 1 + lengths[j]]
+        if use_timestamps:   # the held-out event's, after the history (else the last one's)
+            after = seqs.offsets[user] + len(hist)
+            request[j] = seqs.timestamps[min(after, seqs.offsets[user + 1] - 1)]
     excluded = [excluded_items(h, exclude, max_seq_len) for h in histories]
-    return CaseWindow(torch.from_numpy(items), torch.from_numpy(stamps) if use_timestamps else None,
+    timed = use_timestamps
+    return CaseWindow(torch.from_numpy(items), torch.from_numpy(stamps) if timed else None,
                       torch.tensor(lengths), histories, torch.from_numpy(cases.targets[rows]),
-                      excluded,
-                      torch.from_numpy(next_stamps) if use_timestamps and next_times else None)
+                      excluded, torch.from_numpy(request) if timed else None)
 
 
 def _chunks(num: int, size: int, label: str, progress: bool) -> Iterable[np.ndarray]:
@@ -130,11 +130,10 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
     ranks = torch.empty(len(cases), dtype=torch.long)
     for chunk in _chunks(len(cases), batch_size, "validate", progress):
         rows = by_length[chunk]
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude,
-                         next_times=model.cfg.next_time_query)
-        ts, next_ts = (None if t is None else t.to(model.device)
-                       for t in (w.timestamps, w.next_timestamps))
-        hidden = model.encode_padded(w.items.to(model.device), ts, next_ts)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
+        ts, request_ts = (None if t is None else t.to(model.device)
+                          for t in (w.timestamps, w.request_timestamps))
+        hidden = model.encode_padded(w.items.to(model.device), ts, request_ts)
         last = hidden[torch.arange(len(rows)), w.lengths.to(model.device) - 1]   # [b, d]
         ranks[torch.from_numpy(rows)] = target_ranks(model.retrieval_scores(last), w.targets,
                                                      w.excluded)
@@ -181,9 +180,9 @@ def cascade_ranks(proposals: Proposals, ranked: Sequence[Tensor], targets: Tenso
 def request_times(w: CaseWindow) -> list[int | None]:
     """Each case's request time: the held-out event's timestamp (None untimed), at which the
     ranking head scores candidates, as serving does at the request's."""
-    if w.next_timestamps is None:
+    if w.request_timestamps is None:
         return [None] * len(w.lengths)
-    return [int(w.next_timestamps[j, n - 1]) for j, n in enumerate(w.lengths.tolist())]
+    return [int(t) for t in w.request_timestamps.tolist()]
 
 
 def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals,
@@ -202,8 +201,7 @@ def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_se
     """``(rows, window, prefixes)`` for consecutive slices of ``batch_users`` cases: what the
     model reads for them and its ``prefill`` of it (the relay's cached prefix)."""
     for rows in _chunks(len(cases), batch_users, "evaluate", progress):
-        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude,
-                         next_times=True)
+        w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
         prefills = []
         # under time_query="next" each prefix is computed for its request, at the target's time
         times = request_times(w) if model.cfg.next_time_query else [None] * len(rows)

@@ -60,7 +60,7 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     """
     device = model.device
     hidden = model.encode_padded(batch.inputs, batch.timestamps,
-                                 batch.target_timestamps)                 # [B, T, d]
+                                 batch.query_timestamps)                  # [B, T, d]
     valid = batch.targets != 0                                            # [B, T]
     query = model.retrieval_query(hidden)                                 # [B, T, d]
     targets = batch.targets[valid]                                        # [N]

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from relaygr.errors import ConfigError
 from relaygr.model import HSTU
-from relaygr.model.hstu import following_timestamps
 from relaygr.train.batches import RankBatch
 
 
@@ -38,10 +37,7 @@ def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: 
     try:
         with torch.no_grad():
             lengths = (history != 0).sum(1)
-            following = None
-            if timestamps is not None and model.cfg.next_time_query:
-                following = following_timestamps(timestamps, lengths, query_timestamps)
-            hidden = model.encode_padded(history, timestamps, following)         # [R, T, d]
+            hidden = model.encode_padded(history, timestamps, query_timestamps)  # [R, T, d]
             last = (lengths - 1).clamp(min=0)                                    # [R]
             user = hidden[torch.arange(len(history), device=history.device), last]
             scores = model.retrieval_scores(user)                                # [R, N + 1]

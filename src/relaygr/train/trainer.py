@@ -122,8 +122,7 @@ class Trainer:
                               "a history could leave fewer than rank_mine_k items to mine")
         self.split: LeaveOneOutSplit = split
         model_config = config.model_config(sequences.num_items)
-        self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps,
-                                 target_times=model_config.next_time_query)
+        self.data = TrainingData(self.split, config.max_seq_len, config.use_timestamps)
         torch.manual_seed(seed)
         self.model = HSTU(model_config).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
