@@ -134,9 +134,10 @@ def test_a_ranker_trained_against_a_stage_mines_the_stages_top_k(
     mined_by: list[HSTU] = []
 
     def spy(model: HSTU, history: torch.Tensor, timestamps: torch.Tensor | None,
-            k: int, query_timestamps: torch.Tensor | None = None) -> torch.Tensor:
+            k: int, query_timestamps: torch.Tensor | None = None,
+            timed: torch.Tensor | None = None) -> torch.Tensor:
         mined_by.append(model)
-        return retrieval_top_k(model, history, timestamps, k, query_timestamps)
+        return retrieval_top_k(model, history, timestamps, k, query_timestamps, timed)
 
     monkeypatch.setattr("relaygr.train.mining.retrieval_top_k", spy)
     trainer.fit()

@@ -163,11 +163,12 @@ def _table(results: dict[str, RankingMetrics], title: str) -> Table:
 
 
 def _check_timed(trained: TrainedModel, seqs: UserSequences) -> None:
-    """For a model that reads time, what training requires of ``seqs`` (every user timed) and
-    what training and serving check of it (``check_times``); nothing for a position-only one."""
+    """For a model that reads time, what training requires of ``seqs`` (every user timed,
+    unless it trained untimed users without time: ``TrainConfig.time_where_known``) and what
+    training and serving check of it (``check_times``); nothing for a position-only one."""
     if not trained.uses_timestamps:
         return
-    if not seqs.all_timed:
+    if not seqs.all_timed and not trained.run.train.time_where_known:
         raise ConfigError(f"the model reads time (trained with use_timestamps), but "
                           f"{int((~seqs.timed).sum())} users of {seqs.source} have an event "
                           "without a timestamp: evaluate it on data where every event is timed")

@@ -264,7 +264,8 @@ class HSTU(nn.Module):
     # ---- training: dense padded forward ------------------------------------------------------
 
     def encode_padded(self, items: Tensor, timestamps: Tensor | None = None,
-                      query_timestamps: Tensor | None = None) -> Tensor:
+                      query_timestamps: Tensor | None = None,
+                      timed: Tensor | None = None) -> Tensor:
         """``[B, T]`` right-padded histories (0 = padding) → ``[B, T, d]`` final outputs.
 
         ``query_timestamps`` ``[B]``: the time after each history, at which it is queried (in
@@ -272,29 +273,40 @@ class HSTU(nn.Module):
         default, as ``RankInput``'s: the last history timestamp). Only a model with
         ``time_query="next"`` reads it: position i's time bias measures from the time of the
         event after it, the next history item's, and at the last position this one.
+
+        ``timed`` ``[B]`` bool (default: every row): which rows' timestamps are real. A row
+        that is not has no time bias, as the serving passes compute an untimed history (data
+        where some users carry no time: ``TrainConfig.time_where_known``).
         """
-        hidden, _ = self._dense_forward(items, timestamps, None, query_timestamps)
+        hidden, _ = self._dense_forward(items, timestamps, None, query_timestamps, timed)
         return hidden
 
     def rank_padded(self, items: Tensor, candidates: Tensor, timestamps: Tensor | None = None,
-                    query_timestamps: Tensor | None = None) -> Tensor:
-        """``[B, T]`` histories and ``[B, C]`` candidates → ``[B, C]`` ranking scores."""
-        states = self.candidate_states_padded(items, candidates, timestamps, query_timestamps)
+                    query_timestamps: Tensor | None = None,
+                    timed: Tensor | None = None) -> Tensor:
+        """``[B, T]`` histories and ``[B, C]`` candidates → ``[B, C]`` ranking scores
+        (``timed`` as ``encode_padded``'s)."""
+        states = self.candidate_states_padded(items, candidates, timestamps, query_timestamps,
+                                              timed)
         return self.rank_logits(states.candidates, self.rank_prior(states.user, candidates))
 
     def candidate_states_padded(self, items: Tensor, candidates: Tensor,
                                 timestamps: Tensor | None = None,
-                                query_timestamps: Tensor | None = None) -> CandidateStates:
+                                query_timestamps: Tensor | None = None,
+                                timed: Tensor | None = None) -> CandidateStates:
         """The final states ``rank_logits`` and ``rank_prior`` score: the candidate tokens'
-        ``[B, C, d]`` and each user's last history token's ``[B, d]``."""
-        hidden, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps)
+        ``[B, C, d]`` and each user's last history token's ``[B, d]`` (``timed`` as
+        ``encode_padded``'s)."""
+        hidden, cand_hidden = self._dense_forward(items, timestamps, candidates, query_timestamps,
+                                                  timed)
         assert cand_hidden is not None
         last = ((items != 0).sum(1) - 1).clamp(min=0)                        # [B]
         user = hidden[torch.arange(len(items), device=items.device), last]   # [B, d]
         return CandidateStates(cand_hidden, user)
 
     def _dense_forward(self, items: Tensor, timestamps: Tensor | None, candidates: Tensor | None,
-                       query_ts: Tensor | None) -> tuple[Tensor, Tensor | None]:
+                       query_ts: Tensor | None, timed: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor | None]:
         cfg = self.cfg
         batch, hist = items.shape
         if hist > cfg.max_seq_len:
@@ -310,6 +322,9 @@ class HSTU(nn.Module):
                                   f"{tuple(candidates.shape)}")
         if query_ts is not None and timestamps is None:
             raise TimestampError("query timestamps given but the histories carry no timestamps")
+        if timed is not None and (timestamps is None or timed.dtype != torch.bool
+                                  or tuple(timed.shape) != (batch,)):
+            raise TimestampError(f"timed must be a [{batch}] bool mask of timed histories")
         x = self.embed_history(items, arange.expand(batch, hist))           # [B, T, d]
         n_cand = 0 if candidates is None else candidates.shape[1]
         q_pos = arange.expand(batch, hist)
@@ -332,9 +347,12 @@ class HSTU(nn.Module):
             visible = causal
         dist = (q_pos[:, :, None] - q_pos[:, None, :]).clamp(min=0)         # [B, T+C, T+C]
         buckets = self._dense_time_buckets(items, lengths, timestamps, n_cand, query_ts)
+        # an untimed row's time bias is 0, as the serving passes leave it out
+        time_scale = None if timed is None else timed.to(x.dtype)[:, None, None]
         x = self.input_dropout(x)
         for layer in self.blocks:
-            x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible))
+            x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible,
+                                           time_scale))
         h = self.final_norm(x)
         return h[:, :hist], (h[:, hist:] if n_cand else None)
 
@@ -367,16 +385,19 @@ class HSTU(nn.Module):
         return time_buckets(query_times, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
 
     def _dense_attend(self, layer: HSTULayer, dist: Tensor, buckets: Tensor | None,
-                      visible: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                      visible: Tensor, time_scale: Tensor | None, q: Tensor, k: Tensor,
+                      v: Tensor) -> Tensor:
         """``layer``'s attention over a padded batch (``Attend``): ``q``, ``k``, ``v`` ``[B, T,
         d]``, ``dist`` the ``[B, T, T]`` causal distances, ``buckets`` the time buckets or None,
-        ``visible`` the ``[B, T, T]`` mask."""
+        ``visible`` the ``[B, T, T]`` mask, ``time_scale`` ``[B, 1, 1]`` 1 for a timed row and
+        0 for an untimed one (None: every row timed)."""
         cfg = self.cfg
         batch, total = q.shape[:2]
         q, k, v = (t.view(batch, total, cfg.num_heads, cfg.head_dim).transpose(1, 2)
                    for t in (q, k, v))
         bias = layer.position_bias(dist)
         if buckets is not None:
-            bias = bias + layer.time_bias(buckets)
+            time = layer.time_bias(buckets)
+            bias = bias + (time if time_scale is None else time * time_scale)
         out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
         return out.transpose(1, 2).reshape(batch, total, cfg.dim)

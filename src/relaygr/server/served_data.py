@@ -87,15 +87,20 @@ def dataset_store(source: ModelSource, window: HistoryWindow, num_items: int,
                   timed: bool) -> InMemoryHistoryStore:
     """The users of ``source.dataset`` in ``source.data_dir``, each cut to ``window``, in the
     checkpoint's item ids, timestamps kept exactly when ``timed`` (a timed model skips an
-    untimed user); ``CatalogueMismatchError`` unless the file is the data the checkpoint was
-    trained on, ``ConfigError`` or ``DataError`` for users it cannot serve (the module
-    docstring; both checked before any user is built), ``ConfigError`` when it holds no user to
-    serve."""
+    untimed user, unless it trained such users without time, ``TrainConfig.time_where_known``:
+    then they are served untimed); ``CatalogueMismatchError`` unless the file is the data the
+    checkpoint was trained on, ``ConfigError`` or ``DataError`` for users it cannot serve (the
+    module docstring; both checked before any user is built), ``ConfigError`` when it holds no
+    user to serve."""
+    from relaygr.train import read_run_config
+
     seqs = _served_sequences(source, timed)
+    assert source.checkpoint is not None
+    untimed_too = read_run_config(source.checkpoint).train.time_where_known
     users: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     for h in seqs.histories():
-        if timed and h.timestamps is None:
-            continue          # a timed model cannot serve an untimed user
+        if timed and h.timestamps is None and not untimed_too:
+            continue          # a timed model that never read an untimed user
         start = window.start(len(h.items))
         ts = None if not timed or h.timestamps is None else h.timestamps[start:]
         users[int(h.user_id)] = (h.items[start:], ts)    # an int: check_user_ids

@@ -32,18 +32,20 @@ class TrainBatch:
     """``inputs`` / ``targets`` ``[B, T]`` padded with 0; ``timestamps`` ``[B, T]`` (the
     inputs') or None; ``query_timestamps`` ``[B]`` (timed: each row's last target's time, the
     request time after its inputs, which a ``time_query="next"`` model's last position
-    measures from: ``HSTU.encode_padded``) or None."""
+    measures from: ``HSTU.encode_padded``) or None; ``timed`` ``[B]`` bool, which rows'
+    timestamps are real (None: all of them, or none is timed)."""
 
     inputs: Tensor
     targets: Tensor
     timestamps: Tensor | None
     query_timestamps: Tensor | None = None
+    timed: Tensor | None = None
 
     def to(self, device: torch.device) -> TrainBatch:
-        ts, query_ts = (None if t is None else t.to(device, non_blocking=True)
-                        for t in (self.timestamps, self.query_timestamps))
+        ts, query_ts, timed = (None if t is None else t.to(device, non_blocking=True)
+                               for t in (self.timestamps, self.query_timestamps, self.timed))
         return TrainBatch(self.inputs.to(device, non_blocking=True),
-                          self.targets.to(device, non_blocking=True), ts, query_ts)
+                          self.targets.to(device, non_blocking=True), ts, query_ts, timed)
 
 
 @dataclass(frozen=True)
@@ -51,17 +53,20 @@ class RankBatch:
     """``history`` ``[R, T]`` right-padded; ``candidates`` ``[R, C]`` with the positive in
     column 0; ``timestamps`` ``[R, T]`` or None; ``query_timestamps`` ``[R]``, the positive's
     time (the request's, which the candidates and, under ``HSTUConfig.time_query="next"``, the
-    last history token measure from), or None: the last history timestamp."""
+    last history token measure from), or None: the last history timestamp; ``timed`` as
+    ``TrainBatch``'s."""
 
     history: Tensor
     candidates: Tensor
     timestamps: Tensor | None
     query_timestamps: Tensor | None = None
+    timed: Tensor | None = None
 
     def to(self, device: torch.device) -> RankBatch:
-        ts, query_ts = (None if t is None else t.to(device)
-                        for t in (self.timestamps, self.query_timestamps))
-        return RankBatch(self.history.to(device), self.candidates.to(device), ts, query_ts)
+        ts, query_ts, timed = (None if t is None else t.to(device)
+                               for t in (self.timestamps, self.query_timestamps, self.timed))
+        return RankBatch(self.history.to(device), self.candidates.to(device), ts, query_ts,
+                         timed)
 
 
 class BatchOrder(Protocol):
@@ -99,7 +104,8 @@ class TrainingData:
     """The training windows of a split, stored padded once ``[U', max_seq_len]``. Timed, a
     batch carries the time after each window (its last target's), at which it is queried, and a
     ranking example is scored at its positive's time, as serving scores candidates at the
-    request's."""
+    request's. Where only some users are timed (``TrainConfig.time_where_known``), each batch
+    says which rows are (``TrainBatch.timed``): the others train without a time bias."""
 
     def __init__(self, split: LeaveOneOutSplit, max_seq_len: int, use_timestamps: bool) -> None:
         seqs = split.sequences
@@ -125,6 +131,8 @@ class TrainingData:
         self._target_ts = torch.from_numpy(target_stamps) if use_timestamps else None
         self.lengths = torch.from_numpy(lengths)
         self.num_items = seqs.num_items
+        timed = seqs.timed[users]
+        self.timed = torch.from_numpy(timed) if use_timestamps and not timed.all() else None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -139,7 +147,9 @@ class TrainingData:
         ts = None if self.timestamps is None else self.timestamps[rows, :width]
         query_ts = None if self._target_ts is None else \
             self._target_ts[rows, self.lengths[rows] - 1]
-        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts, query_ts)
+        timed = None if self.timed is None else self.timed[rows]
+        return TrainBatch(self.inputs[rows, :width], self.targets[rows, :width], ts, query_ts,
+                          timed)
 
     def rank_batch(self, rows: Tensor, num_users: int, num_negatives: int,
                    gen: torch.Generator) -> RankBatch:
@@ -157,4 +167,4 @@ class TrainingData:
         ts = None if self.timestamps is None else self.timestamps[pick, :width] * keep
         query_ts = None if self._target_ts is None else self._target_ts[pick, cuts - 1]
         return RankBatch(history, torch.cat([positives[:, None], negatives], dim=1), ts,
-                         query_ts)
+                         query_ts, None if self.timed is None else self.timed[pick])

@@ -109,6 +109,10 @@ class TrainConfig:
     valid_seed: int = 0
     # time: off for ML-1M, whose shared table has no timestamps for users 3000-6040
     use_timestamps: bool = False
+    # With use_timestamps, data where only some users are timed (the shared ML-1M table):
+    # False refuses it; True trains and evaluates the untimed users without a time bias (as
+    # the serving passes compute an untimed history), the others with it.
+    time_where_known: bool = False
     # How the HSTU layers are parameterised and initialised (HSTUConfig.layer_style): "ours"
     # (what runs saved before this field trained) or "reference", the open-source HSTU's.
     layer_style: str = "ours"
@@ -160,6 +164,9 @@ class TrainConfig:
         if self.batch_order not in BATCH_ORDERS:
             raise ConfigError(f"TrainConfig.batch_order must be one of {BATCH_ORDERS}")
         self.model_config(1)  # dim/heads/.../layer_style/time_query: validated by the model
+        if self.time_where_known and not self.use_timestamps:
+            raise ConfigError("TrainConfig.time_where_known reads time where users have it: "
+                              "it needs use_timestamps=true")
         if self.time_query == "next" and not self.use_timestamps:
             raise ConfigError("TrainConfig.time_query='next' measures time gaps from the "
                               "predicted item's timestamp: it needs use_timestamps=true")

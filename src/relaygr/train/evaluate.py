@@ -73,7 +73,8 @@ class CaseWindow:
     histories, or their windows: ``EXCLUSIONS``). ``request_timestamps`` ``[b]`` (timed, else
     None): each case's held-out event's time, the request time at which it is queried
     (``HSTU.encode_padded``'s query times) and the ranking head scores candidates
-    (``request_times``)."""
+    (``request_times``); ``timed`` ``[b]`` bool, which cases' users carry time, where only some
+    do (``TrainConfig.time_where_known``; else None)."""
 
     items: Tensor
     timestamps: Tensor | None
@@ -82,6 +83,11 @@ class CaseWindow:
     targets: Tensor
     excluded: list[np.ndarray]
     request_timestamps: Tensor | None = None
+    timed: Tensor | None = None
+
+    def is_timed(self, j: int) -> bool:
+        """Whether case ``j``'s history is read with its timestamps."""
+        return self.timestamps is not None and (self.timed is None or bool(self.timed[j]))
 
 
 def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_seq_len: int,
@@ -103,9 +109,11 @@ def case_windows(seqs: UserSequences, cases: EvalCases, rows: np.ndarray, max_se
             request[j] = seqs.timestamps[min(after, seqs.offsets[user + 1] - 1)]
     excluded = [excluded_items(h, exclude, max_seq_len) for h in histories]
     timed = use_timestamps
+    users_timed = seqs.timed[cases.users[rows]]
     return CaseWindow(torch.from_numpy(items), torch.from_numpy(stamps) if timed else None,
                       torch.tensor(lengths), histories, torch.from_numpy(cases.targets[rows]),
-                      excluded, torch.from_numpy(request) if timed else None)
+                      excluded, torch.from_numpy(request) if timed else None,
+                      torch.from_numpy(users_timed) if timed and not users_timed.all() else None)
 
 
 def _chunks(num: int, size: int, label: str, progress: bool) -> Iterable[np.ndarray]:
@@ -131,9 +139,9 @@ def retrieval_ranks_padded(model: HSTU, seqs: UserSequences, cases: EvalCases, m
     for chunk in _chunks(len(cases), batch_size, "validate", progress):
         rows = by_length[chunk]
         w = case_windows(seqs, cases, rows, max_seq_len, use_timestamps, exclude)
-        ts, request_ts = (None if t is None else t.to(model.device)
-                          for t in (w.timestamps, w.request_timestamps))
-        hidden = model.encode_padded(w.items.to(model.device), ts, request_ts)
+        ts, request_ts, timed = (None if t is None else t.to(model.device)
+                                 for t in (w.timestamps, w.request_timestamps, w.timed))
+        hidden = model.encode_padded(w.items.to(model.device), ts, request_ts, timed)
         last = hidden[torch.arange(len(rows)), w.lengths.to(model.device) - 1]   # [b, d]
         ranks[torch.from_numpy(rows)] = target_ranks(model.retrieval_scores(last), w.targets,
                                                      w.excluded)
@@ -182,7 +190,8 @@ def request_times(w: CaseWindow) -> list[int | None]:
     ranking head scores candidates, as serving does at the request's."""
     if w.request_timestamps is None:
         return [None] * len(w.lengths)
-    return [int(t) for t in w.request_timestamps.tolist()]
+    return [int(t) if w.is_timed(j) else None
+            for j, t in enumerate(w.request_timestamps.tolist())]
 
 
 def _ranked_by_model(model: HSTU, prefixes: Sequence[PrefixKV], proposals: Proposals,
@@ -206,7 +215,7 @@ def prefilled_batches(model: HSTU, seqs: UserSequences, cases: EvalCases, max_se
         # under time_query="next" each prefix is computed for its request, at the target's time
         times = request_times(w) if model.cfg.next_time_query else [None] * len(rows)
         for j, n in enumerate(w.lengths.tolist()):
-            ts = None if w.timestamps is None else w.timestamps[j, :n]
+            ts = w.timestamps[j, :n] if w.timestamps is not None and w.is_timed(j) else None
             prefills.append(PrefillInput(w.items[j, :n].to(model.device), ts,
                                          next_timestamp=times[j]))
         yield rows, w, model.prefill_batch(prefills)

@@ -59,8 +59,8 @@ def retrieval_loss(model: HSTU, batch: TrainBatch, num_negatives: int, sharing: 
     per-position losses are summed and divided by ``denominator`` (None: their mean).
     """
     device = model.device
-    hidden = model.encode_padded(batch.inputs, batch.timestamps,
-                                 batch.query_timestamps)                  # [B, T, d]
+    hidden = model.encode_padded(batch.inputs, batch.timestamps, batch.query_timestamps,
+                                 batch.timed)                             # [B, T, d]
     valid = batch.targets != 0                                            # [B, T]
     query = model.retrieval_query(hidden)                                 # [B, T, d]
     targets = batch.targets[valid]                                        # [N]
@@ -95,12 +95,13 @@ def ranking_loss(model: HSTU, batch: RankBatch, temperature: float = 1.0,
     if head_only:
         with torch.no_grad():
             states = model.candidate_states_padded(batch.history, batch.candidates,
-                                                   batch.timestamps, batch.query_timestamps)
+                                                   batch.timestamps, batch.query_timestamps,
+                                                   batch.timed)
             prior = model.rank_prior(states.user, batch.candidates)               # [R, C]
         scores = model.rank_logits(states.candidates, prior)                       # [R, C]
     else:
         scores = model.rank_padded(batch.history, batch.candidates, batch.timestamps,
-                                   batch.query_timestamps)
+                                   batch.query_timestamps, batch.timed)
     scores = scores / temperature
     neg_is_pos = batch.candidates[:, 1:] == batch.candidates[:, :1]
     return _softmax_first_sum(scores[:, 0], scores[:, 1:], neg_is_pos) / len(scores)

@@ -23,12 +23,13 @@ from relaygr.train.batches import RankBatch
 
 
 def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: int,
-                    query_timestamps: Tensor | None = None) -> Tensor:
+                    query_timestamps: Tensor | None = None,
+                    timed: Tensor | None = None) -> Tensor:
     """``[R, T]`` right-padded histories → ``[R, k]`` the retrieval head's best ``k`` item ids
     after each history, best first, none of them in the history; ``query_timestamps`` ``[R]``
     (default: the last history timestamps) the request times, which a timed model with
-    ``time_query="next"`` measures its last token from. Runs under ``no_grad`` in eval mode and
-    restores the model's mode."""
+    ``time_query="next"`` measures its last token from; ``timed`` ``[R]`` which rows are timed
+    (None: all). Runs under ``no_grad`` in eval mode and restores the model's mode."""
     if k > model.cfg.num_items - history.shape[1]:
         raise ConfigError(f"cannot mine {k} items from a catalogue of {model.cfg.num_items} "
                           f"after removing up to {history.shape[1]} history items")
@@ -37,7 +38,8 @@ def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: 
     try:
         with torch.no_grad():
             lengths = (history != 0).sum(1)
-            hidden = model.encode_padded(history, timestamps, query_timestamps)  # [R, T, d]
+            hidden = model.encode_padded(history, timestamps, query_timestamps,
+                                         timed)                                  # [R, T, d]
             last = (lengths - 1).clamp(min=0)                                    # [R]
             user = hidden[torch.arange(len(history), device=history.device), last]
             scores = model.retrieval_scores(user)                                # [R, N + 1]
@@ -56,7 +58,7 @@ def with_hard_negatives(model: HSTU, batch: RankBatch, num_hard: int, pool: int,
     if num_hard == 0:
         return batch
     top = retrieval_top_k(model, batch.history, batch.timestamps, pool,
-                          batch.query_timestamps)                                # [R, pool]
+                          batch.query_timestamps, batch.timed)                   # [R, pool]
     rows = len(batch.history)
     picks = torch.rand((rows, pool), generator=gen).argsort(1)[:, :num_hard]   # [R, num_hard]
     hard = top.gather(1, picks.to(top.device))

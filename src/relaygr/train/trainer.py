@@ -103,10 +103,12 @@ class Trainer:
                  dataset: str, preset: str = "custom", seed: int = 0,
                  device: torch.device | str = "cpu", progress_bar: bool = True,
                  log: Log = _print, stage: StageRun | None = None) -> None:
-        if config.use_timestamps and not sequences.all_timed:
+        if config.use_timestamps and not sequences.all_timed and not config.time_where_known:
             raise ConfigError(f"use_timestamps needs a timestamp on every event; "
                               f"{int((~sequences.timed).sum())} users of {sequences.source} "
-                              "have none")
+                              "have none (time_where_known=true trains them without time)")
+        if config.use_timestamps and not sequences.timed.any():
+            raise ConfigError(f"use_timestamps: no user of {sequences.source} has timestamps")
         # a checkpoint serves the data it was trained on, so what serving refuses of it is
         # refused here, before a model nothing could serve is trained (data.servable)
         check_user_ids(sequences.source, sequences.user_ids)
