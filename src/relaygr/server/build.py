@@ -5,11 +5,12 @@ package's loader when ``checkpoint`` is set, else a named size with seeded rando
 same seed gives bit-identical weights in every process; ``model_digest`` checks that). The
 histories are a dataset's real users (with a checkpoint: the data it was trained on,
 ``server.served_data``), else seeded synthetic users over the model's catalogue; either way
-timed exactly when the served model was trained with time. A history longer than the model's
-window is loaded as its newest window, cut where the window would start (``cascade.window``: a
-block boundary counted from the first event), so the windows it reads as visits append are those
-of the whole history; visits append past ``max_seq_len`` freely (the window slides). With
-``ModelSource.history_store`` the histories live in that shared Redis store
+timed exactly when the served model was trained with time (but a dataset's untimed users of a
+run that trained them without time, ``TrainConfig.time_where_known``, stay untimed). A history
+longer than the model's window is loaded as its newest window, cut where the window would start
+(``cascade.window``: a block boundary counted from the first event), so the windows it reads as
+visits append are those of the whole history; visits append past ``max_seq_len`` freely (the
+window slides). With ``ModelSource.history_store`` the histories live in that shared Redis store
 (``cascade.redis_store``), where start-up adds only the users it does not hold yet. The latency
 cost model (the trigger's predictions) is loaded from a file or fitted by timing the model at
 start-up. A trained run, when given, serves the cascade's retrieval stage (``load_retrieval``):
@@ -91,7 +92,8 @@ def load_store(source: ModelSource, model: HSTU, window: HistoryWindow,
 def served_timed(source: ModelSource) -> bool:
     """Whether the served model reads time (its time-bucket bias): a checkpoint's when its run
     trained with timestamps; seeded random weights always (their synthetic users are timed).
-    Every user served is timed exactly when this holds, those the API adds included."""
+    Every user served is timed exactly when this holds, those the API adds included, but a
+    dataset's untimed users of a ``TrainConfig.time_where_known`` run (``dataset_store``)."""
     if source.checkpoint is None:
         return True
     from relaygr.train import read_run_config
