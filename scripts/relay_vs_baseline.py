@@ -10,7 +10,8 @@ Each user (dataset ids, a range ``A-B``) visits ``--visits`` times, one user aft
 rounds. A visit sends the same ``/v1/recommend`` to both servers: the items the previous answer
 put first (``--clicks`` of them, none on the first visit, and none on every third visit: a request
 adding no events), timed after everything the user did (from ``--start-ts`` on, minutes apart),
-and a request time just after them. The relay ranks from the prefix it pre-inferred or kept
+and a request time just after them (no times for a user the servers hold untimed: a run with
+``time_where_known``). The relay ranks from the prefix it pre-inferred or kept
 from the user's previous visit; the baseline recomputes the whole window. Printed and written as
 JSON: for how many visits both answered with the same candidates (the retrieval stage reads the
 same history), the largest gap between the two ranker scores of a candidate, and the relay's
@@ -27,6 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+
+def _recommend(client: httpx.Client, url: str, body: dict[str, Any],
+               untimed: set[int]) -> dict[str, Any]:
+    """``/v1/recommend`` of ``body``; a user whose history the server holds untimed (a run
+    with ``time_where_known``) is asked again without times, and remembered."""
+    reply = client.post(f"{url}/v1/recommend", json=body)
+    if reply.status_code == 422 and "untimed" in reply.text and "request_ts" in body:
+        untimed.add(body["user_id"])
+        body.pop("request_ts")
+        body.pop("recent_timestamps", None)
+        reply = client.post(f"{url}/v1/recommend", json=body)
+    reply.raise_for_status()
+    answer: dict[str, Any] = reply.json()
+    return answer
 
 
 def _users(spec: str) -> list[int]:
@@ -49,6 +65,7 @@ def main() -> int:
     args = p.parse_args()
     users = _users(args.users)
     last: dict[int, list[int]] = {u: [] for u in users}     # the previous answer's candidates
+    untimed: set[int] = set()                               # users the servers hold untimed
     now = args.start_ts
     same, worst = 0, 0.0
     paths: Counter[str] = Counter()
@@ -60,14 +77,13 @@ def main() -> int:
                 times = [now + 60 * (i + 1) for i in range(len(clicks))]
                 now += 60 * (len(clicks) + 2)
                 body: dict[str, Any] = {"user_id": user, "recent_items": clicks,
-                                        "request_ts": now, "num_candidates": args.candidates}
-                if clicks:
-                    body["recent_timestamps"] = times
-                answers = []
-                for url in (args.relay, args.baseline):
-                    reply = client.post(f"{url}/v1/recommend", json=body)
-                    reply.raise_for_status()
-                    answers.append(reply.json())
+                                        "num_candidates": args.candidates}
+                if user not in untimed:
+                    body["request_ts"] = now
+                    if clicks:
+                        body["recent_timestamps"] = times
+                answers = [_recommend(client, url, body, untimed) for url in
+                           (args.relay, args.baseline)]
                 relay = answers[0]
                 last[user] = relay["candidates"]
                 paths[relay["path"]] += 1
@@ -79,7 +95,8 @@ def main() -> int:
                     same += 1
                     worst = max(worst, max(abs(scored[0][c] - scored[1][c]) for c in scored[0]))
     visits = len(users) * args.visits
-    report = {"visits": visits, "same_candidates": same, "max_abs_ranker_score_gap": worst,
+    report = {"visits": visits, "untimed_users": len(untimed), "same_candidates": same,
+              "max_abs_ranker_score_gap": worst,
               "relay_paths": dict(paths), "relay_preinfer_actions": dict(preinfers)}
     print(json.dumps(report, indent=2))
     if args.json is not None:

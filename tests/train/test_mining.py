@@ -119,14 +119,17 @@ def test_rank_phase_trains_the_head_alone_and_keeps_the_best_validated_cascade(
     assert phased._validate_cascade(saved).ndcg[10] == pytest.approx(best, abs=1e-12)
 
 
+@pytest.mark.parametrize("timed", [False, True])
 def test_a_ranker_trained_against_a_stage_mines_the_stages_top_k(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timed: bool) -> None:
     """``--stage``: every hard negative of the schedule and of the ranking phase comes from the
-    stage's retrieval head, never from the ranker's own; the run records the stage."""
+    stage's retrieval head, never from the ranker's own, read as the stage serves (without time,
+    a stage run being position-only, even under a timed ranker); the run records the stage."""
     seqs = cyclic_sequences(tmp_path, num_users=40)
     config = TINY.with_(rank_score="retrieval_residual", rank_hard_negatives=4, rank_mine_k=40,
                         rank_trains="head", similarity="cosine", temperature=0.05,
-                        rank_phase_epochs=1, rank_phase_users=16, max_epochs=1)
+                        rank_phase_epochs=1, rank_phase_users=16, max_epochs=1,
+                        use_timestamps=timed)
     torch.manual_seed(3)
     stage = HSTU(config.model_config(seqs.num_items)).eval()
     trainer = Trainer(config, seqs, tmp_path / "run", dataset="d", seed=1, progress_bar=False,
@@ -137,6 +140,7 @@ def test_a_ranker_trained_against_a_stage_mines_the_stages_top_k(
             k: int, query_timestamps: torch.Tensor | None = None,
             timed: torch.Tensor | None = None) -> torch.Tensor:
         mined_by.append(model)
+        assert timestamps is None and query_timestamps is None and timed is None
         return retrieval_top_k(model, history, timestamps, k, query_timestamps, timed)
 
     monkeypatch.setattr("relaygr.train.mining.retrieval_top_k", spy)

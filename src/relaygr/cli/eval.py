@@ -24,7 +24,8 @@ is the ranking run's own (``checkpoint_held_out``, evaluated on other data than 
 may have trained on every head's targets).
 
 The evaluated data gets the checks of ``relaygr.data.servable`` that training and serving make,
-with the same errors, where they apply here: for a model that reads time, every user timed,
+with the same errors, where they apply here: for a model that reads time, every user timed
+(at least one, for a run that trained untimed users without time: ``time_where_known``),
 with unix seconds in 0..2^40 in its sequence's order (``check_times``; a model would otherwise
 be measured on times it was never trained or served with); with a retrieval run as the stage,
 user ids the integers serving names users by (``TrainedRunStage.load``: the run looks a user up
@@ -168,7 +169,14 @@ def _check_timed(trained: TrainedModel, seqs: UserSequences) -> None:
     training and serving check of it (``check_times``); nothing for a position-only one."""
     if not trained.uses_timestamps:
         return
-    if not seqs.all_timed and not trained.run.train.time_where_known:
+    if trained.run.train.time_where_known:
+        if not seqs.timed.any():
+            raise ConfigError(f"the model reads time where users have it, but no user of "
+                              f"{seqs.source} has timestamps: it would be measured untimed")
+        if not seqs.all_timed:
+            print(f"note: {int((~seqs.timed).sum())} of {seqs.num_users} users have no "
+                  "timestamps and are evaluated without time (the run's time_where_known)")
+    elif not seqs.all_timed:
         raise ConfigError(f"the model reads time (trained with use_timestamps), but "
                           f"{int((~seqs.timed).sum())} users of {seqs.source} have an event "
                           "without a timestamp: evaluate it on data where every event is timed")

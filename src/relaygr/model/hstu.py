@@ -347,12 +347,12 @@ class HSTU(nn.Module):
             visible = causal
         dist = (q_pos[:, :, None] - q_pos[:, None, :]).clamp(min=0)         # [B, T+C, T+C]
         buckets = self._dense_time_buckets(items, lengths, timestamps, n_cand, query_ts)
-        # an untimed row's time bias is 0, as the serving passes leave it out
-        time_scale = None if timed is None else timed.to(x.dtype)[:, None, None]
+        # an untimed row has no time bias, as the serving passes leave it out
+        time_rows = None if timed is None else timed[:, None, None]
         x = self.input_dropout(x)
         for layer in self.blocks:
             x = layer(x, functools.partial(self._dense_attend, layer, dist, buckets, visible,
-                                           time_scale))
+                                           time_rows))
         h = self.final_norm(x)
         return h[:, :hist], (h[:, hist:] if n_cand else None)
 
@@ -385,12 +385,12 @@ class HSTU(nn.Module):
         return time_buckets(query_times, ts[:, None, :], cfg.num_time_buckets)  # [B, T+C, T+C]
 
     def _dense_attend(self, layer: HSTULayer, dist: Tensor, buckets: Tensor | None,
-                      visible: Tensor, time_scale: Tensor | None, q: Tensor, k: Tensor,
+                      visible: Tensor, time_rows: Tensor | None, q: Tensor, k: Tensor,
                       v: Tensor) -> Tensor:
         """``layer``'s attention over a padded batch (``Attend``): ``q``, ``k``, ``v`` ``[B, T,
         d]``, ``dist`` the ``[B, T, T]`` causal distances, ``buckets`` the time buckets or None,
-        ``visible`` the ``[B, T, T]`` mask, ``time_scale`` ``[B, 1, 1]`` 1 for a timed row and
-        0 for an untimed one (None: every row timed)."""
+        ``visible`` the ``[B, T, T]`` mask, ``time_rows`` ``[B, 1, 1]`` True for a timed row
+        (None: every row timed)."""
         cfg = self.cfg
         batch, total = q.shape[:2]
         q, k, v = (t.view(batch, total, cfg.num_heads, cfg.head_dim).transpose(1, 2)
@@ -398,6 +398,6 @@ class HSTU(nn.Module):
         bias = layer.position_bias(dist)
         if buckets is not None:
             time = layer.time_bias(buckets)
-            bias = bias + (time if time_scale is None else time * time_scale)
+            bias = bias + (time if time_rows is None else torch.where(time_rows, time, 0.0))
         out = dense_attention(q, k, v, bias[:, None], visible[:, None], cfg.normalizer)
         return out.transpose(1, 2).reshape(batch, total, cfg.dim)

@@ -183,7 +183,8 @@ class TrainedModel:
     """A trained HSTU ready to serve (eval mode, on its device), with its id map.
 
     Feed it dense ids (``dense_items``); pass timestamps to ``prefill`` / ``rank`` exactly when
-    ``uses_timestamps`` (the convention it was trained with).
+    ``uses_timestamps`` (the convention it was trained with), for a timed user (a run with
+    ``time_where_known`` trained its untimed users without).
     """
 
     model: HSTU

@@ -51,14 +51,18 @@ def retrieval_top_k(model: HSTU, history: Tensor, timestamps: Tensor | None, k: 
 
 
 def with_hard_negatives(model: HSTU, batch: RankBatch, num_hard: int, pool: int,
-                        gen: torch.Generator) -> RankBatch:
+                        gen: torch.Generator, reads_time: bool = True) -> RankBatch:
     """``batch`` with candidate columns ``1..num_hard`` replaced by items drawn uniformly
-    without replacement from the retrieval head's top ``pool`` for each row's history. The
-    draw uses ``gen`` (a CPU generator, as every draw of training); the batch is not modified."""
+    without replacement from ``model``'s retrieval head's top ``pool`` for each row's history.
+    ``reads_time``: ``model`` reads the batch's timestamps (the model being trained); False
+    for a position-only stage run (``stage_runs``), which proposes without time wherever it
+    serves, so it mines without it too. The draw uses ``gen`` (a CPU generator, as every draw
+    of training); the batch is not modified."""
     if num_hard == 0:
         return batch
     top = retrieval_top_k(model, batch.history, batch.timestamps, pool,
-                          batch.query_timestamps, batch.timed)                   # [R, pool]
+                          batch.query_timestamps, batch.timed) if reads_time else \
+        retrieval_top_k(model, batch.history, None, pool)                       # [R, pool]
     rows = len(batch.history)
     picks = torch.rand((rows, pool), generator=gen).argsort(1)[:, :num_hard]   # [R, num_hard]
     hard = top.gather(1, picks.to(top.device))

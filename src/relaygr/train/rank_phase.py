@@ -58,7 +58,7 @@ class RankPhase:
         rank = self.data.rank_batch(rows, cfg.rank_phase_users, cfg.rank_negatives,
                                     self.gen).to(device)
         return with_hard_negatives(self.miner, rank, cfg.rank_hard_negatives, cfg.rank_mine_k,
-                                   self.gen)
+                                   self.gen, reads_time=self.miner is self.model)
 
     def _epoch(self, order: BatchOrder) -> float:
         self.model.train()

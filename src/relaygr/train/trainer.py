@@ -103,12 +103,12 @@ class Trainer:
                  dataset: str, preset: str = "custom", seed: int = 0,
                  device: torch.device | str = "cpu", progress_bar: bool = True,
                  log: Log = _print, stage: StageRun | None = None) -> None:
+        if config.use_timestamps and not sequences.timed.any():
+            raise ConfigError(f"use_timestamps: no user of {sequences.source} has timestamps")
         if config.use_timestamps and not sequences.all_timed and not config.time_where_known:
             raise ConfigError(f"use_timestamps needs a timestamp on every event; "
                               f"{int((~sequences.timed).sum())} users of {sequences.source} "
                               "have none (time_where_known=true trains them without time)")
-        if config.use_timestamps and not sequences.timed.any():
-            raise ConfigError(f"use_timestamps: no user of {sequences.source} has timestamps")
         # a checkpoint serves the data it was trained on, so what serving refuses of it is
         # refused here, before a model nothing could serve is trained (data.servable)
         check_user_ids(sequences.source, sequences.user_ids)
@@ -166,7 +166,8 @@ class Trainer:
             if cfg.rank_weight > 0:
                 rank = self.data.rank_batch(rows, cfg.rank_users, cfg.rank_negatives, self.gen)
                 rank = with_hard_negatives(self.miner, rank.to(self.device),
-                                           cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen)
+                                           cfg.rank_hard_negatives, cfg.rank_mine_k, self.gen,
+                                           reads_time=self.miner is model)
                 ranking = ranking_loss(model, rank, cfg.rank_temperature,
                                        cfg.rank_trains == "head")
                 loss = retrieval + cfg.rank_weight * ranking
