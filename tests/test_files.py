@@ -60,3 +60,26 @@ def test_a_failed_rename_removes_the_copy_too(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_atomic(target, lambda tmp: tmp.write_text("{}"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_two_writers_of_one_path_never_share_a_temporary_file(tmp_path: Path) -> None:
+    """Each call writes its own temporary file: a second writer starting while the first is
+    mid-write (two processes saving one record) cannot truncate or interleave with it."""
+    target = tmp_path / "record.json"
+    seen: list[Path] = []
+
+    def outer(tmp: Path) -> None:
+        seen.append(tmp)
+        tmp.write_text("first, part")
+        write_atomic(target, inner)               # another writer, meanwhile
+        with tmp.open("a") as f:
+            f.write(" two")
+
+    def inner(tmp: Path) -> None:
+        seen.append(tmp)
+        tmp.write_text("second")
+
+    write_atomic(target, outer)
+    assert seen[0] != seen[1]
+    assert target.read_text() == "first, part two"     # the last rename, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]

@@ -10,6 +10,7 @@ by syncing the directory.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from typing import Any
 
 def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     """Replace ``path`` by what ``write(tmp)`` writes to a temporary file beside it, durably:
-    a reader sees the old file or the new one, never a part of either."""
+    a reader sees the old file or the new one, never a part of either. The temporary file's
+    name is this call's own, so two writers of one path (two processes saving the same
+    record) never write into each other's: the last rename wins, whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         write(tmp)
         _fsync(tmp, os.O_RDONLY)
