@@ -3,8 +3,6 @@ the held-back event, identities salted with the continuation time, and exact sco
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -23,6 +21,7 @@ from relaygr.engine.types import PreinferAction, RankPath
 from relaygr.engine.versions import continued
 from relaygr.kvcache import DeviceKVPool, KVLayout, PrefixId
 from relaygr.model import HSTU, RankInput, concat_prefix
+from tests.cascade.replay import replay
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
@@ -91,24 +90,8 @@ def _serve(mode: str, visits: list[Visit], store: InMemoryHistoryStore, model: H
            ) -> tuple[list[tuple[Recommendation, torch.Tensor]], RelaySystem]:
     system = RelaySystem(_config(mode), model, store, flops_cost_model(model.cfg),
                          instance_factory=None if processes is None else processes.factory)
-
-    async def main() -> list[tuple[Recommendation, torch.Tensor]]:
-        await system.start()
-        try:
-            out = []
-            for visit in visits:
-                h = store.get(visit.user_id)
-                history = (h.items.copy(), np.asarray(h.timestamps).copy())
-                rec = await system.recommend(visit)
-                out.append((rec, _full_pass(model, history, visit, rec.candidates)))
-                await system.wait_idle()
-                for inst in system.instances:
-                    await inst.check_integrity()
-            return out
-        finally:
-            await system.stop()
-
-    return asyncio.run(main()), system
+    return replay(system, store, visits, lambda history, visit, rec: _full_pass(
+        model, history, visit, rec.candidates)), system
 
 
 @pytest.mark.parametrize("mode", ["relay", "reactive", "baseline"])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ from relaygr.engine.transport.payload import PrefixPayload
 from relaygr.engine.types import RankPath
 from relaygr.errors import ConfigError, SequenceTooLongError
 from relaygr.model import HSTU
+from tests.cascade.replay import replay
 from tests.engine.helpers import flops_cost_model
 from tests.model.helpers import make_model
 from tests.tolerance import SCORE_TOL
@@ -137,25 +136,9 @@ def _full_pass(model: HSTU, history: tuple[np.ndarray, np.ndarray], visit: Visit
 def _serve(mode: str, fraction: float, visits: list[Visit], store: InMemoryHistoryStore,
            model: HSTU) -> tuple[list[tuple[Recommendation, int, torch.Tensor]], RelaySystem]:
     system = RelaySystem(_config(mode, fraction), model, store, flops_cost_model(model.cfg))
-
-    async def main() -> list[tuple[Recommendation, int, torch.Tensor]]:
-        await system.start()
-        try:
-            out = []
-            for visit in visits:
-                h = store.get(visit.user_id)
-                history = (h.items.copy(), np.asarray(h.timestamps).copy())
-                rec = await system.recommend(visit)
-                start, want = _full_pass(model, history, visit, fraction, rec.candidates)
-                out.append((rec, start, want))
-                await system.wait_idle()
-                for inst in system.instances:
-                    await inst.check_integrity()
-            return out
-        finally:
-            await system.stop()
-
-    return asyncio.run(main()), system
+    served = replay(system, store, visits, lambda history, visit, rec: _full_pass(
+        model, history, visit, fraction, rec.candidates))
+    return [(rec, start, want) for rec, (start, want) in served], system
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
