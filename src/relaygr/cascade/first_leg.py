@@ -141,15 +141,13 @@ class FirstLegPath:
         prefix = split.payload
         ts = None if prefix.timestamps is None else torch.tensor(prefix.timestamps)
         start = prefix.window_start
-        after = prefix.next_timestamp
 
         def version_at(n: int) -> int:
-            # a shorter prefix goes on at its next event's time (``PrefixSpec.continuation_at``)
-            cont = None if after is None or prefix.timestamps is None else \
-                (after if n == prefix.pid.num_tokens else int(prefix.timestamps[n]))
-            return continued(self.store.version_at(user_id, start + n, start), cont)
+            return continued(self.store.version_at(user_id, start + n, start),
+                             prefix.continuation_at(n))
 
-        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts, version_at, start, after)
+        spec = PrefixSpec(prefix.pid, torch.tensor(prefix.items), ts, version_at, start,
+                          prefix.next_timestamp)
         return spec, split
 
     def _first_leg(self, visit: Visit, send: bool, suffix_tokens: int | None = None,

@@ -61,15 +61,6 @@ class PrefixSpec:
             raise InvalidInputError(f"prefix of user {self.pid.user_id}: next_timestamp "
                                     f"{self.next_timestamp!r} must be an int, for a timed prefix")
 
-    def continuation_at(self, n: int) -> int | None:
-        """The continuation time of this prefix's first ``n`` events (``PrefixKV.
-        next_timestamp``): the next event's time, or the prefix's own at its end; None where
-        the prefix has none."""
-        if self.next_timestamp is None:
-            return None
-        assert self.timestamps is not None and 0 < n <= self.num_tokens
-        return self.next_timestamp if n == self.num_tokens else int(self.timestamps[n])
-
     @property
     def num_tokens(self) -> int:
         return self.pid.num_tokens

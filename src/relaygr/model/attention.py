@@ -198,3 +198,21 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, visible: Tens
     """
     scores = F.silu(q @ k.transpose(-1, -2) + bias) * visible
     return (scores @ v) / normalizer
+
+
+def last_timestamps(timestamps: Tensor, lengths: Tensor) -> Tensor:
+    """``[B, T]`` right-padded timestamps, ``[B]`` lengths → ``[B]`` each row's last one."""
+    return timestamps.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+
+
+def following_timestamps(timestamps: Tensor, lengths: Tensor,
+                         query_timestamps: Tensor | None = None) -> Tensor:
+    """``[B, T]`` right-padded timestamps → the time of the event after each position (what a
+    model with ``time_query="next"`` measures from): the next event's, and at each row's last
+    position ``query_timestamps`` ``[B]`` (the request's; default: that position's own)."""
+    if query_timestamps is None:
+        query_timestamps = last_timestamps(timestamps, lengths)
+    out = torch.cat([timestamps[:, 1:], timestamps[:, :1]], dim=1)
+    rows = torch.arange(len(timestamps), device=timestamps.device)
+    out[rows, (lengths - 1).clamp(min=0)] = query_timestamps
+    return out

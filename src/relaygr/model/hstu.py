@@ -27,7 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relaygr.errors import EmptyInputError, InvalidInputError, TimestampError
-from relaygr.model.attention import dense_attention, time_buckets
+from relaygr.model.attention import (
+    dense_attention,
+    following_timestamps,
+    last_timestamps,
+    time_buckets,
+)
 from relaygr.model.config import HSTUConfig
 from relaygr.model.fused import AttentionKernel, attention_kernel
 from relaygr.model.inputs import (
@@ -45,24 +50,6 @@ from relaygr.model.warmup import warm_up
 
 # Guards the L2 normalisation of cosine retrieval against a zero vector (the padding row).
 _L2_EPS = 1e-6
-
-
-def last_timestamps(timestamps: Tensor, lengths: Tensor) -> Tensor:
-    """``[B, T]`` right-padded timestamps, ``[B]`` lengths → ``[B]`` each row's last one."""
-    return timestamps.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
-
-
-def following_timestamps(timestamps: Tensor, lengths: Tensor,
-                         query_timestamps: Tensor | None = None) -> Tensor:
-    """``[B, T]`` right-padded timestamps → the time of the event after each position (what a
-    model with ``time_query="next"`` measures from): the next event's, and at each row's last
-    position ``query_timestamps`` ``[B]`` (the request's; default: that position's own)."""
-    if query_timestamps is None:
-        query_timestamps = last_timestamps(timestamps, lengths)
-    out = torch.cat([timestamps[:, 1:], timestamps[:, :1]], dim=1)
-    rows = torch.arange(len(timestamps), device=timestamps.device)
-    out[rows, (lengths - 1).clamp(min=0)] = query_timestamps
-    return out
 
 
 @dataclass(frozen=True)

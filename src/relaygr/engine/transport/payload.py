@@ -35,6 +35,14 @@ class PrefixPayload:
     window_start: int = 0
     next_timestamp: int | None = None
 
+    def continuation_at(self, n: int) -> int | None:
+        """The continuation time of the first ``n`` events (``PrefixKV.next_timestamp``): the
+        next event's time, or the prefix's own at its end; None where the prefix has none
+        (what each shorter prefix's version is salted with, ``versions.continued``)."""
+        if self.next_timestamp is None or self.timestamps is None:
+            return None
+        return self.next_timestamp if n == self.pid.num_tokens else int(self.timestamps[n])
+
     def to_spec(self) -> PrefixSpec:
         items = np.ascontiguousarray(self.items, dtype=np.int64)
         ts = None if self.timestamps is None else \
@@ -42,24 +50,22 @@ class PrefixPayload:
         start = self.window_start
         sums = event_hash_sums(items, ts, start, 0)
         timed = ts is not None
-        full = items.shape[0]
-        nxt = self.next_timestamp
 
         def version_at(n: int) -> int:
-            after = None if nxt is None or ts is None else (nxt if n == full else int(ts[n]))
-            return continued(version_of(int(sums[n - 1]) if n else 0, n, timed, start), after)
+            return continued(version_of(int(sums[n - 1]) if n else 0, n, timed, start),
+                             self.continuation_at(n))
 
         if version_at(items.shape[0]) != self.pid.version:
             # The sender's store hashes differently: only this exact prefix is known, so a
             # shorter host copy is never mistaken for one of its prefixes (safe, just no reuse).
-            version = self.pid.version
+            full, version = items.shape[0], self.pid.version
 
             def version_at(n: int) -> int:
                 return version if n == full else UNKNOWN_VERSION
 
         return PrefixSpec(self.pid, torch.from_numpy(items.copy()),
                           None if ts is None else torch.from_numpy(ts.copy()), version_at,
-                          start, nxt)
+                          start, self.next_timestamp)
 
     @classmethod
     def of(cls, spec: PrefixSpec) -> PrefixPayload:
